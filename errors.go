@@ -1,0 +1,128 @@
+package vramguard
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Kind classifies a failure so that callers can decide what to do next
+// (retry, fall back, give up) without matching error strings.
+//
+// A Kind is itself an error, so errors.Is(err, KindTimeout) reports whether
+// err, or any error it wraps, is an *Error of that kind.
+type Kind uint8
+
+// The failure kinds. KindUnknown is never assigned by the library to an
+// *Error it returns; it is the zero value.
+const (
+	KindUnknown      Kind = iota
+	KindTimeout           // a first-chunk, idle, total or unload deadline passed
+	KindTransient         // connection refused or reset, server busy, stream ended without done
+	KindModelCrash        // the runner terminated or stopped during load or generation
+	KindOutOfMemory       // the server or the GPU ran out of memory
+	KindNotFound          // the model (or device) does not exist
+	KindServer            // any other error reported by the server
+	KindUnavailable       // no server answers, no CLI binary, the client is closed
+	KindCanceled          // the caller's context was canceled or its deadline passed
+	KindInvalidInput      // the caller passed something the library refuses
+)
+
+var kindNames = [...]string{
+	KindUnknown:      "unknown",
+	KindTimeout:      "timeout",
+	KindTransient:    "transient",
+	KindModelCrash:   "model crash",
+	KindOutOfMemory:  "out of memory",
+	KindNotFound:     "not found",
+	KindServer:       "server error",
+	KindUnavailable:  "unavailable",
+	KindCanceled:     "canceled",
+	KindInvalidInput: "invalid input",
+}
+
+// String returns the kind's name, as used in error messages.
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Error makes a Kind usable as an errors.Is target.
+func (k Kind) Error() string { return k.String() }
+
+// Retryable reports whether a failure of this kind may succeed if the same
+// call is made again (through the subprocess fallback or later).
+func (k Kind) Retryable() bool { return k == KindTimeout || k == KindTransient }
+
+// Error is the error type returned by every operation in this module.
+//
+// Op names the operation ("generate", "unload", "await free", ...), Model the
+// model it concerned (empty if none), Kind the classification and Err the
+// underlying cause, which stays reachable through errors.As and errors.Is
+// (for example api.StatusError, context.DeadlineExceeded or nvml.Return).
+type Error struct {
+	Op    string
+	Model string
+	Kind  Kind
+	Err   error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("vramguard: ")
+	b.WriteString(e.Op)
+	if e.Model != "" {
+		b.WriteString(" ")
+		b.WriteString(fmt.Sprintf("%q", e.Model))
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Kind.String())
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns the underlying cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is reports whether target is the Kind of e, so that
+// errors.Is(err, vramguard.KindTimeout) works through any wrapping.
+func (e *Error) Is(target error) bool {
+	k, ok := target.(Kind)
+	return ok && k == e.Kind
+}
+
+// KindOf returns the Kind of the first *Error in err's chain, or KindUnknown
+// when there is none (including err == nil).
+func KindOf(err error) Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return KindUnknown
+}
+
+func newError(op, model string, kind Kind, err error) *Error {
+	return &Error{Op: op, Model: model, Kind: kind, Err: err}
+}
+
+// invalid builds a KindInvalidInput error with a formatted message.
+func invalid(op, model, format string, args ...any) *Error {
+	return newError(op, model, KindInvalidInput, fmt.Errorf(format, args...))
+}
+
+// Sentinel causes, wrapped in *Error values. They let callers tell apart the
+// different timeouts (errors.Is(err, ErrIdleTimeout)) while Kind stays
+// KindTimeout for all of them.
+var (
+	ErrFirstChunkTimeout = errors.New("no output before the first-chunk timeout")
+	ErrIdleTimeout       = errors.New("stream idle longer than the idle timeout")
+	ErrTotalTimeout      = errors.New("generation exceeded the total timeout")
+	ErrIncompleteStream  = errors.New("stream ended without done")
+	ErrClosed            = errors.New("client closed")
+	ErrStillResident     = errors.New("model still resident")
+)

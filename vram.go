@@ -1,0 +1,98 @@
+package vramguard
+
+import (
+	"context"
+	"time"
+)
+
+// VRAMReader reads device memory from the GPU itself. Ollama's own figures
+// (size_vram, the "unload" reply) are estimates and promises; a VRAMReader
+// reports what the driver says.
+//
+// Implementations must be safe for concurrent use and must honour ctx.
+// The library ships an NVML reader (NewNVMLReader, cgo builds on Linux), an
+// nvidia-smi reader (NewSMIReader) and a choice of the two (NewAutoReader).
+// Users plug in their own (ROCm, a remote agent) by implementing this.
+type VRAMReader interface {
+	// Snapshot returns the memory of every visible device.
+	Snapshot(ctx context.Context) (*VRAMSnapshot, error)
+}
+
+// Sources named in VRAMSnapshot.Source.
+const (
+	SourceNVML      = "nvml"
+	SourceSMI       = "nvidia-smi"
+	SourceSimulated = "simulated"
+	SourceNone      = "none"
+)
+
+// VRAMSnapshot is the state of every device at one moment.
+type VRAMSnapshot struct {
+	Source  string // where the figures came from: SourceNVML, SourceSMI, ...
+	Taken   time.Time
+	Devices []DeviceMemory
+}
+
+// Device returns the device with the given index, or nil.
+func (s *VRAMSnapshot) Device(index int) *DeviceMemory {
+	if s == nil {
+		return nil
+	}
+	for i := range s.Devices {
+		if s.Devices[i].Index == index {
+			return &s.Devices[i]
+		}
+	}
+	return nil
+}
+
+// DeviceMemory is one GPU's memory. Byte counts are as the driver reports
+// them; Processes is nil when the source cannot list processes
+// (ProcessesKnown is false then), and empty when it listed none.
+type DeviceMemory struct {
+	Index          int
+	Name           string
+	UUID           string
+	Total          uint64
+	Free           uint64
+	Used           uint64
+	Processes      []GPUProcess
+	ProcessesKnown bool
+}
+
+// ProcessRole says what a process holding GPU memory is, as far as the
+// library can tell from its command line.
+type ProcessRole uint8
+
+// Process roles.
+const (
+	RoleUnknown      ProcessRole = iota // command not visible
+	RoleOther                           // some other program
+	RoleOllamaServer                    // `ollama serve`
+	RoleOllamaRunner                    // `ollama runner ...` (one per loaded model)
+)
+
+func (r ProcessRole) String() string {
+	switch r {
+	case RoleOther:
+		return "other"
+	case RoleOllamaServer:
+		return "ollama server"
+	case RoleOllamaRunner:
+		return "ollama runner"
+	default:
+		return "unknown"
+	}
+}
+
+// GPUProcess is a process holding memory on a device. UsedKnown is false
+// when the driver does not report the process's memory (UsedBytes is 0 then,
+// never a guess). Command is empty when the process is not visible (another
+// container or PID namespace).
+type GPUProcess struct {
+	PID       uint32
+	UsedBytes uint64
+	UsedKnown bool
+	Command   string
+	Role      ProcessRole
+}
