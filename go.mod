@@ -1,6 +1,6 @@
 module github.com/vramguard/vramguard
 
-go 1.26.8
+go 1.24.1
 
 require github.com/ollama/ollama v0.17.4
 
