@@ -26,6 +26,7 @@ const (
 	KindUnavailable       // no server answers, no CLI binary, the client is closed
 	KindCanceled          // the caller's context was canceled or its deadline passed
 	KindInvalidInput      // the caller passed something the library refuses
+	KindInternal          // a panic or a failure in caller-supplied code (release functions, hooks)
 )
 
 var kindNames = [...]string{
@@ -39,6 +40,7 @@ var kindNames = [...]string{
 	KindUnavailable:  "unavailable",
 	KindCanceled:     "canceled",
 	KindInvalidInput: "invalid input",
+	KindInternal:     "internal",
 }
 
 // String returns the kind's name, as used in error messages.

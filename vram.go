@@ -96,3 +96,9 @@ type GPUProcess struct {
 	Command   string
 	Role      ProcessRole
 }
+
+// MaxBytes is the largest byte count the library accepts in a request
+// (1 PiB); larger values are taken for a bug in the caller.
+const MaxBytes = 1 << 50
+
+const maxBytes = MaxBytes

@@ -1,0 +1,54 @@
+# vramguard: `make test` is what CI runs (see .ci/run).
+GO        ?= go
+PKGS      := ./...
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v /internal/integration)
+# go-nvml's header marks some functions deprecated; the warnings are noise.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(shell $(GO) env GOPATH)/bin/staticcheck)
+FUZZTIME  ?= 3s
+
+.PHONY: test check test-unit test-nocgo test-integration fuzz-short fuzz bench soak install-ollama tools
+
+## test: everything CI checks
+test: check test-nocgo test-unit test-integration fuzz-short
+
+## check: formatting, vet (cgo and not), staticcheck, builds
+check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	CGO_ENABLED=0 $(GO) vet $(PKGS)
+	CGO_ENABLED=0 $(GO) build $(PKGS)
+	$(GO) build ./examples/...
+	$(STATICCHECK) $(PKGS)
+
+## test-unit: unit tests with the race detector (simulator, mocks)
+test-unit:
+	$(GO) test -race -count=1 $(UNIT_PKGS)
+
+## test-nocgo: the library and its tests without cgo (no NVML)
+test-nocgo:
+	CGO_ENABLED=0 $(GO) test -count=1 $(UNIT_PKGS)
+
+## test-integration: against real Ollama servers (built on first use, cached)
+test-integration:
+	$(GO) test -race -count=1 -v -timeout 25m ./internal/integration/
+
+## fuzz-short: every fuzz target for $(FUZZTIME)
+fuzz-short:
+	./scripts/fuzz.sh $(FUZZTIME)
+
+## fuzz: every fuzz target for a minute
+fuzz:
+	./scripts/fuzz.sh 60s
+
+## bench: the benchmarks of BENCHMARKS.md
+bench:
+	./scripts/bench.sh
+
+## soak: thousands of guarded calls with random faults (not in CI)
+soak:
+	$(GO) test -race -count=1 -run TestSoak -timeout 30m -v ./internal/soak/ -soak
+
+## install-ollama: build and cache the Ollama servers the integration tests use
+install-ollama:
+	./scripts/install-ollama.sh

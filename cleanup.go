@@ -1,0 +1,252 @@
+package vramguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"time"
+)
+
+// ReleaseFunc frees memory the caller owns, such as a CUDA caching
+// allocator's pool (the Go side of torch.cuda.empty_cache). It must honour ctx.
+type ReleaseFunc func(ctx context.Context) error
+
+type namedRelease struct {
+	id   int
+	name string
+	fn   ReleaseFunc
+}
+
+// RegisterRelease adds fn to the functions ReleaseVRAM runs, in registration
+// order. The returned func removes it; calling it twice is harmless.
+func (c *OllamaClient) RegisterRelease(name string, fn ReleaseFunc) (unregister func()) {
+	if fn == nil {
+		return func() {}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nextID++
+	id := c.nextID
+	c.releases = append(c.releases, namedRelease{id: id, name: name, fn: fn})
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.releases = slices.DeleteFunc(c.releases, func(r namedRelease) bool { return r.id == id })
+	}
+}
+
+// ReleaseReport says what ReleaseVRAM did. Before and After are nil without
+// a VRAM reader; SnapshotErr records a reader failure, which does not fail
+// ReleaseVRAM.
+type ReleaseReport struct {
+	Ran         []string // names of the release functions run, in order
+	Before      *VRAMSnapshot
+	After       *VRAMSnapshot
+	SnapshotErr error
+	Elapsed     time.Duration
+}
+
+// Freed returns the rise in free memory on all devices between Before and
+// After, or 0 when either is missing.
+func (r *ReleaseReport) Freed() int64 {
+	if r == nil || r.Before == nil || r.After == nil {
+		return 0
+	}
+	var b, a uint64
+	for _, d := range r.Before.Devices {
+		b += d.Free
+	}
+	for _, d := range r.After.Devices {
+		a += d.Free
+	}
+	return int64(a) - int64(b)
+}
+
+// ReleaseVRAM runs the registered release functions, then runtime.GC and
+// debug.FreeOSMemory, and reports device memory before and after when a
+// VRAM reader is configured. It never fails for want of a GPU; it returns
+// the joined failures of release functions (KindInternal, a panic included)
+// and KindCanceled if ctx ends first.
+func (c *OllamaClient) ReleaseVRAM(ctx context.Context) (*ReleaseReport, error) {
+	const op = "release vram"
+	start := time.Now()
+	rep := &ReleaseReport{}
+	snap := func() *VRAMSnapshot {
+		if c.opts.VRAM == nil {
+			return nil
+		}
+		s, err := c.opts.VRAM.Snapshot(ctx)
+		if err != nil {
+			rep.SnapshotErr = errors.Join(rep.SnapshotErr, err)
+			return nil
+		}
+		return s
+	}
+	rep.Before = snap()
+
+	c.mu.Lock()
+	fns := slices.Clone(c.releases)
+	c.mu.Unlock()
+
+	var errs []error
+	for _, r := range fns {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, newError(op, "", KindCanceled, context.Cause(ctx)))
+			break
+		}
+		rep.Ran = append(rep.Ran, r.name)
+		if err := runRelease(ctx, r.fn); err != nil {
+			errs = append(errs, newError(op, "", KindInternal, fmt.Errorf("%s: %w", r.name, err)))
+		}
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	rep.After = snap()
+	rep.Elapsed = time.Since(start)
+	return rep, errors.Join(errs...)
+}
+
+func runRelease(ctx context.Context, fn ReleaseFunc) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return fn(ctx)
+}
+
+// CleanupOptions says what Cleanup does. The zero value does nothing but
+// report; set Models, AllModels and/or Release.
+type CleanupOptions struct {
+	Models    []string // unload these, verified
+	AllModels bool     // unload every model the server lists, verified
+	Release   bool     // run ReleaseVRAM after the unloads
+	// Timeout bounds the whole cleanup; zero means Options.CleanupTimeout.
+	Timeout time.Duration
+}
+
+// CleanupReport says what Cleanup did.
+type CleanupReport struct {
+	Unloads []UnloadReport
+	Release *ReleaseReport
+	Elapsed time.Duration
+}
+
+// Cleanup unloads models (verified) and/or releases VRAM, synchronously.
+//
+// It deliberately outlives the caller's cancellation: it runs under
+// context.WithTimeout(context.WithoutCancel(ctx), timeout), so a cleanup
+// deferred by code whose context was already canceled still happens. The
+// error joins every failure; each is also passed to Hooks.OnCleanupFailed.
+func (c *OllamaClient) Cleanup(ctx context.Context, opts CleanupOptions) (*CleanupReport, error) {
+	const op = "cleanup"
+	if opts.Timeout < 0 {
+		return nil, invalid(op, "", "negative timeout %v", opts.Timeout)
+	}
+	for _, m := range opts.Models {
+		if err := validModelName(op, m); err != nil {
+			return nil, err
+		}
+	}
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = c.opts.CleanupTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+
+	start := time.Now()
+	rep := &CleanupReport{}
+	var errs []error
+	models := slices.Clone(opts.Models)
+	if opts.AllModels {
+		ms, err := c.Running(ctx)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, m := range ms {
+			if !slices.ContainsFunc(models, func(x string) bool { return NormalizeModelName(x) == NormalizeModelName(m.Model) }) {
+				models = append(models, m.Model)
+			}
+		}
+	}
+	if len(models) > 0 {
+		reps, err := c.unloadMany(ctx, models)
+		rep.Unloads = reps
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if opts.Release {
+		rr, err := c.ReleaseVRAM(ctx)
+		rep.Release = rr
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	rep.Elapsed = time.Since(start)
+	err := errors.Join(errs...)
+	if err != nil {
+		c.cleanupFailed(err)
+	}
+	return rep, err
+}
+
+func (c *OllamaClient) cleanupFailed(err error) {
+	c.log.Warn("cleanup failed", "err", err)
+	c.callHook(func() {
+		if c.opts.Hooks.OnCleanupFailed != nil {
+			c.opts.Hooks.OnCleanupFailed(err)
+		}
+	})
+}
+
+// CleanupTask is a cleanup running in the background. Its methods are safe
+// for concurrent use.
+type CleanupTask struct {
+	done   chan struct{}
+	report *CleanupReport
+	err    error
+}
+
+// Done is closed when the cleanup has ended.
+func (t *CleanupTask) Done() <-chan struct{} { return t.done }
+
+// Wait blocks until the cleanup has ended and returns its result.
+func (t *CleanupTask) Wait() (*CleanupReport, error) {
+	<-t.done
+	return t.report, t.err
+}
+
+// CleanupAsync starts Cleanup in a goroutine owned by the client and returns
+// at once. The work is joinable: through the task's Wait, or the client's
+// Wait and Close, so a program can exit knowing nothing is left running or
+// resident. A panic inside the cleanup is recovered into a KindInternal
+// error. On a closed client the task fails at once with ErrClosed.
+func (c *OllamaClient) CleanupAsync(ctx context.Context, opts CleanupOptions) *CleanupTask {
+	t := &CleanupTask{done: make(chan struct{})}
+	ctx = context.WithoutCancel(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		t.err = newError("cleanup", "", KindUnavailable, ErrClosed)
+		close(t.done)
+		return t
+	}
+	c.bg.Go(func() (err error) {
+		defer close(t.done)
+		defer func() {
+			if r := recover(); r != nil {
+				t.err = newError("cleanup", "", KindInternal, fmt.Errorf("panic: %v", r))
+				c.cleanupFailed(t.err)
+				err = t.err
+			}
+		}()
+		t.report, t.err = c.Cleanup(ctx, opts)
+		return t.err
+	})
+	return t
+}

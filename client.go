@@ -1,0 +1,489 @@
+package vramguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ollama/ollama/api"
+	"golang.org/x/sync/errgroup"
+)
+
+// MaxPromptBytes is the largest prompt (plus system prompt) accepted.
+const MaxPromptBytes = 16 << 20
+
+// OllamaClient talks to one Ollama server. It streams generations with
+// timeouts that cancel the server-side request, classifies every failure,
+// and unloads models verifiably.
+//
+// It is safe for concurrent use. Create it with NewClient and end it with
+// Close, which joins the cleanups started by CleanupAsync.
+type OllamaClient struct {
+	api  *api.Client
+	host string // for the CLI fallback; "" when unknown
+	opts Options
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	closed   bool
+	inflight map[string]int      // normalized model -> generations running in this client
+	warm     map[string]struct{} // models used with a keep-alive other than unload
+	uses     map[string]*use     // normalized model -> guarded users (lifecycle.go)
+	phases   map[*Phase]struct{} // phases not yet ended
+	releases []namedRelease
+	nextID   int
+
+	bg errgroup.Group // CleanupAsync work; joined by Wait and Close
+}
+
+// NewClient validates opts and returns a client. It does not contact the
+// server.
+func NewClient(opts Options) (*OllamaClient, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	opts.setDefaults()
+	c := &OllamaClient{
+		opts:     opts,
+		log:      opts.Logger,
+		inflight: make(map[string]int),
+		warm:     make(map[string]struct{}),
+	}
+	host := opts.Host
+	if host == "" && opts.API == nil {
+		getenv := opts.Getenv
+		if getenv == nil {
+			getenv = os.Getenv
+		}
+		host = getenv("OLLAMA_HOST")
+	}
+	if opts.API != nil {
+		c.api = opts.API
+		if host != "" {
+			u, err := parseHost(host)
+			if err != nil {
+				return nil, err
+			}
+			c.host = u.String()
+		}
+		return c, nil
+	}
+	if host == "" {
+		host = DefaultHost
+	}
+	u, err := parseHost(host)
+	if err != nil {
+		return nil, err
+	}
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	c.host = u.String()
+	c.api = api.NewClient(u, hc)
+	return c, nil
+}
+
+// parseHost accepts what OLLAMA_HOST accepts: a URL with scheme, or
+// host[:port] (http, port 11434 by default), with an optional path prefix.
+func parseHost(s string) (*url.URL, error) {
+	const op = "new client"
+	raw := strings.TrimSpace(s)
+	if raw == "" || strings.ContainsAny(raw, " \t\r\n") {
+		return nil, invalid(op, "", "host %q is not a URL or host:port", s)
+	}
+	if !strings.Contains(raw, "://") {
+		raw = "http://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, newError(op, "", KindInvalidInput, fmt.Errorf("host %q: %w", s, err))
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, invalid(op, "", "host %q: scheme must be http or https", s)
+	}
+	if u.Hostname() == "" {
+		return nil, invalid(op, "", "host %q has no host name", s)
+	}
+	if u.Port() == "" {
+		port := "11434"
+		if u.Scheme == "https" && strings.Contains(s, "://") {
+			port = "443"
+		}
+		u.Host = joinHostPort(u.Hostname(), port)
+	}
+	u.RawQuery, u.Fragment = "", ""
+	return u, nil
+}
+
+func joinHostPort(host, port string) string {
+	if strings.Contains(host, ":") {
+		return "[" + host + "]:" + port
+	}
+	return host + ":" + port
+}
+
+// API returns the underlying Ollama API client, for calls this package does
+// not wrap.
+func (c *OllamaClient) API() *api.Client { return c.api }
+
+// GenerateRequest is one generation. Model and Prompt are required.
+type GenerateRequest struct {
+	Model  string
+	Prompt string
+	System string
+	// Options are Ollama's model options: temperature, top_p, seed,
+	// num_predict, ... Validated values only: see the nodes package for
+	// typed sampling settings.
+	Options map[string]any
+	// Think asks a thinking model to think (true) or not (false); nil
+	// leaves the model's default.
+	Think *bool
+	// Timeouts override the client's for this call (zero fields inherit).
+	Timeouts Timeouts
+}
+
+// Chunk is one streamed piece of a generation, with progress so far.
+type Chunk struct {
+	Text     string // the new text in this chunk
+	Thinking string // the new thinking text, for models that report it separately
+	Index    int    // 1 for the first chunk
+	Bytes    int    // bytes of text received so far, this chunk included
+	Elapsed  time.Duration
+	Done     bool
+}
+
+// ChunkFunc receives chunks in order. Returning an error stops the
+// generation (the server-side request is canceled) and GenerateStreaming
+// returns a KindCanceled error wrapping it.
+type ChunkFunc func(Chunk) error
+
+// Generation is the result of a successful generation.
+type Generation struct {
+	Model      string
+	Text       string
+	Thinking   string
+	DoneReason string // "stop", "length", ...
+	Chunks     int
+	Metrics    api.Metrics
+	// Loaded reports that this request loaded the model (the server
+	// reported a non-zero load duration).
+	Loaded bool
+	// Fallback reports that the subprocess fallback produced the text.
+	Fallback   bool
+	FirstChunk time.Duration // time to the first chunk
+	Elapsed    time.Duration
+}
+
+func validModelName(op, model string) error {
+	switch {
+	case strings.TrimSpace(model) == "":
+		return invalid(op, model, "model name is empty")
+	case !utf8.ValidString(model):
+		return invalid(op, "", "model name is not valid UTF-8")
+	case len(model) > 512:
+		return invalid(op, "", "model name is longer than 512 bytes")
+	case strings.ContainsAny(model, " \t\r\n\x00"):
+		return invalid(op, model, "model name contains white space or NUL")
+	}
+	return nil
+}
+
+func (r *GenerateRequest) validate(op string) error {
+	if r == nil {
+		return invalid(op, "", "request is nil")
+	}
+	if err := validModelName(op, r.Model); err != nil {
+		return err
+	}
+	if err := r.Timeouts.validate(op); err != nil {
+		err.(*Error).Model = r.Model
+		return err
+	}
+	if len(r.Prompt)+len(r.System) > MaxPromptBytes {
+		return invalid(op, r.Model, "prompt of %d bytes exceeds %d", len(r.Prompt)+len(r.System), MaxPromptBytes)
+	}
+	if !utf8.ValidString(r.Prompt) || !utf8.ValidString(r.System) {
+		return invalid(op, r.Model, "prompt is not valid UTF-8")
+	}
+	return nil
+}
+
+// begin registers a generation on model; the returned func ends it.
+func (c *OllamaClient) begin(op, model string, ka KeepAlive) (end func(), err error) {
+	key := NormalizeModelName(model)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, newError(op, model, KindUnavailable, ErrClosed)
+	}
+	c.inflight[key]++
+	if !ka.IsUnload() {
+		c.warm[key] = struct{}{}
+	}
+	return func() {
+		c.mu.Lock()
+		if c.inflight[key]--; c.inflight[key] <= 0 {
+			delete(c.inflight, key)
+		}
+		c.mu.Unlock()
+	}, nil
+}
+
+func (c *OllamaClient) inFlight(model string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inflight[NormalizeModelName(model)]
+}
+
+// GenerateStreaming runs one generation, streaming chunks to fn (which may
+// be nil), and returns the whole text.
+//
+// keepAlive is sent explicitly (see KeepAlive). The first-chunk, idle and
+// total timeouts each cancel the HTTP request, so the server stops and drops
+// its reference to the model. A stream that ends without the server's
+// done:true is never a success: it is a KindTransient error wrapping
+// ErrIncompleteStream, or the timeout or crash that cut it.
+//
+// When ctx is done the call returns a KindCanceled error wrapping
+// context.Cause(ctx). With Options.Fallback, a timeout or transient failure
+// is retried once through `ollama run`; a failure of both returns the first
+// error's kind with both causes.
+func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateRequest, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
+	const op = "generate"
+	if err := req.validate(op); err != nil {
+		return nil, err
+	}
+	if err := keepAlive.validate(); err != nil {
+		return nil, newError(op, req.Model, KindInvalidInput, err)
+	}
+	end, err := c.begin(op, req.Model, keepAlive)
+	if err != nil {
+		return nil, err
+	}
+	gen, err := c.stream(ctx, req, keepAlive, fn)
+	end()
+	if err == nil {
+		c.reportLoad(gen)
+		return gen, nil
+	}
+	if !c.opts.Fallback || !KindOf(err).Retryable() || ctx.Err() != nil {
+		return nil, err
+	}
+	c.callHook(func() {
+		if c.opts.Hooks.OnFallback != nil {
+			c.opts.Hooks.OnFallback(req.Model, err)
+		}
+	})
+	c.log.Warn("generation failed; trying the ollama CLI", "model", req.Model, "err", err)
+	gen, ferr := c.generateCLI(ctx, req, keepAlive, fn)
+	if ferr != nil {
+		e := err.(*Error)
+		return nil, newError(op, req.Model, e.Kind, errors.Join(e.Err, fmt.Errorf("fallback: %w", ferr)))
+	}
+	return gen, nil
+}
+
+func (c *OllamaClient) reportLoad(gen *Generation) {
+	if gen.Loaded {
+		c.log.Debug("model loaded", "model", gen.Model, "load", gen.Metrics.LoadDuration)
+		c.callHook(func() {
+			if c.opts.Hooks.OnLoad != nil {
+				c.opts.Hooks.OnLoad(LoadEvent{Model: gen.Model, LoadDuration: gen.Metrics.LoadDuration})
+			}
+		})
+		return
+	}
+	c.callHook(func() {
+		if c.opts.Hooks.OnReuse != nil {
+			c.opts.Hooks.OnReuse(gen.Model)
+		}
+	})
+}
+
+// callHook runs a hook, recovering and logging a panic in it.
+func (c *OllamaClient) callHook(f func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("hook panicked", "panic", r)
+		}
+	}()
+	f()
+}
+
+// streamState is what the chunk callback accumulates.
+type streamState struct {
+	start      time.Time
+	text       strings.Builder
+	thinking   strings.Builder
+	chunks     int
+	done       bool
+	last       api.GenerateResponse // the done line's fields
+	firstChunk time.Duration
+	fnErr      error
+}
+
+func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error) {
+	const op = "generate"
+	t := req.Timeouts.or(c.opts.Timeouts)
+
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	sctx, cancelTotal := context.WithTimeoutCause(sctx, t.Total, ErrTotalTimeout)
+	defer cancelTotal()
+
+	// One timer serves both the first-chunk and the idle timeout: it is
+	// armed for FirstChunk and re-armed for Idle on every chunk.
+	var gotFirst atomic.Bool
+	timer := time.AfterFunc(t.FirstChunk, func() {
+		if gotFirst.Load() {
+			cancel(ErrIdleTimeout)
+		} else {
+			cancel(ErrFirstChunkTimeout)
+		}
+	})
+	defer timer.Stop()
+
+	ar := &api.GenerateRequest{
+		Model:     req.Model,
+		Prompt:    req.Prompt,
+		System:    req.System,
+		Options:   req.Options,
+		KeepAlive: ka.apiDuration(),
+	}
+	if req.Think != nil {
+		ar.Think = &api.ThinkValue{Value: *req.Think}
+	}
+
+	st := &streamState{start: time.Now()}
+	err := c.api.Generate(sctx, ar, func(r api.GenerateResponse) error {
+		if st.chunks == 0 {
+			gotFirst.Store(true)
+			st.firstChunk = time.Since(st.start)
+		}
+		timer.Reset(t.Idle)
+		st.chunks++
+		st.text.WriteString(r.Response)
+		st.thinking.WriteString(r.Thinking)
+		if r.Done {
+			st.done = true
+			st.last = r
+		}
+		if fn != nil {
+			if err := fn(Chunk{
+				Text:     r.Response,
+				Thinking: r.Thinking,
+				Index:    st.chunks,
+				Bytes:    st.text.Len(),
+				Elapsed:  time.Since(st.start),
+				Done:     r.Done,
+			}); err != nil {
+				st.fnErr = err
+				return err
+			}
+		}
+		return nil
+	})
+	timer.Stop()
+
+	switch {
+	case st.fnErr != nil:
+		return nil, newError(op, req.Model, KindCanceled, fmt.Errorf("chunk callback: %w", st.fnErr))
+	case ctx.Err() != nil:
+		return nil, newError(op, req.Model, KindCanceled, context.Cause(ctx))
+	case sctx.Err() != nil:
+		// One of our timeouts canceled the request.
+		return nil, newError(op, req.Model, KindTimeout, context.Cause(sctx))
+	case err != nil:
+		return nil, newError(op, req.Model, classify(err), err)
+	case !st.done:
+		return nil, newError(op, req.Model, KindTransient,
+			fmt.Errorf("%w after %d chunks", ErrIncompleteStream, st.chunks))
+	}
+	return &Generation{
+		Model:      req.Model,
+		Text:       st.text.String(),
+		Thinking:   st.thinking.String(),
+		DoneReason: st.last.DoneReason,
+		Chunks:     st.chunks,
+		Metrics:    st.last.Metrics,
+		Loaded:     st.last.LoadDuration > 0,
+		FirstChunk: st.firstChunk,
+		Elapsed:    time.Since(st.start),
+	}, nil
+}
+
+// Running lists the models the server has loaded (GET /api/ps). Ollama lists
+// a model until its runner is removed, which can be before the GPU has the
+// memory back, and still lists a runner that crashed.
+func (c *OllamaClient) Running(ctx context.Context) ([]api.ProcessModelResponse, error) {
+	const op = "list running"
+	resp, err := c.api.ListRunning(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, newError(op, "", KindCanceled, context.Cause(ctx))
+		}
+		return nil, newError(op, "", classify(err), err)
+	}
+	return resp.Models, nil
+}
+
+// IsResident reports whether the server lists model as loaded.
+func (c *OllamaClient) IsResident(ctx context.Context, model string) (bool, error) {
+	if err := validModelName("is resident", model); err != nil {
+		return false, err
+	}
+	ms, err := c.Running(ctx)
+	if err != nil {
+		return false, err
+	}
+	return findRunning(ms, model) != nil, nil
+}
+
+// Wait blocks until every cleanup started by CleanupAsync so far has ended,
+// including the ends of phases whose context was canceled, and returns the
+// first of their errors.
+func (c *OllamaClient) Wait() error {
+	perr := c.endPhases(false)
+	return errors.Join(perr, c.bg.Wait())
+}
+
+// Close stops the client: new calls fail with ErrClosed (KindUnavailable),
+// phases not yet ended are ended, pending CleanupAsync work is joined, and, unless Options.KeepModelsOnClose
+// is set, every model this client used with a keep-alive other than
+// KeepAliveUnload is unloaded (verified). It runs within CleanupTimeout and
+// returns every failure, joined. Close is idempotent: later calls return nil.
+func (c *OllamaClient) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	warm := make([]string, 0, len(c.warm))
+	for m := range c.warm {
+		warm = append(warm, m)
+	}
+	c.mu.Unlock()
+
+	errs := []error{c.endPhases(true), c.bg.Wait()}
+	if !c.opts.KeepModelsOnClose && len(warm) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.CleanupTimeout)
+		_, err := c.unloadMany(ctx, warm)
+		cancel()
+		if err != nil {
+			c.cleanupFailed(err)
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

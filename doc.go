@@ -1,0 +1,48 @@
+// Package vramguard lets a program use local LLMs through Ollama on a GPU it
+// shares with something hungrier, such as a diffusion model, without running
+// out of VRAM. Ollama keeps each model resident for five minutes by default,
+// in a process the program's own allocator cannot free, so the next big CUDA
+// allocation fails ("VRAM grow failed"); vramguard unloads what it used,
+// verifies the memory is really back, and only then lets the next stage load.
+//
+// # The client
+//
+// [OllamaClient] wraps Ollama's own Go client. [OllamaClient.GenerateStreaming]
+// streams a generation with an explicit [KeepAlive] and three timeouts
+// (first chunk, idle, total) that cancel the server-side request, and returns
+// failures as [*Error] values whose [Kind] says what happened: a stream that
+// ends without the server's done:true is never a success.
+// [OllamaClient.UnloadModel] returns only when the server no longer lists the
+// model, re-sending the unload when Ollama lost it (it does when the unload
+// arrives during a load). [OllamaClient.Cleanup] and
+// [OllamaClient.CleanupAsync] unload and release memory under a detached,
+// bounded context; [OllamaClient.Close] joins every cleanup still running.
+//
+// # Lifecycle
+//
+// A [Guard], embedded in prompt nodes (package nodes), runs LLM work and
+// cleans up in a defer, even when the work panics, and counts concurrent
+// users of a model so an unload never races an in-flight call. A [Phase]
+// keeps models warm across a run of steps with a bounded keep-alive and ends
+// with a verified unload and a hand-over of free VRAM ([OllamaClient.EnsureFree]).
+//
+// # VRAM truth
+//
+// A [VRAMReader] reads device and per-process memory from the GPU: NVML
+// through go-nvml in cgo builds on Linux, nvidia-smi otherwise, or a reader
+// of your own. [AwaitFree] waits for room; [OllamaClient.EnsureFree] makes it,
+// evicting the largest Ollama models first, and names who holds the memory
+// when it cannot.
+//
+// # Errors
+//
+// Every error is an [*Error] with an Op, a Model and a [Kind]; match kinds
+// with errors.Is(err, vramguard.KindTimeout) and causes with errors.As
+// (api.StatusError, context.DeadlineExceeded, nvml.Return).
+//
+// # Observability
+//
+// Options.Logger takes a *slog.Logger (nil discards) and Options.Hooks takes
+// callbacks for loads, reuses, unload requests, verified evictions, cleanup
+// failures and VRAM waits. There is no package-level state.
+package vramguard

@@ -1,0 +1,396 @@
+package vramguard
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+)
+
+// DefaultPhaseKeepAlive is the keep-alive sent by generations inside a
+// Phase: long enough to keep a model warm between the steps of a prompt
+// stage, short enough to act as a server-side dead-man switch if the
+// process dies before the phase ends.
+const DefaultPhaseKeepAlive = 2 * time.Minute
+
+// use counts the guarded users of one model in one client.
+type use struct {
+	n          int
+	wantUnload bool // a user that left while others held the model wanted it unloaded
+}
+
+// acquire registers a guarded user of model. release returns whether the
+// caller was the last user and whether an earlier user asked for an unload.
+func (c *OllamaClient) acquire(model string) (release func(wantUnload bool) (last, unload bool)) {
+	key := NormalizeModelName(model)
+	c.mu.Lock()
+	if c.uses == nil {
+		c.uses = make(map[string]*use)
+	}
+	u := c.uses[key]
+	if u == nil {
+		u = &use{}
+		c.uses[key] = u
+	}
+	u.n++
+	c.mu.Unlock()
+	var once sync.Once
+	return func(wantUnload bool) (last, unload bool) {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			u.n--
+			u.wantUnload = u.wantUnload || wantUnload
+			if u.n == 0 {
+				last, unload = true, u.wantUnload
+				delete(c.uses, key)
+			}
+		})
+		return last, unload
+	}
+}
+
+// Users returns how many guarded uses of model are running in this client.
+func (c *OllamaClient) Users(model string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if u := c.uses[NormalizeModelName(model)]; u != nil {
+		return u.n
+	}
+	return 0
+}
+
+// Guard runs LLM work on one model and always cleans up after it. Prompt
+// nodes embed it; its fields are the node's lifecycle settings.
+//
+// The zero value (with Client set) unloads the model after use, verified,
+// synchronously: the original "Unload After Use" switch, on. A Guard is safe
+// for concurrent use as long as its fields are not changed meanwhile.
+type Guard struct {
+	// Client is required.
+	Client *OllamaClient
+	// KeepLoaded turns "unload after use" off: generations send no
+	// keep-alive (the server's setting, 5 minutes by default) and nothing
+	// is unloaded.
+	KeepLoaded bool
+	// Async runs the after-use cleanup in the background (joined by the
+	// client's Wait and Close). A panic always cleans up synchronously.
+	Async bool
+	// Release runs the client's ReleaseVRAM after the unload.
+	Release bool
+	// Phase, when set, makes generations keep the model warm with the
+	// phase's keep-alive and leaves the unload to Phase.End.
+	Phase *Phase
+}
+
+// Session is a guarded use of one model, valid inside Guard.Run.
+type Session struct {
+	g     *Guard
+	model string
+}
+
+// Model returns the session's model.
+func (s *Session) Model() string { return s.model }
+
+// KeepAlive returns the keep-alive the session's generations send.
+func (s *Session) KeepAlive() KeepAlive {
+	switch {
+	case s.g.Phase != nil:
+		return s.g.Phase.keepAlive
+	case s.g.KeepLoaded:
+		return KeepAliveServerDefault
+	case s.g.Client.Users(s.model) > 1:
+		// Another goroutine uses the model too: an unload-now keep-alive
+		// would unload it under that user between two of its calls. The
+		// last user's verified unload ends it instead.
+		return KeepAliveFor(DefaultPhaseKeepAlive)
+	}
+	return KeepAliveUnload
+}
+
+// Generate runs one generation on the session's model (req.Model may be
+// empty; if set it must name the same model).
+func (s *Session) Generate(ctx context.Context, req *GenerateRequest, fn ChunkFunc) (*Generation, error) {
+	if req == nil {
+		return nil, invalid("generate", s.model, "request is nil")
+	}
+	r := *req
+	if r.Model == "" {
+		r.Model = s.model
+	} else if NormalizeModelName(r.Model) != NormalizeModelName(s.model) {
+		return nil, invalid("generate", r.Model, "session is for model %q", s.model)
+	}
+	if s.g.Phase != nil {
+		if err := s.g.Phase.use(r.Model); err != nil {
+			return nil, err
+		}
+	}
+	return s.g.Client.GenerateStreaming(ctx, &r, s.KeepAlive(), fn)
+}
+
+func (g *Guard) validate(op, model string) error {
+	if g == nil || g.Client == nil {
+		return invalid(op, model, "guard has no client")
+	}
+	return validModelName(op, model)
+}
+
+// Run calls fn with a session on model and then cleans up, in a defer:
+// after success, after an error, after ctx is canceled, and when fn panics
+// (then the cleanup runs synchronously and the panic continues with its
+// original value and stack). The cleanup itself runs detached from ctx, so
+// a canceled caller still leaves nothing resident.
+//
+// Uses of the same model through guards of one client are counted: the
+// unload runs when the last of them ends, never under another's in-flight
+// call. Run returns fn's error joined with any cleanup error.
+func (g *Guard) Run(ctx context.Context, model string, fn func(ctx context.Context, s *Session) error) (err error) {
+	const op = "guard"
+	if err := g.validate(op, model); err != nil {
+		return err
+	}
+	if fn == nil {
+		return invalid(op, model, "function is nil")
+	}
+	if g.Phase != nil {
+		if err := g.Phase.use(model); err != nil {
+			return err
+		}
+	}
+	release := g.Client.acquire(model)
+	normal := false
+	defer func() {
+		wantUnload := g.Phase == nil && !g.KeepLoaded
+		last, unload := release(wantUnload)
+		if cerr := g.cleanup(ctx, model, last && unload, !normal); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+	err = fn(ctx, &Session{g: g, model: model})
+	normal = true
+	return err
+}
+
+// Generate is Run with a single generation on req.Model.
+func (g *Guard) Generate(ctx context.Context, req *GenerateRequest, fn ChunkFunc) (gen *Generation, err error) {
+	if req == nil {
+		return nil, invalid("guard", "", "request is nil")
+	}
+	err = g.Run(ctx, req.Model, func(ctx context.Context, s *Session) error {
+		var err error
+		gen, err = s.Generate(ctx, req, fn)
+		return err
+	})
+	if err != nil && gen != nil {
+		// The generation worked but the cleanup failed: keep both.
+		return gen, err
+	}
+	return gen, err
+}
+
+func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking bool) error {
+	opts := CleanupOptions{Release: g.Release && g.Phase == nil}
+	if unload {
+		opts.Models = []string{model}
+	}
+	if len(opts.Models) == 0 && !opts.Release {
+		return nil
+	}
+	if g.Async && !panicking {
+		g.Client.CleanupAsync(ctx, opts)
+		return nil
+	}
+	_, err := g.Client.Cleanup(ctx, opts)
+	return err
+}
+
+// PhaseOptions configures a Phase. The zero value keeps models warm for
+// DefaultPhaseKeepAlive and ends with a verified unload and ReleaseVRAM.
+type PhaseOptions struct {
+	// KeepAlive is sent by the phase's generations; zero means
+	// DefaultPhaseKeepAlive; negative is invalid.
+	KeepAlive time.Duration
+	// NeedBytes, when non-zero, makes End hand over a GPU with that many
+	// bytes free on Device (through EnsureFree), failing otherwise.
+	NeedBytes uint64
+	Device    int
+	// Timeout bounds End; zero means the client's CleanupTimeout.
+	Timeout time.Duration
+}
+
+// Phase is a scope for a run of LLM steps, such as the prompt stage of a
+// diffusion pipeline: consecutive steps on the same model reuse it, and End
+// unloads every model the phase used, verified, and hands over free VRAM.
+//
+// A Phase is safe for concurrent use. End is idempotent and runs by itself
+// if the context given to StartPhase is canceled first.
+type Phase struct {
+	c         *OllamaClient
+	name      string
+	opts      PhaseOptions
+	keepAlive KeepAlive
+	started   time.Time
+	stopAfter func() bool
+	ctxDone   <-chan struct{} // the StartPhase context's Done, to end it from Wait
+
+	mu     sync.Mutex
+	models []string // in order of first use
+	ended  bool
+
+	endOnce sync.Once
+	endDone chan struct{}
+	report  *PhaseReport
+	err     error
+}
+
+// PhaseReport says what a phase did.
+type PhaseReport struct {
+	Name     string
+	Models   []string // models used, in order of first use
+	Cleanup  *CleanupReport
+	Handover *EnsureReport // nil unless NeedBytes was set
+	Duration time.Duration // from StartPhase to the end of End
+}
+
+// StartPhase begins a phase. If ctx is canceled before End is called, the
+// phase ends by itself in the background (joined by the client's Wait and
+// Close).
+func (c *OllamaClient) StartPhase(ctx context.Context, name string, opts PhaseOptions) (*Phase, error) {
+	const op = "start phase"
+	if opts.KeepAlive < 0 || opts.Timeout < 0 {
+		return nil, invalid(op, "", "negative keep-alive or timeout")
+	}
+	if opts.NeedBytes > maxBytes {
+		return nil, invalid(op, "", "need %d bytes: more than %d", opts.NeedBytes, uint64(maxBytes))
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, newError(op, "", KindUnavailable, ErrClosed)
+	}
+	ka := opts.KeepAlive
+	if ka == 0 {
+		ka = DefaultPhaseKeepAlive
+	}
+	p := &Phase{
+		c:         c,
+		name:      name,
+		opts:      opts,
+		keepAlive: KeepAliveFor(ka),
+		started:   time.Now(),
+		endDone:   make(chan struct{}),
+		ctxDone:   ctx.Done(),
+	}
+	c.mu.Lock()
+	if c.phases == nil {
+		c.phases = make(map[*Phase]struct{})
+	}
+	c.phases[p] = struct{}{}
+	c.mu.Unlock()
+	p.stopAfter = context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.closed {
+			// Close unloads warm models itself.
+			return
+		}
+		c.bg.Go(func() error {
+			_, err := p.End(context.WithoutCancel(ctx))
+			return err
+		})
+	})
+	return p, nil
+}
+
+// endPhases ends the live phases: all of them, or only those whose
+// context is done. It returns their joined errors.
+func (c *OllamaClient) endPhases(all bool) error {
+	c.mu.Lock()
+	var ps []*Phase
+	for p := range c.phases {
+		select {
+		case <-p.ctxDone:
+			ps = append(ps, p)
+		default:
+			if all {
+				ps = append(ps, p)
+			}
+		}
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, p := range ps {
+		_, err := p.End(context.Background())
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Name returns the phase's name.
+func (p *Phase) Name() string { return p.name }
+
+// Models returns the models used so far, in order of first use.
+func (p *Phase) Models() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.models)
+}
+
+func (p *Phase) use(model string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return newError("phase "+p.name, model, KindInvalidInput, errors.New("phase has ended"))
+	}
+	key := NormalizeModelName(model)
+	if !slices.ContainsFunc(p.models, func(m string) bool { return NormalizeModelName(m) == key }) {
+		p.models = append(p.models, model)
+	}
+	return nil
+}
+
+// Guard returns a Guard whose generations run in this phase.
+func (p *Phase) Guard() Guard { return Guard{Client: p.c, Phase: p} }
+
+// End unloads every model the phase used (verified, waiting for in-flight
+// generations), runs ReleaseVRAM, and, with NeedBytes set, calls EnsureFree
+// so the next stage gets the memory it needs. It runs detached from ctx's
+// cancellation, bounded by the phase's Timeout. End is idempotent: later
+// calls wait for the first and return its result; calls to the phase's
+// guards after End fail with KindInvalidInput.
+func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
+	p.endOnce.Do(func() {
+		defer close(p.endDone)
+		p.stopAfter()
+		p.c.mu.Lock()
+		delete(p.c.phases, p)
+		p.c.mu.Unlock()
+		p.mu.Lock()
+		p.ended = true
+		models := slices.Clone(p.models)
+		p.mu.Unlock()
+
+		timeout := p.opts.Timeout
+		if timeout == 0 {
+			timeout = p.c.opts.CleanupTimeout
+		}
+		rep := &PhaseReport{Name: p.name, Models: models}
+		cr, err := p.c.Cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout})
+		rep.Cleanup = cr
+		errs := []error{err}
+		if p.opts.NeedBytes > 0 {
+			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+			er, eerr := p.c.EnsureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes})
+			cancel()
+			rep.Handover = er
+			errs = append(errs, eerr)
+		}
+		rep.Duration = time.Since(p.started)
+		p.report, p.err = rep, errors.Join(errs...)
+		p.c.log.Debug("phase ended", "phase", p.name, "models", models, "duration", rep.Duration, "err", p.err)
+	})
+	<-p.endDone
+	return p.report, p.err
+}

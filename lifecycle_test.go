@@ -1,0 +1,292 @@
+package vramguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vramguard/vramguard/internal/sim"
+)
+
+func TestGuardPanicStillEvicts(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	c := newTestClient(t, s, Options{})
+	// KeepLoaded is off (the zero value), so the model must go even though
+	// the generation asked the server to keep it and the function panicked.
+	g := Guard{Client: c}
+	type boom struct{ n int }
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		_ = g.Run(t.Context(), "tiny", func(ctx context.Context, s *Session) error {
+			r := GenerateRequest{Prompt: "x"}
+			if _, err := s.Generate(ctx, &r, nil); err != nil {
+				return err
+			}
+			// Keep it warm on purpose, as a buggy node might.
+			if _, err := c.GenerateStreaming(ctx, &GenerateRequest{Model: "tiny", Prompt: "y"}, KeepAliveForever, nil); err != nil {
+				return err
+			}
+			panic(boom{42})
+		})
+	}()
+	if b, ok := recovered.(boom); !ok || b.n != 42 {
+		t.Fatalf("recovered %#v, want the original panic value", recovered)
+	}
+	if s.Listed("tiny") {
+		t.Fatal("model resident after a panicking guarded call")
+	}
+}
+
+func TestGuardCanceledContextStillEvicts(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 100, TokenLatency: 5 * time.Millisecond})
+	c := newTestClient(t, s, Options{})
+	g := Guard{Client: c}
+	ctx, cancel := context.WithCancel(t.Context())
+	err := g.Run(ctx, "tiny", func(ctx context.Context, s *Session) error {
+		if _, err := c.GenerateStreaming(ctx, &GenerateRequest{Model: "tiny", Prompt: "warm"}, KeepAliveForever, nil); err != nil {
+			return err
+		}
+		_, err := s.Generate(ctx, &GenerateRequest{Prompt: "x"}, func(ch Chunk) error {
+			if ch.Index == 2 {
+				cancel()
+			}
+			return nil
+		})
+		return err
+	})
+	if !errors.Is(err, KindCanceled) {
+		t.Fatalf("got %v, want canceled", err)
+	}
+	if s.Listed("tiny") {
+		t.Fatal("model resident after a canceled guarded call")
+	}
+}
+
+func TestGuardKeepLoadedAndAsync(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	c := newTestClient(t, s, Options{KeepModelsOnClose: true})
+	keep := Guard{Client: c, KeepLoaded: true}
+	if _, err := keep.Generate(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Listed("tiny") {
+		t.Fatal("KeepLoaded: model was unloaded")
+	}
+	async := Guard{Client: c, Async: true}
+	if _, err := async.Generate(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Listed("tiny") {
+		t.Fatal("Async: model still resident after the client's Wait")
+	}
+}
+
+func TestGuardValidation(t *testing.T) {
+	var nilGuard *Guard
+	tests := []struct {
+		name string
+		err  error
+	}{
+		{"nil guard", nilGuard.Run(t.Context(), "m", func(context.Context, *Session) error { return nil })},
+		{"no client", (&Guard{}).Run(t.Context(), "m", func(context.Context, *Session) error { return nil })},
+		{"nil fn", (&Guard{Client: &OllamaClient{}}).Run(t.Context(), "m", nil)},
+		{"empty model", (&Guard{Client: &OllamaClient{}}).Run(t.Context(), "", func(context.Context, *Session) error { return nil })},
+	}
+	for _, tt := range tests {
+		if !errors.Is(tt.err, KindInvalidInput) {
+			t.Errorf("%s: got %v, want invalid input", tt.name, tt.err)
+		}
+	}
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"}, sim.ModelConfig{Name: "b"})
+	c := newTestClient(t, s, Options{})
+	err := (&Guard{Client: c}).Run(t.Context(), "a", func(ctx context.Context, s *Session) error {
+		_, err := s.Generate(ctx, &GenerateRequest{Model: "b", Prompt: "x"}, nil)
+		return err
+	})
+	if !errors.Is(err, KindInvalidInput) {
+		t.Errorf("generation on another model: got %v", err)
+	}
+}
+
+// TestConcurrentGuardsNeverUnloadInUse runs many guards on one model and
+// checks, at the moment each unload request is sent, that no guarded use
+// and no generation of the client is running.
+func TestConcurrentGuardsNeverUnloadInUse(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 4, TokenLatency: time.Millisecond, LoadLatency: 5 * time.Millisecond})
+	var c *OllamaClient
+	var violations, unloads atomic.Int32
+	c = newTestClient(t, s, Options{Hooks: Hooks{OnUnloadRequested: func(m string) {
+		unloads.Add(1)
+		if n, f := c.Users(m), c.inFlight(m); n != 0 || f != 0 {
+			violations.Add(1)
+			t.Errorf("unload of %s requested with %d users and %d in-flight generations", m, n, f)
+		}
+	}}})
+	const workers, rounds = 8, 6
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for range rounds {
+				g := Guard{Client: c, Async: rng.IntN(2) == 0}
+				err := g.Run(t.Context(), "tiny", func(ctx context.Context, s *Session) error {
+					for range 1 + rng.IntN(3) {
+						if _, err := s.Generate(ctx, &GenerateRequest{Prompt: "x"}, nil); err != nil {
+							return err
+						}
+						time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+					}
+					return nil
+				})
+				if err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := c.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if violations.Load() != 0 {
+		t.Fatalf("%d unloads raced a use", violations.Load())
+	}
+	if unloads.Load() == 0 {
+		t.Fatal("no unload was ever requested: the check proved nothing")
+	}
+	if s.Listed("tiny") || s.Stats("tiny").Crashes != 0 {
+		t.Fatalf("listed %v, stats %+v", s.Listed("tiny"), s.Stats("tiny"))
+	}
+}
+
+// originalWorkflow runs the seed design's prompt stage: generator on b,
+// refiner three passes on a, negative prompt on a.
+func originalWorkflow(ctx context.Context, g Guard) error {
+	steps := []string{"b", "a", "a", "a", "a"}
+	for i, m := range steps {
+		if _, err := g.Generate(ctx, &GenerateRequest{Model: m, Prompt: fmt.Sprintf("step %d", i)}, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func TestPhaseAvoidsReloads(t *testing.T) {
+	models := []sim.ModelConfig{
+		{Name: "a", Size: 2 << 30, LoadLatency: 10 * time.Millisecond},
+		{Name: "b", Size: 4 << 30, LoadLatency: 10 * time.Millisecond},
+	}
+	t.Run("per-call", func(t *testing.T) {
+		s := newSim(t, sim.Config{}, models...)
+		c := newTestClient(t, s, Options{})
+		if err := originalWorkflow(t.Context(), Guard{Client: c}); err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Loads(""); got != 5 {
+			t.Errorf("per-call mode: %d loads, want 5", got)
+		}
+		if len(s.Running()) != 0 {
+			t.Errorf("resident at the end: %v", s.Running())
+		}
+	})
+	t.Run("phase", func(t *testing.T) {
+		s := newSim(t, sim.Config{}, models...)
+		c := newTestClient(t, s, Options{})
+		var loads atomic.Int32
+		c.opts.Hooks.OnLoad = func(LoadEvent) { loads.Add(1) }
+		p, err := c.StartPhase(t.Context(), "prompts", PhaseOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := originalWorkflow(t.Context(), p.Guard()); err != nil {
+			t.Fatal(err)
+		}
+		if !s.Listed("a") {
+			t.Error("phase: model a is not warm before End")
+		}
+		rep, err := p.End(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Loads(""); got != 2 || loads.Load() != 2 {
+			t.Errorf("phase mode: %d server loads, %d OnLoad calls; want 2", got, loads.Load())
+		}
+		if len(s.Running()) != 0 {
+			t.Errorf("resident at the end: %v", s.Running())
+		}
+		if len(rep.Models) != 2 || len(rep.Cleanup.Unloads) != 2 || rep.Cleanup.Release == nil {
+			t.Errorf("report %+v", rep)
+		}
+		// End is idempotent and the phase is closed for new work.
+		rep2, err2 := p.End(t.Context())
+		if rep2 != rep || err2 != nil {
+			t.Errorf("second End: %v, %v", rep2, err2)
+		}
+		g := p.Guard()
+		if _, err := g.Generate(t.Context(), &GenerateRequest{Model: "a", Prompt: "x"}, nil); !errors.Is(err, KindInvalidInput) {
+			t.Errorf("generate after End: %v", err)
+		}
+	})
+}
+
+func TestPhaseEndsWhenContextCanceled(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
+	c := newTestClient(t, s, Options{})
+	ctx, cancel := context.WithCancel(t.Context())
+	p, err := c.StartPhase(ctx, "prompts", PhaseOptions{KeepAlive: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := p.Guard()
+	if _, err := g.Generate(ctx, &GenerateRequest{Model: "a", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Listed("a") {
+		t.Fatal("model not warm inside the phase")
+	}
+	cancel()
+	if err := c.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Listed("a") {
+		t.Fatal("model resident after the phase's context was canceled")
+	}
+	if _, err := p.End(t.Context()); err != nil {
+		t.Errorf("End after the automatic end: %v", err)
+	}
+}
+
+func TestPhaseHandover(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
+	r := &fakeReader{free: []uint64{20 << 30}}
+	c := newTestClient(t, s, Options{VRAM: r})
+	p, err := c.StartPhase(t.Context(), "prompts", PhaseOptions{NeedBytes: 12 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := p.Guard()
+	if _, err := g.Generate(t.Context(), &GenerateRequest{Model: "a", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.End(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Handover == nil || rep.Handover.FreeAfter < 12<<30 {
+		t.Fatalf("handover %+v", rep.Handover)
+	}
+	if _, err := c.StartPhase(t.Context(), "x", PhaseOptions{KeepAlive: -1}); !errors.Is(err, KindInvalidInput) {
+		t.Errorf("negative keep-alive: %v", err)
+	}
+}

@@ -1,0 +1,175 @@
+package vramguard
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/ollama/ollama/api"
+)
+
+// Default values used when the corresponding Options field is zero.
+const (
+	DefaultFirstChunkTimeout = 2 * time.Minute
+	DefaultIdleTimeout       = 30 * time.Second
+	DefaultTotalTimeout      = 10 * time.Minute
+	DefaultUnloadTimeout     = 30 * time.Second
+	DefaultPollInterval      = 50 * time.Millisecond
+	DefaultCleanupTimeout    = time.Minute
+	DefaultHost              = "http://127.0.0.1:11434"
+)
+
+// Timeouts bound one generation. A zero field takes the client's value (and
+// the client's zero field the package default); a negative field is a
+// KindInvalidInput error. Every timeout cancels the HTTP request, so the
+// server stops generating and drops its reference to the model.
+type Timeouts struct {
+	// FirstChunk bounds the wait for the first streamed chunk. It covers
+	// queueing and model load: the server sends nothing before the first token.
+	FirstChunk time.Duration
+	// Idle bounds the gap between two chunks.
+	Idle time.Duration
+	// Total bounds the whole generation.
+	Total time.Duration
+}
+
+func (t Timeouts) validate(op string) error {
+	if t.FirstChunk < 0 || t.Idle < 0 || t.Total < 0 {
+		return invalid(op, "", "negative timeout %+v", t)
+	}
+	return nil
+}
+
+// or returns t with its zero fields taken from d.
+func (t Timeouts) or(d Timeouts) Timeouts {
+	if t.FirstChunk == 0 {
+		t.FirstChunk = d.FirstChunk
+	}
+	if t.Idle == 0 {
+		t.Idle = d.Idle
+	}
+	if t.Total == 0 {
+		t.Total = d.Total
+	}
+	return t
+}
+
+// Options configures an OllamaClient. The zero value is valid: it talks to
+// OLLAMA_HOST (or http://127.0.0.1:11434) with the default timeouts, logs
+// nothing, has no VRAM reader, no subprocess fallback, and unloads on Close
+// every model it left warm.
+type Options struct {
+	// Host is the server's base URL ("http://gpu-box:11434") or host:port.
+	// Empty: the OLLAMA_HOST environment variable (read through Getenv),
+	// then DefaultHost. Ignored when API is set.
+	Host string
+	// API is a ready client to use as is. Host and HTTPClient are then
+	// ignored, except that Host, when set, is still passed to the CLI fallback.
+	API *api.Client
+	// HTTPClient is used with Host. Nil: a client with no overall timeout
+	// (generations are bounded by Timeouts instead).
+	HTTPClient *http.Client
+	// Getenv reads the environment; nil means os.Getenv.
+	Getenv func(string) string
+
+	// Timeouts are the defaults for GenerateStreaming.
+	Timeouts Timeouts
+	// UnloadTimeout bounds UnloadModel's wait for verified absence.
+	UnloadTimeout time.Duration
+	// PollInterval is how often /api/ps is polled while verifying an unload.
+	PollInterval time.Duration
+	// CleanupTimeout bounds Cleanup, CleanupAsync and Close, which run
+	// detached from the caller's cancellation.
+	CleanupTimeout time.Duration
+	// KeepModelsOnClose stops Close from unloading the models this client
+	// used with a keep-alive other than KeepAliveUnload.
+	KeepModelsOnClose bool
+
+	// Fallback enables the subprocess fallback (`ollama run`) after a
+	// timeout or transient failure.
+	Fallback bool
+	// CLIPath is the ollama binary for the fallback; empty: "ollama" on PATH.
+	CLIPath string
+
+	// VRAM, when set, reports device memory in ReleaseVRAM and lets
+	// UnloadModel wait for the GPU to give the memory back (VerifyVRAM).
+	VRAM VRAMReader
+	// VerifyVRAM makes UnloadModel also wait until device free memory has
+	// risen after Ollama stopped listing the model. Needs VRAM.
+	VerifyVRAM bool
+
+	// Logger receives debug and warning events; nil discards them.
+	Logger *slog.Logger
+	// Hooks are called synchronously on lifecycle events; nil fields are skipped.
+	Hooks Hooks
+}
+
+func (o Options) validate() error {
+	const op = "new client"
+	if err := o.Timeouts.validate(op); err != nil {
+		return err
+	}
+	if o.UnloadTimeout < 0 || o.PollInterval < 0 || o.CleanupTimeout < 0 {
+		return invalid(op, "", "negative unload, poll or cleanup duration")
+	}
+	if o.VerifyVRAM && o.VRAM == nil {
+		return invalid(op, "", "VerifyVRAM needs a VRAM reader")
+	}
+	return nil
+}
+
+func (o *Options) setDefaults() {
+	o.Timeouts = o.Timeouts.or(Timeouts{
+		FirstChunk: DefaultFirstChunkTimeout,
+		Idle:       DefaultIdleTimeout,
+		Total:      DefaultTotalTimeout,
+	})
+	if o.UnloadTimeout == 0 {
+		o.UnloadTimeout = DefaultUnloadTimeout
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	if o.CleanupTimeout == 0 {
+		o.CleanupTimeout = DefaultCleanupTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Hooks are optional callbacks for lifecycle events, for metrics and tests.
+// They run synchronously on the goroutine that caused the event and must
+// not block; a panicking hook is recovered and logged.
+type Hooks struct {
+	// OnLoad: a generation loaded its model (the server reported a load duration).
+	OnLoad func(LoadEvent)
+	// OnReuse: a generation found its model already loaded.
+	OnReuse func(model string)
+	// OnUnloadRequested: an unload request is about to be sent.
+	OnUnloadRequested func(model string)
+	// OnEvictionVerified: UnloadModel saw the model gone (and, with
+	// VerifyVRAM, the memory back).
+	OnEvictionVerified func(UnloadReport)
+	// OnCleanupFailed: Cleanup, CleanupAsync or Close failed.
+	OnCleanupFailed func(error)
+	// OnFallback: the subprocess fallback is about to run after err.
+	OnFallback func(model string, err error)
+	// OnVRAMWait: a wait for free device memory ended (see EnsureFree).
+	OnVRAMWait func(VRAMWaitEvent)
+}
+
+// LoadEvent describes a model load caused by a generation.
+type LoadEvent struct {
+	Model        string
+	LoadDuration time.Duration
+}
+
+// VRAMWaitEvent describes a finished wait for free device memory.
+type VRAMWaitEvent struct {
+	Device int
+	Need   uint64
+	Free   uint64
+	Waited time.Duration
+	Err    error
+}

@@ -1,0 +1,295 @@
+package vramguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ollama/ollama/api"
+	"golang.org/x/sync/errgroup"
+)
+
+// NormalizeModelName returns the name as Ollama lists it in /api/ps:
+// lower case, without the default registry ("registry.ollama.ai/") and
+// namespace ("library/"), and with ":latest" when no tag is given. So "tiny",
+// "library/tiny" and "TINY:latest" all become "tiny:latest", while
+// "user/tiny:q4" and "hf.co/org/repo:Q4_K_M" keep their namespace and tag.
+func NormalizeModelName(name string) string {
+	n := strings.ToLower(strings.TrimSpace(name))
+	n = strings.TrimPrefix(n, "https://")
+	n = strings.TrimPrefix(n, "http://")
+	n = strings.TrimPrefix(n, "registry.ollama.ai/")
+	n = strings.TrimPrefix(n, "library/")
+	if at := strings.IndexByte(n, '@'); at >= 0 { // name@sha256:digest
+		n = n[:at]
+	}
+	slash := strings.LastIndexByte(n, '/')
+	if !strings.Contains(n[slash+1:], ":") && n != "" {
+		n += ":latest"
+	}
+	return n
+}
+
+// findRunning returns the /api/ps entry for model, or nil.
+func findRunning(ms []api.ProcessModelResponse, model string) *api.ProcessModelResponse {
+	want := NormalizeModelName(model)
+	for i := range ms {
+		if NormalizeModelName(ms[i].Model) == want || NormalizeModelName(ms[i].Name) == want {
+			return &ms[i]
+		}
+	}
+	return nil
+}
+
+// UnloadReport says what UnloadModel did and saw.
+type UnloadReport struct {
+	Model     string
+	WasLoaded bool  // the server listed the model at some point during the call
+	Size      int64 // bytes, as last listed by the server
+	SizeVRAM  int64 // Ollama's estimate of its VRAM share
+	Attempts  int   // unload requests sent
+	Polls     int   // /api/ps requests made
+	// Elapsed is the time from the first request to verified absence.
+	Elapsed time.Duration
+	// Verified is true when the model was seen absent (and, with
+	// VerifyVRAM, the device memory came back).
+	Verified bool
+	// VRAMFreed is the rise in free device memory seen with VerifyVRAM.
+	VRAMFreed int64
+}
+
+// UnloadModel unloads model and returns only once the server no longer
+// lists it (GET /api/ps), or with an error.
+//
+// Ollama's "unload" reply is sent before the runner is stopped and an unload
+// that arrives while the model is still loading is lost (Ollama 0.17), so
+// the reply is not trusted: while the model is listed with an expiry in the
+// future, or while a generation of this client on it is still running (it
+// may be loading), the unload is sent again. A model listed with an expiry in
+// the past is waiting for in-flight requests; UnloadModel waits for them.
+// With Options.VerifyVRAM it then waits for the GPU to report the memory
+// free. The wait is bounded by ctx and Options.UnloadTimeout: on expiry the
+// error is KindTimeout (wrapping ErrStillResident); when ctx is done,
+// KindCanceled. A model the server does not know is KindNotFound.
+func (c *OllamaClient) UnloadModel(ctx context.Context, model string) (*UnloadReport, error) {
+	if err := validModelName("unload", model); err != nil {
+		return nil, err
+	}
+	return c.unloadModel(ctx, model)
+}
+
+func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadReport, error) {
+	const op = "unload"
+	start := time.Now()
+	rep := &UnloadReport{Model: model}
+	wctx, cancel := context.WithTimeoutCause(ctx, c.opts.UnloadTimeout,
+		fmt.Errorf("%w after %v", ErrStillResident, c.opts.UnloadTimeout))
+	defer cancel()
+
+	fail := func(err error) (*UnloadReport, error) {
+		rep.Elapsed = time.Since(start)
+		switch {
+		case ctx.Err() != nil:
+			return rep, newError(op, model, KindCanceled, context.Cause(ctx))
+		case wctx.Err() != nil:
+			return rep, newError(op, model, KindTimeout, context.Cause(wctx))
+		}
+		return rep, newError(op, model, classify(err), err)
+	}
+
+	var before *VRAMSnapshot
+	if c.opts.VerifyVRAM {
+		before, _ = c.opts.VRAM.Snapshot(wctx) // best effort; checked below
+	}
+
+	if err := c.sendUnload(wctx, model); err != nil {
+		return fail(err)
+	}
+	rep.Attempts++
+	lastSent := time.Now()
+	resendEvery := max(10*c.opts.PollInterval, 500*time.Millisecond)
+
+	for {
+		ms, err := c.api.ListRunning(wctx)
+		rep.Polls++
+		if err != nil {
+			if wctx.Err() != nil {
+				return fail(err)
+			}
+			// A failed poll is retried until the deadline: the unload itself
+			// was accepted.
+			c.log.Debug("poll failed", "model", model, "err", err)
+		} else {
+			entry := findRunning(ms.Models, model)
+			busy := c.inFlight(model) > 0
+			if entry == nil && !busy {
+				break
+			}
+			if entry != nil {
+				rep.WasLoaded = true
+				rep.Size, rep.SizeVRAM = entry.Size, entry.SizeVRAM
+			}
+			// Listed with a future expiry: our unload was lost (it came
+			// during a load) or a later request set a keep-alive again.
+			// Not listed but one of our generations runs: it may be loading,
+			// and an unload now would be lost; resend when it shows up.
+			lost := entry != nil && time.Until(entry.ExpiresAt) > 0
+			if lost || (entry != nil && time.Since(lastSent) >= resendEvery) {
+				if err := c.sendUnload(wctx, model); err != nil {
+					if wctx.Err() != nil {
+						return fail(err)
+					}
+					c.log.Debug("unload resend failed", "model", model, "err", err)
+				} else {
+					rep.Attempts++
+					lastSent = time.Now()
+				}
+			}
+		}
+		if err := sleepCtx(wctx, c.opts.PollInterval); err != nil {
+			return fail(err)
+		}
+	}
+
+	if c.opts.VerifyVRAM && rep.WasLoaded {
+		freed, err := c.awaitRunnerGone(wctx, before, rep.SizeVRAM)
+		rep.VRAMFreed = freed
+		if err != nil {
+			return fail(err)
+		}
+	}
+	rep.Verified = true
+	rep.Elapsed = time.Since(start)
+
+	c.mu.Lock()
+	delete(c.warm, NormalizeModelName(model))
+	c.mu.Unlock()
+	c.log.Debug("eviction verified", "model", model, "was_loaded", rep.WasLoaded,
+		"attempts", rep.Attempts, "elapsed", rep.Elapsed)
+	c.callHook(func() {
+		if c.opts.Hooks.OnEvictionVerified != nil {
+			c.opts.Hooks.OnEvictionVerified(*rep)
+		}
+	})
+	return rep, nil
+}
+
+// sendUnload sends the unload request: an empty prompt with keep_alive 0.
+func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
+	c.callHook(func() {
+		if c.opts.Hooks.OnUnloadRequested != nil {
+			c.opts.Hooks.OnUnloadRequested(model)
+		}
+	})
+	stream := false
+	return c.api.Generate(ctx, &api.GenerateRequest{
+		Model:     model,
+		KeepAlive: &api.Duration{Duration: 0},
+		Stream:    &stream,
+	}, func(api.GenerateResponse) error { return nil })
+}
+
+// awaitRunnerGone waits, after Ollama stopped listing a model, until the
+// device memory rose by at least 75% of the model's VRAM estimate (the
+// margin Ollama's own scheduler uses) or an Ollama runner process that held
+// memory before is gone. It returns the rise in free memory it saw.
+func (c *OllamaClient) awaitRunnerGone(ctx context.Context, before *VRAMSnapshot, sizeVRAM int64) (int64, error) {
+	if before == nil {
+		var err error
+		if before, err = c.opts.VRAM.Snapshot(ctx); err != nil {
+			return 0, err
+		}
+		// Taken after the model went: nothing to compare with but runners.
+	}
+	runners := make(map[uint32]bool)
+	var freeBefore uint64
+	for _, d := range before.Devices {
+		freeBefore += d.Free
+		for _, p := range d.Processes {
+			if p.Role == RoleOllamaRunner {
+				runners[p.PID] = true
+			}
+		}
+	}
+	want := sizeVRAM * 3 / 4
+	for {
+		now, err := c.opts.VRAM.Snapshot(ctx)
+		if err == nil {
+			var freeNow uint64
+			still := 0
+			for _, d := range now.Devices {
+				freeNow += d.Free
+				for _, p := range d.Processes {
+					if runners[p.PID] {
+						still++
+					}
+				}
+			}
+			rise := int64(freeNow) - int64(freeBefore)
+			if (want > 0 && rise >= want) || still < len(runners) || (want == 0 && len(runners) == 0) {
+				return rise, nil
+			}
+		}
+		if err := sleepCtx(ctx, c.opts.PollInterval); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// sleepCtx sleeps for d or until ctx is done, returning context.Cause(ctx).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// UnloadAll unloads, concurrently and verified, every model the server
+// lists. Reports are sorted by model name; the error joins every failure.
+func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
+	ms, err := c.Running(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(ms))
+	for _, m := range ms {
+		names = append(names, m.Model)
+	}
+	return c.unloadMany(ctx, names)
+}
+
+// unloadMany unloads models concurrently and joins every failure.
+func (c *OllamaClient) unloadMany(ctx context.Context, models []string) ([]UnloadReport, error) {
+	var (
+		mu      sync.Mutex
+		reports []UnloadReport
+		errs    []error
+		g       errgroup.Group
+	)
+	for _, m := range models {
+		g.Go(func() error {
+			rep, err := c.unloadModel(ctx, m)
+			mu.Lock()
+			defer mu.Unlock()
+			if rep != nil {
+				reports = append(reports, *rep)
+			}
+			// A model deleted since it was listed is already gone.
+			if err != nil && !errors.Is(err, KindNotFound) {
+				errs = append(errs, err)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait() // the goroutines return nil; failures are in errs
+	slices.SortFunc(reports, func(a, b UnloadReport) int { return strings.Compare(a.Model, b.Model) })
+	return reports, errors.Join(errs...)
+}

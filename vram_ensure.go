@@ -1,0 +1,160 @@
+package vramguard
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/ollama/ollama/api"
+)
+
+// EnsureRequest asks EnsureFree for free memory on a device.
+type EnsureRequest struct {
+	Device  int    // device index
+	Bytes   uint64 // bytes the next load needs
+	Reserve uint64 // extra headroom on top of Bytes
+	// AllModels unloads every model Ollama lists instead of as few as needed.
+	AllModels bool
+	// PollInterval and Timeout are passed to AwaitFree (zero: its defaults).
+	PollInterval time.Duration
+	Timeout      time.Duration
+}
+
+// EnsureReport says what EnsureFree did.
+type EnsureReport struct {
+	Evicted    []UnloadReport // models unloaded, verified
+	Release    *ReleaseReport
+	FreeBefore uint64 // free bytes on the device before (0 without a reader)
+	FreeAfter  uint64
+	Snapshot   *VRAMSnapshot // the last snapshot taken; nil without a reader
+	Source     string        // the snapshot's source, or SourceNone
+	Elapsed    time.Duration
+}
+
+// Freed returns the rise in free memory on the device.
+func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeBefore) }
+
+// EnsureFree makes room for a load of req.Bytes (plus req.Reserve) on
+// req.Device. This is the call an orchestrator makes right before loading a
+// diffusion model or a text encoder.
+//
+// If the device already has the room, it does nothing. Otherwise it unloads
+// Ollama models, verified, largest first and as few as Ollama's size_vram
+// says are needed (or all, with AllModels), runs ReleaseVRAM, and waits with
+// AwaitFree until the GPU itself reports the room. Without a VRAM reader it
+// cannot measure: it unloads every listed model, runs ReleaseVRAM and
+// reports Source "none". On failure the error is that of AwaitFree (an
+// *InsufficientVRAMError names who holds the memory) or of the unloads.
+func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
+	const op = "ensure free"
+	start := time.Now()
+	if req.Bytes > maxBytes || req.Reserve > maxBytes {
+		return nil, invalid(op, "", "%d bytes (+%d reserve) is more than %d", req.Bytes, req.Reserve, uint64(maxBytes))
+	}
+	if req.Device < 0 || req.PollInterval < 0 || req.Timeout < 0 {
+		return nil, invalid(op, "", "negative device, poll interval or timeout")
+	}
+	rep := &EnsureReport{Source: SourceNone}
+	need := req.Bytes + req.Reserve
+
+	var free uint64
+	if c.opts.VRAM != nil {
+		snap, err := c.opts.VRAM.Snapshot(ctx)
+		if err != nil {
+			return rep, wrapOp(op, err)
+		}
+		d := snap.Device(req.Device)
+		if d == nil {
+			return rep, newError(op, "", KindNotFound, errors.New("no such device"))
+		}
+		if need > d.Total {
+			return rep, invalid(op, "", "need %d bytes but device %d has %d in total", need, req.Device, d.Total)
+		}
+		free = d.Free
+		rep.FreeBefore, rep.FreeAfter, rep.Snapshot, rep.Source = free, free, snap, snap.Source
+		if free >= need && !req.AllModels {
+			rep.Elapsed = time.Since(start)
+			return rep, nil
+		}
+	}
+
+	running, err := c.Running(ctx)
+	if err != nil {
+		return rep, err
+	}
+	victims := pickVictims(running, need, free, req.AllModels || c.opts.VRAM == nil)
+	var errs []error
+	if len(victims) > 0 {
+		reps, err := c.unloadMany(ctx, victims)
+		rep.Evicted = reps
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	rr, err := c.ReleaseVRAM(ctx)
+	rep.Release = rr
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if c.opts.VRAM != nil {
+		waitStart := time.Now()
+		snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{
+			Device:       req.Device,
+			Bytes:        req.Bytes,
+			Reserve:      req.Reserve,
+			PollInterval: req.PollInterval,
+			Timeout:      req.Timeout,
+		})
+		ev := VRAMWaitEvent{Device: req.Device, Need: need, Waited: time.Since(waitStart), Err: err}
+		if snap != nil {
+			rep.Snapshot = snap
+			if d := snap.Device(req.Device); d != nil {
+				rep.FreeAfter, ev.Free = d.Free, d.Free
+			}
+		}
+		c.callHook(func() {
+			if c.opts.Hooks.OnVRAMWait != nil {
+				c.opts.Hooks.OnVRAMWait(ev)
+			}
+		})
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	rep.Elapsed = time.Since(start)
+	return rep, errors.Join(errs...)
+}
+
+// pickVictims chooses models to unload: all of them when all is set,
+// otherwise the largest first until Ollama's size_vram figures say the
+// device would have need bytes free. If even all of them would not do, it
+// returns all of them (the rest is someone else's, and AwaitFree will say
+// whose).
+func pickVictims(running []api.ProcessModelResponse, need, free uint64, all bool) []string {
+	ms := slices.Clone(running)
+	slices.SortFunc(ms, func(a, b api.ProcessModelResponse) int {
+		return cmp.Or(cmp.Compare(b.SizeVRAM, a.SizeVRAM), cmp.Compare(b.Size, a.Size), cmp.Compare(a.Model, b.Model))
+	})
+	var out []string
+	for _, m := range ms {
+		if !all && free >= need {
+			break
+		}
+		out = append(out, m.Model)
+		if m.SizeVRAM > 0 {
+			free += uint64(m.SizeVRAM)
+		}
+	}
+	return out
+}
+
+// wrapOp gives err an Op when it is not already one of ours.
+func wrapOp(op string, err error) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return newError(op, "", classify(err), err)
+}
