@@ -1,0 +1,267 @@
+package vramguard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"strings"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/sim"
+)
+
+// startSim starts the built-in Ollama simulator with two models. Real
+// programs leave Options.Host empty (OLLAMA_HOST or 127.0.0.1:11434).
+func startSim() (*sim.Server, *vramguard.OllamaClient) {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+		{Name: "llama3.2", Size: 2 << 30, Respond: func(p string) []sim.Chunk {
+			return []sim.Chunk{{Text: "a castle "}, {Text: "at dawn, "}, {Text: "volumetric light"}}
+		}},
+		{Name: "qwen3:8b", Size: 5 << 30},
+	}})
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return s, c
+}
+
+func ExampleNewClient() {
+	c, err := vramguard.NewClient(vramguard.Options{
+		Host:     "127.0.0.1:11434",
+		Timeouts: vramguard.Timeouts{FirstChunk: time.Minute, Idle: 10 * time.Second},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	_, err = vramguard.NewClient(vramguard.Options{Host: "ftp://nowhere"})
+	fmt.Println(errors.Is(err, vramguard.KindInvalidInput))
+	// Output: true
+}
+
+func ExampleOllamaClient_GenerateStreaming() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	var b strings.Builder
+	gen, err := c.GenerateStreaming(context.Background(),
+		&vramguard.GenerateRequest{Model: "llama3.2", Prompt: "a castle"},
+		vramguard.KeepAliveUnload, // unload as soon as the request ends
+		func(ch vramguard.Chunk) error {
+			fmt.Fprintf(&b, "[%d]", ch.Index)
+			return nil
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(gen.Text)
+	fmt.Println(b.String(), gen.DoneReason, "loaded:", gen.Loaded)
+	// Output:
+	// a castle at dawn, volumetric light
+	// [1][2][3][4] stop loaded: true
+}
+
+func ExampleOllamaClient_GenerateStreaming_errorKinds() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	_, err := c.GenerateStreaming(context.Background(),
+		&vramguard.GenerateRequest{Model: "no-such-model", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	switch {
+	case errors.Is(err, vramguard.KindNotFound):
+		fmt.Println("pull the model first")
+	case vramguard.KindOf(err).Retryable():
+		fmt.Println("try again")
+	}
+	// Output: pull the model first
+}
+
+func ExampleOllamaClient_UnloadModel() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	ctx := context.Background()
+
+	// Someone left the model resident for the server's default 5 minutes.
+	if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "qwen3:8b", Prompt: "x"},
+		vramguard.KeepAliveServerDefault, nil); err != nil {
+		log.Fatal(err)
+	}
+	rep, err := c.UnloadModel(ctx, "qwen3:8b")
+	if err != nil {
+		log.Fatal(err)
+	}
+	resident, _ := c.IsResident(ctx, "qwen3:8b")
+	fmt.Printf("was loaded: %v, size %d GiB, verified: %v, resident now: %v\n",
+		rep.WasLoaded, rep.Size>>30, rep.Verified, resident)
+	// Output: was loaded: true, size 5 GiB, verified: true, resident now: false
+}
+
+func ExampleOllamaClient_UnloadAll() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	ctx := context.Background()
+	for _, m := range []string{"llama3.2", "qwen3:8b"} {
+		if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: m, Prompt: "x"}, vramguard.KeepAliveForever, nil); err != nil {
+			log.Fatal(err)
+		}
+	}
+	reps, err := c.UnloadAll(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, r := range reps {
+		fmt.Println(r.Model, r.Verified)
+	}
+	// Output:
+	// llama3.2:latest true
+	// qwen3:8b true
+}
+
+func ExampleOllamaClient_ReleaseVRAM() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	// An orchestrator that owns CUDA memory through cgo registers its own
+	// cache-emptying function.
+	c.RegisterRelease("torch caching allocator", func(context.Context) error { return nil })
+	rep, err := c.ReleaseVRAM(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(rep.Ran, rep.Before == nil) // no VRAM reader configured
+	// Output: [torch caching allocator] true
+}
+
+func ExampleOllamaClient_Cleanup() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	if _, err := c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "x"},
+		vramguard.KeepAliveForever, nil); err != nil {
+		log.Fatal(err)
+	}
+
+	// Cleanup runs even when the caller's context is already canceled.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rep, err := c.Cleanup(ctx, vramguard.CleanupOptions{AllModels: true, Release: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(rep.Unloads), rep.Unloads[0].Verified)
+	// Output: 1 true
+}
+
+func ExampleOllamaClient_CleanupAsync() {
+	s, c := startSim()
+	defer s.Close()
+	if _, err := c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "x"},
+		vramguard.KeepAliveForever, nil); err != nil {
+		log.Fatal(err)
+	}
+	task := c.CleanupAsync(context.Background(), vramguard.CleanupOptions{Models: []string{"llama3.2"}})
+	// ... the orchestrator goes on ...
+	if err := c.Close(); err != nil { // joins the cleanup
+		log.Fatal(err)
+	}
+	rep, err := task.Wait()
+	fmt.Println(rep.Unloads[0].Verified, err)
+	// Output: true <nil>
+}
+
+func ExampleOllamaClient_Close() {
+	s, c := startSim()
+	defer s.Close()
+	ctx := context.Background()
+	// A bounded keep-alive: the model stays warm for the next call...
+	if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "x"},
+		vramguard.KeepAliveFor(2*time.Minute), nil); err != nil {
+		log.Fatal(err)
+	}
+	// ...and Close unloads it, verified, before the program exits.
+	if err := c.Close(); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(s.Listed("llama3.2"))
+	// Output: false
+}
+
+func ExampleGuard_Run() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	g := vramguard.Guard{Client: c} // unload after use, verified
+	err := g.Run(context.Background(), "llama3.2", func(ctx context.Context, sess *vramguard.Session) error {
+		gen, err := sess.Generate(ctx, &vramguard.GenerateRequest{Prompt: "a castle"}, nil)
+		if err != nil {
+			return err
+		}
+		fmt.Println(gen.Text)
+		return nil
+	})
+	fmt.Println(err, s.Listed("llama3.2"))
+	// Output:
+	// a castle at dawn, volumetric light
+	// <nil> false
+}
+
+func ExamplePhase() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	ctx := context.Background()
+
+	// The prompt stage: three steps on one model load it once.
+	phase, err := c.StartPhase(ctx, "prompts", vramguard.PhaseOptions{KeepAlive: 2 * time.Minute})
+	if err != nil {
+		log.Fatal(err)
+	}
+	g := phase.Guard()
+	for range 3 {
+		if _, err := g.Generate(ctx, &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "refine"}, nil); err != nil {
+			log.Fatal(err)
+		}
+	}
+	rep, err := phase.End(ctx) // verified unload of every model the phase used
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("loads:", s.Loads("llama3.2"), "models:", rep.Models, "resident:", s.Listed("llama3.2"))
+	// Output: loads: 1 models: [llama3.2] resident: false
+}
+
+func ExampleParseKeepAlive() {
+	for _, s := range []string{"0", "90s", "300", "forever", ""} {
+		ka, err := vramguard.ParseKeepAlive(s)
+		fmt.Println(ka, err)
+	}
+	_, err := vramguard.ParseKeepAlive("five minutes")
+	fmt.Println(errors.Is(err, vramguard.KindInvalidInput))
+	// Output:
+	// 0s <nil>
+	// 1m30s <nil>
+	// 5m0s <nil>
+	// -1 <nil>
+	// default <nil>
+	// true
+}
+
+func ExampleNormalizeModelName() {
+	fmt.Println(vramguard.NormalizeModelName("Llama3.2"))
+	fmt.Println(vramguard.NormalizeModelName("library/qwen3:8b"))
+	fmt.Println(vramguard.NormalizeModelName("user/style-lora:q4"))
+	// Output:
+	// llama3.2:latest
+	// qwen3:8b
+	// user/style-lora:q4
+}
