@@ -7,10 +7,16 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(shell $(GO) env GOPATH)/bin/staticcheck)
 FUZZTIME  ?= 3s
 
-.PHONY: test check test-unit test-nocgo test-integration fuzz-short fuzz bench soak install-ollama tools
+.PHONY: test tools check test-unit test-nocgo test-integration fuzz-short fuzz bench soak install-ollama
 
-## test: everything CI checks
-test: check test-nocgo test-unit test-integration fuzz-short
+## test: everything CI checks (installs what is missing first)
+test: tools check test-nocgo test-unit test-integration fuzz-short
+
+## tools: staticcheck and the Ollama servers of the integration tests
+tools:
+	@command -v staticcheck >/dev/null 2>&1 || test -x $(shell $(GO) env GOPATH)/bin/staticcheck || \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+	env -u CGO_CFLAGS ./scripts/install-ollama.sh
 
 ## check: formatting, vet (cgo and not), staticcheck, builds
 check:
@@ -51,4 +57,4 @@ soak:
 
 ## install-ollama: build and cache the Ollama servers the integration tests use
 install-ollama:
-	./scripts/install-ollama.sh
+	env -u CGO_CFLAGS ./scripts/install-ollama.sh

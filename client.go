@@ -175,8 +175,8 @@ type Generation struct {
 	DoneReason string // "stop", "length", ...
 	Chunks     int
 	Metrics    api.Metrics
-	// Loaded reports that this request loaded the model (the server
-	// reported a non-zero load duration).
+	// Loaded reports that this request loaded the model: the load
+	// duration the server reported reached Options.LoadThreshold.
 	Loaded bool
 	// Fallback reports that the subprocess fallback produced the text.
 	Fallback   bool
@@ -416,7 +416,7 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		DoneReason: st.last.DoneReason,
 		Chunks:     st.chunks,
 		Metrics:    st.last.Metrics,
-		Loaded:     st.last.LoadDuration > 0,
+		Loaded:     st.last.LoadDuration >= c.opts.LoadThreshold,
 		FirstChunk: st.firstChunk,
 		Elapsed:    time.Since(st.start),
 	}, nil

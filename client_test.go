@@ -15,7 +15,7 @@ import (
 )
 
 func TestGenerateStreamingSuccess(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 12, LoadLatency: 20 * time.Millisecond})
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 12, LoadLatency: 30 * time.Millisecond})
 	c := newTestClient(t, s, Options{})
 
 	var got []Chunk

@@ -16,7 +16,7 @@ import (
 // programs leave Options.Host empty (OLLAMA_HOST or 127.0.0.1:11434).
 func startSim() (*sim.Server, *vramguard.OllamaClient) {
 	s := sim.New(sim.Config{Models: []sim.ModelConfig{
-		{Name: "llama3.2", Size: 2 << 30, Respond: func(p string) []sim.Chunk {
+		{Name: "llama3.2", Size: 2 << 30, LoadLatency: 30 * time.Millisecond, Respond: func(p string) []sim.Chunk {
 			return []sim.Chunk{{Text: "a castle "}, {Text: "at dawn, "}, {Text: "volumetric light"}}
 		}},
 		{Name: "qwen3:8b", Size: 5 << 30},

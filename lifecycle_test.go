@@ -184,8 +184,8 @@ func originalWorkflow(ctx context.Context, g Guard) error {
 
 func TestPhaseAvoidsReloads(t *testing.T) {
 	models := []sim.ModelConfig{
-		{Name: "a", Size: 2 << 30, LoadLatency: 10 * time.Millisecond},
-		{Name: "b", Size: 4 << 30, LoadLatency: 10 * time.Millisecond},
+		{Name: "a", Size: 2 << 30, LoadLatency: 30 * time.Millisecond},
+		{Name: "b", Size: 4 << 30, LoadLatency: 30 * time.Millisecond},
 	}
 	t.Run("per-call", func(t *testing.T) {
 		s := newSim(t, sim.Config{}, models...)

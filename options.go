@@ -17,6 +17,11 @@ const (
 	DefaultPollInterval      = 50 * time.Millisecond
 	DefaultCleanupTimeout    = time.Minute
 	DefaultHost              = "http://127.0.0.1:11434"
+	// DefaultLoadThreshold separates a load from a reuse in the
+	// load_duration Ollama reports. Ollama reports the time its handler
+	// spent before the runner was ready, which is never zero: about 1 ms
+	// for a loaded model, 30 ms and up for the smallest model's load.
+	DefaultLoadThreshold = 20 * time.Millisecond
 )
 
 // Timeouts bound one generation. A zero field takes the client's value (and
@@ -81,6 +86,10 @@ type Options struct {
 	// CleanupTimeout bounds Cleanup, CleanupAsync and Close, which run
 	// detached from the caller's cancellation.
 	CleanupTimeout time.Duration
+	// LoadThreshold: a generation whose reported load_duration reaches it
+	// counts as a load (Generation.Loaded, Hooks.OnLoad); zero means
+	// DefaultLoadThreshold.
+	LoadThreshold time.Duration
 	// KeepModelsOnClose stops Close from unloading the models this client
 	// used with a keep-alive other than KeepAliveUnload.
 	KeepModelsOnClose bool
@@ -109,8 +118,8 @@ func (o Options) validate() error {
 	if err := o.Timeouts.validate(op); err != nil {
 		return err
 	}
-	if o.UnloadTimeout < 0 || o.PollInterval < 0 || o.CleanupTimeout < 0 {
-		return invalid(op, "", "negative unload, poll or cleanup duration")
+	if o.UnloadTimeout < 0 || o.PollInterval < 0 || o.CleanupTimeout < 0 || o.LoadThreshold < 0 {
+		return invalid(op, "", "negative unload, poll, cleanup or load-threshold duration")
 	}
 	if o.VerifyVRAM && o.VRAM == nil {
 		return invalid(op, "", "VerifyVRAM needs a VRAM reader")
@@ -132,6 +141,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.CleanupTimeout == 0 {
 		o.CleanupTimeout = DefaultCleanupTimeout
+	}
+	if o.LoadThreshold == 0 {
+		o.LoadThreshold = DefaultLoadThreshold
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -27,7 +27,7 @@ func TestAttrClassifyCommand(t *testing.T) {
 		{[]string{`C:\Users\ada\AppData\Local\Programs\Ollama\ollama.exe`, "serve"}, RoleOllamaServer},
 		{[]string{"/usr/bin/ollama (deleted)", "runner"}, RoleOllamaRunner},
 		{[]string{"/usr/local/bin/ollama runner --model /m --port 1"}, RoleOllamaRunner}, // argv rewritten into one string
-		{[]string{"/usr/local/bin/ollama"}, RoleUnknown},                                  // nvidia-smi's process_name
+		{[]string{"/usr/local/bin/ollama"}, RoleUnknown},                                 // nvidia-smi's process_name
 		{[]string{"ollama", "run", "llama3"}, RoleOther},
 		{[]string{"ollama", "--version"}, RoleOther},
 		{[]string{"/home/ada/ComfyUI/venv/bin/python", "main.py", "--listen"}, RoleOther},

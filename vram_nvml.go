@@ -4,6 +4,7 @@ package vramguard
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -23,7 +24,8 @@ type NVMLOptions struct {
 }
 
 // NVMLReader reads device memory and GPU processes through NVML. It keeps
-// NVML initialised from NewNVMLReader to Close.
+// NVML initialised from NewNVMLReader to Close. The zero value is not
+// usable: its Snapshot returns KindUnavailable.
 //
 // It is safe for concurrent use; NVML calls are serialised.
 type NVMLReader struct {
@@ -68,6 +70,9 @@ func NewNVMLReaderFrom(lib nvml.Interface, opts NVMLOptions) (*NVMLReader, error
 // as GetMemoryInfo does, so Free+Used is Total whichever the driver offers.
 func (r *NVMLReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 	const op = "nvml snapshot"
+	if r.lib == nil {
+		return nil, newError(op, "", KindUnavailable, errors.New("reader not made by NewNVMLReader"))
+	}
 	devs, err := r.lib.Devices(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -102,6 +107,9 @@ func (r *NVMLReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 // Close shuts NVML down; it waits for a Snapshot in progress. Later calls
 // do nothing and return nil, and Snapshot then fails with KindUnavailable.
 func (r *NVMLReader) Close() error {
+	if r.lib == nil {
+		return nil
+	}
 	if err := r.lib.Close(); err != nil {
 		return newError("close nvml reader", "", KindUnavailable, err)
 	}

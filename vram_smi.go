@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"time"
 
 	"github.com/vramguard/vramguard/internal/smi"
@@ -42,7 +43,8 @@ type SMIOptions struct {
 // nvidia-smi. It is slower than NVMLReader (two process starts per
 // snapshot) but needs neither cgo nor a matching NVML library.
 //
-// It is safe for concurrent use; it holds no state between snapshots.
+// It is safe for concurrent use; it holds no state between snapshots. The
+// zero value is not usable: its Snapshot returns KindUnavailable.
 type SMIReader struct {
 	path    string
 	timeout time.Duration
@@ -87,6 +89,9 @@ func NewSMIReader(opts SMIOptions) (*SMIReader, error) {
 // nvidia-smi lists compute processes only (not graphics contexts), in MiB.
 func (r *SMIReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 	const op = "nvidia-smi snapshot"
+	if r.run == nil {
+		return nil, newError(op, "", KindUnavailable, errors.New("reader not made by NewSMIReader"))
+	}
 	out, err := r.query(ctx, smi.QueryGPUs)
 	if err != nil {
 		return nil, r.runError(op, ctx, err)
@@ -131,11 +136,7 @@ func (r *SMIReader) processes(apps []smi.App, uuid string, total uint64) []GPUPr
 			a.UsedKnown && total > 0 && a.UsedBytes > total:
 			continue
 		}
-		dup := false
-		for _, p := range procs {
-			dup = dup || p.PID == a.PID
-		}
-		if dup {
+		if slices.ContainsFunc(procs, func(p GPUProcess) bool { return p.PID == a.PID }) {
 			continue
 		}
 		p := GPUProcess{PID: a.PID, UsedBytes: a.UsedBytes, UsedKnown: a.UsedKnown}

@@ -1,0 +1,142 @@
+package vramguard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/vramguard/vramguard"
+)
+
+// drainingGPU is a VRAMReader for the examples: one 24 GiB device whose
+// free memory grows by 4 GiB at every snapshot, as when the driver takes
+// back the memory of a runner that just exited.
+type drainingGPU struct {
+	mu   sync.Mutex
+	free uint64
+}
+
+func (g *drainingGPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	const gib = 1 << 30
+	free := g.free
+	g.free = min(g.free+4*gib, 24*gib)
+	return &vramguard.VRAMSnapshot{
+		Source: vramguard.SourceSimulated,
+		Taken:  time.Now(),
+		Devices: []vramguard.DeviceMemory{{
+			Index: 0, Name: "example GPU", Total: 24 * gib, Free: free, Used: 24*gib - free,
+			ProcessesKnown: true,
+			Processes: []vramguard.GPUProcess{{
+				PID: 4242, UsedBytes: 24*gib - free, UsedKnown: true,
+				Command: "/usr/local/bin/ollama runner --port 40000", Role: vramguard.RoleOllamaRunner,
+			}},
+		}},
+	}, nil
+}
+
+func ExampleAwaitFree() {
+	const gib = 1 << 30
+	gpu := &drainingGPU{free: 2 * gib}
+
+	// Wait for room for a 9 GiB diffusion model plus 1 GiB of headroom.
+	snap, err := vramguard.AwaitFree(context.Background(), gpu, vramguard.AwaitRequest{
+		Device:       0,
+		Bytes:        9 * gib,
+		Reserve:      1 * gib,
+		PollInterval: time.Millisecond,
+		Timeout:      time.Minute,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%d GiB free\n", snap.Device(0).Free/gib)
+
+	// Asking for more than can come free in time names who holds it.
+	_, err = vramguard.AwaitFree(context.Background(), &drainingGPU{}, vramguard.AwaitRequest{
+		Bytes:        20 * gib,
+		PollInterval: time.Hour,
+		Timeout:      time.Millisecond,
+	})
+	var short *vramguard.InsufficientVRAMError
+	if errors.As(err, &short) {
+		fmt.Println(vramguard.KindOf(err))
+		fmt.Println(short)
+	}
+	// Output:
+	// 10 GiB free
+	// timeout
+	// device 0 has 0 B free of 24.0 GiB, needs 20.0 GiB; held by pid 4242 "/usr/local/bin/ollama runner --port 40000" (ollama runner) 24.0 GiB
+}
+
+func ExampleFindOrphans() {
+	snap, _ := (&drainingGPU{free: 8 << 30}).Snapshot(context.Background())
+
+	// Ollama's /api/ps lists no model, yet a runner holds memory.
+	for _, p := range vramguard.FindOrphans(snap, 0) {
+		fmt.Printf("orphan: pid %d, %d GiB\n", p.PID, p.UsedBytes>>30)
+		// vramguard.KillProcess(p.PID) would end it; the library never does.
+	}
+	// Output:
+	// orphan: pid 4242, 16 GiB
+}
+
+func ExampleClassifyCommand() {
+	fmt.Println(vramguard.ClassifyCommand([]string{"/usr/local/bin/ollama", "serve"}))
+	fmt.Println(vramguard.ClassifyCommand([]string{"/usr/local/bin/ollama", "runner", "--port", "40000"}))
+	fmt.Println(vramguard.ClassifyCommand([]string{"python3", "main.py"}))
+	// Output:
+	// ollama server
+	// ollama runner
+	// other
+}
+
+func ExampleNewAutoReader() {
+	ctx := context.Background()
+	r, err := vramguard.NewAutoReader(ctx, vramguard.AutoOptions{})
+	if err != nil {
+		// No NVML and no nvidia-smi: run without GPU truth.
+		fmt.Println("no GPU reader:", vramguard.KindOf(err))
+		return
+	}
+	if c, ok := r.(interface{ Close() error }); ok {
+		defer c.Close()
+	}
+	snap, err := r.Snapshot(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, d := range snap.Devices {
+		fmt.Printf("GPU %d %s: %d MiB free\n", d.Index, d.Name, d.Free>>20)
+	}
+}
+
+func ExampleNewSMIReader() {
+	r, err := vramguard.NewSMIReader(vramguard.SMIOptions{Timeout: 5 * time.Second})
+	if err != nil {
+		fmt.Println(vramguard.KindOf(err)) // unavailable: nvidia-smi is not on PATH
+		return
+	}
+	snap, err := r.Snapshot(context.Background())
+	if err == nil {
+		fmt.Println(len(snap.Devices), "GPUs")
+	}
+}
+
+func ExampleNewNVMLReader() {
+	r, err := vramguard.NewNVMLReader(vramguard.NVMLOptions{})
+	if err != nil {
+		fmt.Println(vramguard.KindOf(err)) // unavailable: no driver, or a build without cgo
+		return
+	}
+	defer r.Close()
+	snap, err := r.Snapshot(context.Background())
+	if err == nil {
+		fmt.Println(len(snap.Devices), "GPUs")
+	}
+}

@@ -1,0 +1,77 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/ollamatest"
+)
+
+// workflow is the original design's prompt stage: the generator on model B,
+// the refiner three passes on model A, the negative prompt on A.
+var workflow = []string{modelB, modelA, modelA, modelA, modelA}
+
+// runWorkflow runs the steps through g and returns the loads counted from
+// the load durations Ollama reports.
+func runWorkflow(t *testing.T, ctx context.Context, g vramguard.Guard) (loads int, err error) {
+	for i, m := range workflow {
+		gen, err := g.Generate(ctx, &vramguard.GenerateRequest{Model: m, Prompt: fmt.Sprintf("step %d: a castle", i), Options: short(8)}, nil)
+		if err != nil {
+			return loads, err
+		}
+		if gen.Loaded {
+			loads++
+		}
+		t.Logf("step %d on %s: load_duration %v, loaded %v", i, m, gen.Metrics.LoadDuration, gen.Loaded)
+	}
+	return loads, nil
+}
+
+// Case 8 and the lifecycle issue: per-call eviction does 5 loads, a phase 2,
+// and both hand over an empty /api/ps before "the diffusion model loads".
+func TestOriginalWorkflow(t *testing.T) {
+	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+		t.Run("per-call", func(t *testing.T) {
+			c := newClient(t, s, vramguard.Options{})
+			start := time.Now()
+			loads, err := runWorkflow(t, t.Context(), vramguard.Guard{Client: c})
+			if err != nil {
+				t.Fatal(err)
+			}
+			requireEmpty(t, s, "before the diffusion step")
+			if loads != 5 {
+				t.Errorf("per-call mode: %d loads, want 5", loads)
+			}
+			t.Logf("per-call: %d loads, %v", loads, time.Since(start))
+		})
+		t.Run("phase", func(t *testing.T) {
+			var hookLoads atomic.Int32
+			c := newClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{OnLoad: func(vramguard.LoadEvent) { hookLoads.Add(1) }}})
+			start := time.Now()
+			p, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			loads, err := runWorkflow(t, t.Context(), p.Guard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(running(t, s)) == 0 {
+				t.Error("nothing warm inside the phase")
+			}
+			rep, err := p.End(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			requireEmpty(t, s, "before the diffusion step")
+			if loads != 2 || hookLoads.Load() != 2 {
+				t.Errorf("phase mode: %d loads (%d hook calls), want 2", loads, hookLoads.Load())
+			}
+			t.Logf("phase: %d loads, %v, %d verified unloads", loads, time.Since(start), len(rep.Cleanup.Unloads))
+		})
+	})
+}

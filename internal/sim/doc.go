@@ -1,0 +1,49 @@
+// Package sim is an in-process simulator of an Ollama server, so that code
+// built on the real github.com/ollama/ollama/api client can be tested without
+// Ollama or a GPU.
+//
+// A [Server] listens on 127.0.0.1 through net/http/httptest and speaks the
+// subset of Ollama's HTTP API that vramguard uses: POST /api/generate,
+// POST /api/chat, GET /api/ps, GET /api/tags, POST /api/show,
+// GET /api/version and HEAD or GET /. Requests and replies use the api
+// package's types, so the wire format is Ollama's.
+//
+// # Scheduler semantics
+//
+// The simulator reproduces the lifecycle rules of Ollama v0.17.4 that matter
+// when several programs share one GPU:
+//
+//   - A request for a model that is not loaded loads it. The model is listed
+//     by /api/ps only once loading has finished; concurrent requests share
+//     one load. The final line of the loading request carries load_duration.
+//   - keep_alive is sticky and last-writer-wins: a request that sends one
+//     overwrites the model's setting for everybody; a request without one
+//     keeps it (or uses [Config.DefaultKeepAlive] on a new load). 0 unloads
+//     the model when the request ends, a negative value keeps it forever.
+//   - An unload request (empty prompt, keep_alive 0) is answered at once with
+//     done_reason "unload", but the model leaves /api/ps only
+//     [Config.UnloadDelay] later, and only once no request holds it. While
+//     other requests hold it, /api/ps lists it with expires_at in the past.
+//   - An unload that arrives while the model is still loading is lost, as in
+//     v0.17.x (see [Config.HonorUnloadDuringLoad]).
+//   - A client that disconnects mid-stream stops the generation and drops
+//     its reference, so the model can expire.
+//   - A crashed runner stays listed in /api/ps and is reloaded silently by
+//     the next request.
+//
+// # Simulated GPU memory
+//
+// A ledger stands in for the GPU: a loading or loaded model holds its
+// SizeVRAM, and [Server.Reserve] lets a test play another process that
+// allocates memory on the same GPU. [Server.Memory] and [Server.Holders] are
+// what an NVML query would report.
+//
+// # Faults
+//
+// [Fault] values make a model, or only its next request, stall, crash, run
+// out of memory or end its stream early, with Ollama's own error texts. See
+// [Server.SetFaults] and [Server.FailNext].
+//
+// Every goroutine and timer the Server starts is stopped and joined by
+// [Server.Close].
+package sim

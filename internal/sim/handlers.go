@@ -1,0 +1,500 @@
+package sim
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ollama/ollama/api"
+	omodel "github.com/ollama/ollama/types/model"
+)
+
+// maxBody bounds request bodies.
+const maxBody = 32 << 20
+
+// routes returns the server's HTTP handler.
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/generate", s.handleGenerate)
+	mux.HandleFunc("POST /api/chat", s.handleChat)
+	mux.HandleFunc("GET /api/ps", s.handlePS)
+	mux.HandleFunc("GET /api/tags", s.handleTags)
+	mux.HandleFunc("POST /api/show", s.handleShow)
+	mux.HandleFunc("GET /api/version", s.handleVersion)
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "Ollama is running")
+	})
+	return mux
+}
+
+// call is a generate or chat request, reduced to what the simulator uses.
+type call struct {
+	chat      bool
+	model     string // as sent
+	prompt    string
+	empty     bool // no prompt (generate) or no messages (chat)
+	keepAlive *api.Duration
+	stream    bool
+	options   map[string]any
+	think     *api.ThinkValue
+}
+
+// frame builds one reply object of the call's endpoint.
+func (c *call) frame(text, thinking string, done bool, reason string, met api.Metrics) any {
+	now := time.Now().UTC()
+	if c.chat {
+		return api.ChatResponse{
+			Model:      c.model,
+			CreatedAt:  now,
+			Message:    api.Message{Role: "assistant", Content: text, Thinking: thinking},
+			Done:       done,
+			DoneReason: reason,
+			Metrics:    met,
+		}
+	}
+	return api.GenerateResponse{
+		Model:      c.model,
+		CreatedAt:  now,
+		Response:   text,
+		Thinking:   thinking,
+		Done:       done,
+		DoneReason: reason,
+		Metrics:    met,
+	}
+}
+
+func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
+	var req api.GenerateRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	s.serve(w, r, &call{
+		model:     req.Model,
+		prompt:    req.Prompt,
+		empty:     req.Prompt == "",
+		keepAlive: req.KeepAlive,
+		stream:    req.Stream == nil || *req.Stream,
+		options:   req.Options,
+		think:     req.Think,
+	})
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	var req api.ChatRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if _, _, ok := modelName(req.Model); !ok {
+		writeError(w, http.StatusBadRequest, "model is required")
+		return
+	}
+	var prompt string
+	if n := len(req.Messages); n > 0 {
+		prompt = req.Messages[n-1].Content
+	}
+	s.serve(w, r, &call{
+		chat:      true,
+		model:     req.Model,
+		prompt:    prompt,
+		empty:     len(req.Messages) == 0,
+		keepAlive: req.KeepAlive,
+		stream:    req.Stream == nil || *req.Stream,
+		options:   req.Options,
+		think:     req.Think,
+	})
+}
+
+// serve runs a generate or chat call through the simulated scheduler.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, c *call) {
+	ctx := r.Context()
+	start := time.Now()
+
+	s.mu.Lock()
+	m, err := s.lookupLocked(c.model)
+	if err != nil {
+		s.mu.Unlock()
+		writeError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", c.model))
+		return
+	}
+	m.stats.Requests++
+	s.notifyLocked()
+	if c.empty && c.keepAlive != nil && c.keepAlive.Duration == 0 {
+		s.expireLocked(m)
+		s.mu.Unlock()
+		writeJSON(w, http.StatusOK, c.frame("", "", true, "unload", api.Metrics{}))
+		return
+	}
+	if c.think != nil && c.think.Bool() && !m.cfg.Thinking {
+		s.mu.Unlock()
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q does not support thinking", c.model))
+		return
+	}
+	fs := s.takeFaultsLocked(m)
+	cfg := m.cfg
+	s.mu.Unlock()
+
+	if fs.has(FaultBusy) {
+		writeError(w, http.StatusServiceUnavailable, msgBusy)
+		return
+	}
+	var keepAlive *time.Duration
+	if c.keepAlive != nil {
+		keepAlive = &c.keepAlive.Duration
+	}
+	rn, loadDur, err := s.acquire(ctx, m, keepAlive, fs)
+	if err != nil {
+		if ctx.Err() != nil {
+			s.countCancel(m)
+			writeError(w, 499, msgCanceled)
+			return
+		}
+		var se *statusError
+		if errors.As(err, &se) {
+			writeError(w, se.code, se.msg)
+		} else {
+			writeError(w, http.StatusInternalServerError, err.Error())
+		}
+		return
+	}
+	defer s.release(rn, true)
+
+	if c.empty {
+		writeJSON(w, http.StatusOK, c.frame("", "", true, "load", api.Metrics{}))
+		return
+	}
+	s.generate(ctx, w, c, rn, cfg, fs, start, loadDur)
+}
+
+// generate streams the reply of a call holding runner rn.
+func (s *Server) generate(ctx context.Context, w http.ResponseWriter, c *call, rn *runner, cfg ModelConfig, fs faults, start time.Time, loadDur time.Duration) {
+	var chunks []Chunk
+	if cfg.Respond != nil {
+		chunks = cfg.Respond(c.prompt)
+	} else {
+		chunks = defaultResponse(c.prompt, cfg.Chunks, cfg.Thinking)
+	}
+	if !cfg.Thinking || (c.think != nil && !c.think.Bool()) {
+		chunks = withoutThinking(chunks)
+	}
+	reason := "stop"
+	if n := numPredict(c.options); n > 0 && n < len(chunks) {
+		chunks, reason = chunks[:n], "length"
+	}
+	if fs.repeat() {
+		chunks = slices.Repeat([]Chunk{{Text: " la"}}, len(chunks))
+	}
+
+	out := &replier{w: w, rc: http.NewResponseController(w), c: c}
+	// stop reports a cut-short generation; a gone client counts as cancelled.
+	stop := func(err error) {
+		if ctx.Err() != nil || !errors.Is(err, errClosed) {
+			s.countCancel(rn.m)
+		}
+	}
+	genStart := time.Now()
+	if err := s.sleep(ctx, fs.stallBefore()); err != nil {
+		stop(err)
+		return
+	}
+	for i := 0; ; i++ {
+		for _, f := range fs {
+			if f.After != i && (i < len(chunks) || f.After < i) {
+				continue
+			}
+			switch f.Kind {
+			case FaultStallAfter:
+				if err := s.sleep(ctx, f.Delay); err != nil {
+					stop(err)
+					return
+				}
+			case FaultCrash:
+				s.crash(rn)
+				out.fail(msgCrash)
+				return
+			case FaultClose, FaultRepeat:
+				out.cut()
+				return
+			}
+		}
+		if i == len(chunks) {
+			break
+		}
+		if err := s.sleep(ctx, cfg.TokenLatency); err != nil {
+			stop(err)
+			return
+		}
+		if err := out.chunk(chunks[i]); err != nil {
+			stop(err)
+			return
+		}
+	}
+	promptCount := max(len(strings.Fields(c.prompt)), 1)
+	met := api.Metrics{
+		TotalDuration:      time.Since(start),
+		LoadDuration:       loadDur,
+		PromptEvalCount:    promptCount,
+		PromptEvalDuration: time.Duration(promptCount) * time.Microsecond,
+		EvalCount:          len(chunks),
+		EvalDuration:       max(time.Since(genStart), time.Nanosecond),
+	}
+	if err := out.done(reason, met); err != nil {
+		stop(err)
+		return
+	}
+	s.mu.Lock()
+	rn.m.stats.Completed++
+	s.notifyLocked()
+	s.mu.Unlock()
+}
+
+func (s *Server) countCancel(m *model) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m.stats.Cancelled++
+	s.notifyLocked()
+}
+
+// sleep waits for d, or until ctx is done or the server closes.
+func (s *Server) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-s.done:
+		return errClosed
+	}
+}
+
+// replier writes a call's reply: NDJSON lines flushed one by one when
+// streaming, one JSON object otherwise. Like Ollama it sends no header
+// before the first line.
+type replier struct {
+	w              http.ResponseWriter
+	rc             *http.ResponseController
+	c              *call
+	wrote          bool
+	text, thinking strings.Builder // accumulated when not streaming
+}
+
+func (o *replier) chunk(ch Chunk) error {
+	if !o.c.stream {
+		o.text.WriteString(ch.Text)
+		o.thinking.WriteString(ch.Thinking)
+		return nil
+	}
+	return o.line(o.c.frame(ch.Text, ch.Thinking, false, "", api.Metrics{}))
+}
+
+func (o *replier) line(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if !o.wrote {
+		o.w.Header().Set("Content-Type", "application/x-ndjson")
+		o.wrote = true
+	}
+	if _, err := o.w.Write(append(b, '\n')); err != nil {
+		return err
+	}
+	return o.rc.Flush()
+}
+
+// done sends the final done:true object.
+func (o *replier) done(reason string, met api.Metrics) error {
+	if !o.c.stream {
+		writeJSON(o.w, http.StatusOK, o.c.frame(o.text.String(), o.thinking.String(), true, reason, met))
+		return nil
+	}
+	return o.line(o.c.frame("", "", true, reason, met))
+}
+
+// fail ends the reply with an error: a status reply if nothing was sent,
+// else an error line.
+func (o *replier) fail(msg string) {
+	if o.wrote {
+		o.line(map[string]string{"error": msg})
+		return
+	}
+	writeError(o.w, http.StatusInternalServerError, msg)
+}
+
+// cut ends the reply without done:true. Not streaming, Ollama then sends
+// what it has with done false.
+func (o *replier) cut() {
+	if !o.c.stream {
+		writeJSON(o.w, http.StatusOK, o.c.frame(o.text.String(), o.thinking.String(), false, "", api.Metrics{}))
+	}
+}
+
+func (s *Server) handlePS(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	d := s.psDelay
+	s.mu.Unlock()
+	if err := s.sleep(r.Context(), d); err != nil {
+		return
+	}
+
+	s.mu.Lock()
+	now := time.Now()
+	models := []api.ProcessModelResponse{}
+	for _, m := range s.order {
+		rn := m.runner
+		if rn == nil || rn.loading {
+			continue
+		}
+		models = append(models, api.ProcessModelResponse{
+			Name:          m.short,
+			Model:         m.short,
+			Size:          int64(m.cfg.Size),
+			SizeVRAM:      int64(m.cfg.SizeVRAM),
+			Digest:        m.cfg.Digest,
+			Details:       m.cfg.Details,
+			ExpiresAt:     rn.expiresAtFor(now),
+			ContextLength: m.cfg.ContextLength,
+		})
+	}
+	s.mu.Unlock()
+	slices.SortStableFunc(models, func(a, b api.ProcessModelResponse) int {
+		return cmp.Compare(b.ExpiresAt.Unix(), a.ExpiresAt.Unix()) // longest remaining first
+	})
+	writeJSON(w, http.StatusOK, api.ProcessResponse{Models: models})
+}
+
+func (s *Server) handleTags(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	models := []api.ListModelResponse{}
+	for _, m := range s.order {
+		models = append(models, api.ListModelResponse{
+			Name:       m.short,
+			Model:      m.short,
+			ModifiedAt: m.added,
+			Size:       int64(m.cfg.Size),
+			Digest:     m.cfg.Digest,
+			Details:    m.cfg.Details,
+		})
+	}
+	s.mu.Unlock()
+	slices.SortStableFunc(models, func(a, b api.ListModelResponse) int {
+		return b.ModifiedAt.Compare(a.ModifiedAt) // newest first
+	})
+	writeJSON(w, http.StatusOK, api.ListResponse{Models: models})
+}
+
+func (s *Server) handleShow(w http.ResponseWriter, r *http.Request) {
+	var req api.ShowRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	//lint:ignore SA1019 Ollama's handler still accepts the deprecated field
+	name := cmp.Or(req.Model, req.Name)
+	if name == "" {
+		writeError(w, http.StatusBadRequest, "model is required")
+		return
+	}
+	s.mu.Lock()
+	m, err := s.lookupLocked(name)
+	var cfg ModelConfig
+	var added time.Time
+	if err == nil {
+		cfg, added = m.cfg, m.added
+	}
+	s.mu.Unlock()
+	if err != nil {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", name))
+		return
+	}
+	caps := []omodel.Capability{omodel.CapabilityCompletion}
+	if cfg.Thinking {
+		caps = append(caps, omodel.CapabilityThinking)
+	}
+	writeJSON(w, http.StatusOK, api.ShowResponse{
+		Template: "{{ .Prompt }}",
+		Details:  cfg.Details,
+		ModelInfo: map[string]any{
+			"general.architecture":                               cfg.Details.Family,
+			"general.parameter_count":                            cfg.Size,
+			fmt.Sprintf("%s.context_length", cfg.Details.Family): cfg.ContextLength,
+		},
+		Capabilities: caps,
+		ModifiedAt:   added,
+	})
+}
+
+func (s *Server) handleVersion(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version})
+}
+
+// decodeBody reads a JSON request body like Ollama's handlers: an empty
+// body is "missing request body", a bad field is the decoder's error (for
+// keep_alive "300": time: missing unit in duration "300").
+func decodeBody(r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return errors.New("missing request body")
+	}
+	return json.Unmarshal(b, v)
+}
+
+// writeJSON writes v as the whole reply.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code = http.StatusInternalServerError
+		b = []byte(`{"error":"internal error"}`)
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(code)
+	w.Write(b)
+}
+
+// writeError writes Ollama's error reply {"error": msg}.
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}
+
+// numPredict returns the num_predict option, or 0.
+func numPredict(opts map[string]any) int {
+	switch v := opts["num_predict"].(type) {
+	case float64:
+		return int(v)
+	case int:
+		return v
+	}
+	return 0
+}
+
+// withoutThinking drops the thinking part of chunks, and chunks left empty.
+func withoutThinking(chunks []Chunk) []Chunk {
+	out := make([]Chunk, 0, len(chunks))
+	for _, ch := range chunks {
+		if ch.Text != "" {
+			out = append(out, Chunk{Text: ch.Text})
+		}
+	}
+	return out
+}

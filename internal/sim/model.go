@@ -1,0 +1,147 @@
+package sim
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/ollama/ollama/api"
+	omodel "github.com/ollama/ollama/types/model"
+)
+
+// Defaults used where a [ModelConfig] field is zero.
+const (
+	DefaultChunks        = 8
+	DefaultContextLength = 4096
+	DefaultModelSize     = 1 << 30 // 1 GiB
+)
+
+// ModelConfig describes a model the simulator knows, as if it had been
+// pulled. Only Name is required; every other zero field means a default.
+type ModelConfig struct {
+	// Name is the model name as a user would pull it: "tiny", "tiny:latest",
+	// "user/foo:q4". Names are resolved like Ollama does: "tiny" is
+	// "tiny:latest", the default "library/" namespace is dropped from the
+	// short name shown by /api/ps and /api/tags, and matching ignores case.
+	Name string
+
+	// Size is the model's total size in bytes (/api/ps "size").
+	// Zero means SizeVRAM, or DefaultModelSize when both are zero.
+	Size uint64
+
+	// SizeVRAM is what the model holds on the simulated GPU while loading or
+	// loaded (/api/ps "size_vram"). Zero means Size.
+	SizeVRAM uint64
+
+	// ContextLength is reported by /api/ps. Zero means DefaultContextLength.
+	ContextLength int
+
+	// LoadLatency is how long a load takes. The model is not listed by
+	// /api/ps before it has elapsed.
+	LoadLatency time.Duration
+
+	// TokenLatency is the delay before each response chunk.
+	TokenLatency time.Duration
+
+	// Chunks is how many chunks the default generator produces.
+	// Zero means DefaultChunks. Ignored when Respond is set.
+	Chunks int
+
+	// Thinking marks a thinking model: the default generator then starts with
+	// chunks that carry the "thinking" field, unless the request sets
+	// "think": false. A request with "think": true for a model without
+	// Thinking gets Ollama's 400 error.
+	Thinking bool
+
+	// Respond, if set, produces the chunks of a reply to prompt (for chat,
+	// the content of the last message). The per-request option num_predict
+	// caps how many are sent. It must be safe for concurrent use.
+	Respond func(prompt string) []Chunk
+
+	// Details is reported by /api/ps, /api/tags and /api/show.
+	// A zero value reports a GGUF llama model.
+	Details api.ModelDetails
+
+	// Digest is reported by /api/ps and /api/tags. Empty means the SHA-256
+	// of the short name, in hex.
+	Digest string
+}
+
+// Chunk is one streamed piece of a reply.
+type Chunk struct {
+	Text     string // the "response" (generate) or message "content" (chat)
+	Thinking string // the "thinking" field; dropped when the request disables thinking
+}
+
+// modelName resolves name like Ollama: key is used for matching, short is
+// what /api/ps and /api/tags show.
+func modelName(name string) (key, short string, ok bool) {
+	n := omodel.ParseName(name)
+	if !n.IsValid() {
+		return "", "", false
+	}
+	return strings.ToLower(n.String()), n.DisplayShortest(), true
+}
+
+// withDefaults returns cfg with its zero fields filled in.
+func (cfg ModelConfig) withDefaults(short string) ModelConfig {
+	switch {
+	case cfg.Size == 0 && cfg.SizeVRAM == 0:
+		cfg.Size, cfg.SizeVRAM = DefaultModelSize, DefaultModelSize
+	case cfg.Size == 0:
+		cfg.Size = cfg.SizeVRAM
+	case cfg.SizeVRAM == 0:
+		cfg.SizeVRAM = cfg.Size
+	}
+	if cfg.ContextLength <= 0 {
+		cfg.ContextLength = DefaultContextLength
+	}
+	if cfg.Chunks <= 0 {
+		cfg.Chunks = DefaultChunks
+	}
+	if cfg.Details.Format == "" && cfg.Details.Family == "" {
+		cfg.Details = api.ModelDetails{
+			Format:            "gguf",
+			Family:            "llama",
+			Families:          []string{"llama"},
+			ParameterSize:     "1B",
+			QuantizationLevel: "Q4_K_M",
+		}
+	}
+	if cfg.Digest == "" {
+		sum := sha256.Sum256([]byte(short))
+		cfg.Digest = hex.EncodeToString(sum[:])
+	}
+	return cfg
+}
+
+// vocabulary is the word list of the default generator.
+const vocabulary = "alpha bravo charlie delta echo foxtrot golf hotel " +
+	"india juliet kilo lima mike november oscar papa"
+
+// defaultResponse derives n words deterministically from prompt, preceded
+// by thinking chunks when thinking is set.
+func defaultResponse(prompt string, n int, thinking bool) []Chunk {
+	words := strings.Fields(vocabulary)
+	h := fnv.New32a()
+	h.Write([]byte(prompt))
+	seed := int(h.Sum32() % uint32(len(words)))
+
+	var out []Chunk
+	if thinking {
+		for i := range 3 {
+			out = append(out, Chunk{Thinking: fmt.Sprintf("thought %d. ", i+1)})
+		}
+	}
+	for i := range n {
+		w := words[(seed+i)%len(words)]
+		if i > 0 {
+			w = " " + w
+		}
+		out = append(out, Chunk{Text: w})
+	}
+	return out
+}
