@@ -1,0 +1,195 @@
+package vramguard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/simvram"
+)
+
+const gib = 1 << 30
+
+// gpuSim starts a simulator with a 24 GiB GPU and three models loaded
+// forever (8, 6 and 2 GiB), and a client whose VRAM reader reads it.
+func gpuSim(t testing.TB, cfg sim.Config, opts vramguard.Options) (*sim.Server, *vramguard.OllamaClient) {
+	cfg.Models = []sim.ModelConfig{
+		{Name: "big", SizeVRAM: 8 * gib},
+		{Name: "mid", SizeVRAM: 6 * gib},
+		{Name: "small", SizeVRAM: 2 * gib},
+	}
+	s := sim.New(cfg)
+	t.Cleanup(s.Close)
+	opts.Host = s.URL().String()
+	opts.VRAM = &simvram.Reader{S: s}
+	opts.PollInterval = 5 * time.Millisecond
+	c, err := vramguard.NewClient(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	for _, m := range []string{"big", "mid", "small"} {
+		if _, err := c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: m, Prompt: "x"},
+			vramguard.KeepAliveForever, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, c
+}
+
+func TestEnsureFree(t *testing.T) {
+	const need = 11_200_000_000 // the text encoder of the original log
+	tests := []struct {
+		name      string
+		need      uint64
+		reserve   uint64 // held by another program
+		all       bool
+		evicted   []string
+		resident  []string
+		wantErr   vramguard.Kind
+		errHolder string // named in the error
+	}{
+		{name: "already free", need: 6 * gib, evicted: nil, resident: []string{"big", "mid", "small"}},
+		{name: "largest first, as few as needed", need: need, evicted: []string{"big:latest"}, resident: []string{"mid", "small"}},
+		{name: "two needed", need: need, reserve: 6 * gib, evicted: []string{"big:latest", "mid:latest"}, resident: []string{"small"}},
+		{name: "all on request", need: need, all: true, evicted: []string{"big:latest", "mid:latest", "small:latest"}},
+		{name: "someone else holds it", need: 20 * gib, reserve: 7 * gib, evicted: []string{"big:latest", "mid:latest", "small:latest"},
+			wantErr: vramguard.KindTimeout, errHolder: "comfyui"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, c := gpuSim(t, sim.Config{}, vramguard.Options{})
+			if tt.reserve > 0 {
+				if err := s.Reserve("comfyui", tt.reserve); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: tt.need, AllModels: tt.all, Timeout: 200 * time.Millisecond})
+			if tt.wantErr != 0 {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("got %v, want %v", err, tt.wantErr)
+				}
+				var ie *vramguard.InsufficientVRAMError
+				if !errors.As(err, &ie) || !strings.Contains(err.Error(), tt.errHolder) {
+					t.Fatalf("error %v does not name %s", err, tt.errHolder)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range rep.Evicted {
+				if !e.Verified {
+					t.Errorf("eviction not verified: %+v", e)
+				}
+				got = append(got, e.Model)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.evicted) {
+				t.Errorf("evicted %v, want %v", got, tt.evicted)
+			}
+			for _, m := range tt.resident {
+				if !s.Listed(m) {
+					t.Errorf("%s was evicted needlessly", m)
+				}
+			}
+			if tt.wantErr == 0 {
+				if rep.FreeAfter < tt.need || rep.Source != vramguard.SourceSimulated {
+					t.Errorf("free after %d, source %s", rep.FreeAfter, rep.Source)
+				}
+				// The orchestrator's load now succeeds.
+				if err := s.Reserve("text encoder", tt.need); err != nil {
+					t.Fatalf("load after EnsureFree: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestEnsureFreeWaitsForTheDriver(t *testing.T) {
+	// The driver gives the memory back 150 ms after Ollama stops listing
+	// the runner: EnsureFree must wait for the GPU, not trust /api/ps.
+	s, c := gpuSim(t, sim.Config{ReleaseLag: 150 * time.Millisecond}, vramguard.Options{})
+	if err := s.Reserve("comfyui", 6*gib); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Elapsed < 150*time.Millisecond || rep.FreeAfter < 6*gib || rep.Freed() < 6*gib {
+		t.Fatalf("report %+v", rep)
+	}
+	if err := s.Reserve("unet", 6*gib); err != nil {
+		t.Fatalf("load after EnsureFree: %v", err)
+	}
+}
+
+func TestEnsureFreeInvalid(t *testing.T) {
+	_, c := gpuSim(t, sim.Config{}, vramguard.Options{})
+	for name, req := range map[string]vramguard.EnsureRequest{
+		"absurd":           {Bytes: 1 << 62},
+		"more than total":  {Bytes: 25 * gib},
+		"negative device":  {Device: -1, Bytes: 1},
+		"negative timeout": {Bytes: 1, Timeout: -1},
+	} {
+		if _, err := c.EnsureFree(t.Context(), req); !errors.Is(err, vramguard.KindInvalidInput) {
+			t.Errorf("%s: got %v", name, err)
+		}
+	}
+	if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Device: 3, Bytes: 1}); !errors.Is(err, vramguard.KindNotFound) {
+		t.Errorf("missing device: got %v", err)
+	}
+}
+
+func TestUnloadVerifyVRAM(t *testing.T) {
+	s, c := gpuSim(t, sim.Config{ReleaseLag: 100 * time.Millisecond}, vramguard.Options{VerifyVRAM: true})
+	rep, err := c.UnloadModel(t.Context(), "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, free := s.Memory()
+	if rep.VRAMFreed < 6*gib || free < 8*gib || rep.Elapsed < 100*time.Millisecond {
+		t.Fatalf("report %+v, free %d", rep, free)
+	}
+}
+
+func ExampleOllamaClient_EnsureFree() {
+	// A simulated 24 GiB GPU with three Ollama models resident (16 GiB)
+	// and 4 GiB held by the orchestrator itself.
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+		{Name: "big", SizeVRAM: 8 * gib}, {Name: "mid", SizeVRAM: 6 * gib}, {Name: "small", SizeVRAM: 2 * gib},
+	}})
+	defer s.Close()
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: &simvram.Reader{S: s}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	for _, m := range []string{"big", "mid", "small"} {
+		if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: m, Prompt: "x"}, vramguard.KeepAliveForever, nil); err != nil {
+			log.Fatal(err)
+		}
+	}
+	_ = s.Reserve("orchestrator", 4*gib)
+
+	// Right before loading an 11.2 GB text encoder:
+	rep, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 11_200_000_000})
+	if err != nil {
+		log.Fatal(err) // names who holds the memory
+	}
+	for _, e := range rep.Evicted {
+		fmt.Println("evicted", e.Model, e.Verified)
+	}
+	fmt.Printf("free %.1f GiB, from %s\n", float64(rep.FreeAfter)/gib, rep.Source)
+	fmt.Println(s.Reserve("text encoder", 11_200_000_000))
+	// Output:
+	// evicted big:latest true
+	// free 12.0 GiB, from simulated
+	// <nil>
+}
