@@ -437,6 +437,20 @@ func (c *OllamaClient) Running(ctx context.Context) ([]api.ProcessModelResponse,
 	return resp.Models, nil
 }
 
+// ListModels lists the models installed on the server (GET /api/tags),
+// with failures classified like every other call.
+func (c *OllamaClient) ListModels(ctx context.Context) ([]api.ListModelResponse, error) {
+	const op = "list models"
+	resp, err := c.api.List(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, newError(op, "", KindCanceled, context.Cause(ctx))
+		}
+		return nil, newError(op, "", classify(err), err)
+	}
+	return resp.Models, nil
+}
+
 // IsResident reports whether the server lists model as loaded.
 func (c *OllamaClient) IsResident(ctx context.Context, model string) (bool, error) {
 	if err := validModelName("is resident", model); err != nil {

@@ -1,0 +1,403 @@
+// Command pipeline is a small diffusion orchestrator that reproduces the
+// out-of-memory story vramguard exists for, and shows it solved: an LLM
+// writes, refines and negates the prompt, then an 11.2 GB text encoder is
+// loaded on the same GPU.
+//
+// It prints a timeline (time, step, models resident per /api/ps, device
+// memory and its source) and writes an SVG picture of memory over time.
+// With no Ollama answering at -host it runs against vramguard's built-in
+// simulator with a simulated 24 GiB GPU, and says so on its first line.
+//
+//	go run ./examples/pipeline                 # phase mode: 2 loads, verified hand-over
+//	go run ./examples/pipeline -mode per-call  # unload after every call: 5 loads
+//	go run ./examples/pipeline -mode naive     # the original failure: models stay, the encoder load fails
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/simvram"
+	"github.com/vramguard/vramguard/nodes"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pipeline:", err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("usage")
+
+type config struct {
+	host        string
+	genModel    string
+	model       string
+	mode        string
+	bytes       uint64
+	out         string
+	description string
+	probe       time.Duration
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("pipeline", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg := &config{}
+	fs.StringVar(&cfg.host, "host", "", "Ollama server (default OLLAMA_HOST or 127.0.0.1:11434)")
+	fs.StringVar(&cfg.genModel, "gen-model", "", "model of the prompt generator (model B; default: simulator's qwen3:8b, or the first installed model)")
+	fs.StringVar(&cfg.model, "model", "", "model of the refiner and the negative prompt (model A; default: simulator's llama3.2:3b, or the first installed model)")
+	fs.StringVar(&cfg.mode, "mode", "phase", "phase (warm across steps, verified hand-over), per-call (unload after each call) or naive (the original failure)")
+	fs.Uint64Var(&cfg.bytes, "bytes", 11_200_000_000, "bytes the text encoder needs")
+	fs.StringVar(&cfg.out, "out", filepath.Join(os.TempDir(), "vramguard-pipeline.svg"), "where to write the SVG picture")
+	fs.StringVar(&cfg.description, "description", "a lighthouse on a cliff at dusk", "what the image shows")
+	fs.DurationVar(&cfg.probe, "probe", time.Second, "how long to wait for Ollama before using the simulator")
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	switch cfg.mode {
+	case "phase", "per-call", "naive":
+	default:
+		return nil, fmt.Errorf("%w: -mode %q: want phase, per-call or naive", errUsage, cfg.mode)
+	}
+	if cfg.bytes == 0 || cfg.bytes > vramguard.MaxBytes {
+		return nil, fmt.Errorf("%w: -bytes %d is out of range", errUsage, cfg.bytes)
+	}
+	return cfg, nil
+}
+
+// Sizes of the simulated setup: a 24 GiB GPU on which the orchestrator
+// already holds its UNet, and two models the size of qwen3:8b and llama3.2:3b.
+const (
+	simGPU   = 24 << 30
+	simUNet  = 7 << 30
+	simGen   = "qwen3:8b"
+	simModel = "llama3.2:3b"
+)
+
+func simulator() *sim.Server {
+	reply := func(p string) []sim.Chunk {
+		text := "A lone lighthouse on a rugged cliff at dusk, warm beam cutting through sea mist, crashing waves below, " +
+			"dramatic orange and violet sky, cinematic wide shot, volumetric light, 35mm film grain, highly detailed"
+		if strings.Contains(strings.ToLower(p), "negative") || strings.Contains(strings.ToLower(p), "avoid") {
+			text = "blurry, low resolution, oversaturated, watermark, text, deformed structures, extra limbs, jpeg artifacts"
+		}
+		var cs []sim.Chunk
+		for _, w := range strings.SplitAfter(text, " ") {
+			cs = append(cs, sim.Chunk{Text: w})
+		}
+		return cs
+	}
+	return sim.New(sim.Config{
+		TotalVRAM: simGPU,
+		Models: []sim.ModelConfig{
+			{Name: simGen, SizeVRAM: 5_900_000_000, LoadLatency: 400 * time.Millisecond, TokenLatency: 4 * time.Millisecond, Respond: reply},
+			{Name: simModel, SizeVRAM: 3_400_000_000, LoadLatency: 250 * time.Millisecond, TokenLatency: 3 * time.Millisecond, Respond: reply},
+		},
+	})
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	rec := newRecorder()
+	opts := vramguard.Options{Host: cfg.host, Hooks: rec.hooks()}
+
+	// Is a real Ollama there?
+	probe, err := vramguard.NewClient(opts)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, cfg.probe)
+	version, verr := probe.API().Version(pctx)
+	cancel()
+	probe.Close()
+
+	var (
+		srv    *sim.Server
+		reader vramguard.VRAMReader
+	)
+	if verr != nil {
+		srv = simulator()
+		defer srv.Close()
+		if err := srv.Reserve("diffusion UNet", simUNet); err != nil {
+			return err
+		}
+		opts.Host = srv.URL().String()
+		reader = &simvram.Reader{S: srv, Name: "Simulated GPU"}
+		fmt.Fprintf(stdout, "vramguard pipeline: no Ollama answered (%v); using the built-in simulator with a simulated 24 GiB GPU (the UNet already holds %s)\n",
+			shortErr(verr), gb(simUNet))
+		if cfg.genModel == "" {
+			cfg.genModel = simGen
+		}
+		if cfg.model == "" {
+			cfg.model = simModel
+		}
+	} else {
+		r, rerr := vramguard.NewAutoReader(ctx, vramguard.AutoOptions{})
+		if rerr == nil {
+			reader = r
+			if c, ok := r.(io.Closer); ok {
+				defer c.Close()
+			}
+		}
+		fmt.Fprintf(stdout, "vramguard pipeline: Ollama %s at %s; device memory from %s\n", version, hostOf(opts.Host), readerName(reader, rerr))
+	}
+	opts.VRAM = reader
+	c, err := vramguard.NewClient(opts)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if cfg.genModel == "" || cfg.model == "" {
+		if err := pickModels(ctx, c, cfg); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(stdout, "mode %s: generator on %s, refiner (3 passes) and negative prompt on %s, then a %s text encoder\n\n",
+		cfg.mode, cfg.genModel, cfg.model, gb(cfg.bytes))
+
+	sctx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		rec.sampleEvery(sctx, reader, 25*time.Millisecond)
+	}()
+	perr := pipeline(ctx, c, srv, reader, rec, cfg)
+	stopSampling()
+	<-sampled
+
+	if err := rec.printTable(stdout); err != nil {
+		return err
+	}
+	if err := writeFile(cfg.out, func(w io.Writer) error {
+		return rec.writeSVG(w, fmt.Sprintf("vramguard pipeline, %s mode: device memory over time", cfg.mode))
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nloads: %d; picture of VRAM over time: %s\n", rec.count("load"), cfg.out)
+	return perr
+}
+
+// pipeline runs the orchestrator's steps.
+func pipeline(ctx context.Context, c *vramguard.OllamaClient, srv *sim.Server, reader vramguard.VRAMReader, rec *recorder, cfg *config) error {
+	rec.addRow(ctx, c, reader, "start", "")
+	guard := vramguard.Guard{Client: c} // per-call: verified unload after each call
+	var phase *vramguard.Phase
+	switch cfg.mode {
+	case "naive":
+		guard.KeepLoaded = true // the original design without its fix: Ollama's 5 minutes
+	case "phase":
+		var err error
+		phase, err = c.StartPhase(ctx, "prompts", vramguard.PhaseOptions{NeedBytes: cfg.bytes})
+		if err != nil {
+			return err
+		}
+		defer phase.End(ctx) // idempotent; also ends it on an early return
+		guard = phase.Guard()
+	}
+	gen := nodes.PromptGenerator{Guard: guard, Model: cfg.genModel, MaxTokens: 60}
+	ref := nodes.PromptRefiner{Guard: guard, Model: cfg.model, MaxTokens: 60}
+	neg := nodes.NegativePrompt{Guard: guard, Model: cfg.model, MaxTokens: 40}
+
+	var prompt, negative string
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{"generate prompt", func() error {
+			r, err := gen.Generate(ctx, nodes.GenerateInput{Description: cfg.description, Style: "cinematic"})
+			if err == nil {
+				prompt = r.Prompt
+			}
+			return err
+		}},
+		{"refine ×3", func() error {
+			r, err := ref.Refine(ctx, nodes.RefineInput{Prompt: prompt, Passes: 3})
+			if err == nil {
+				prompt = r.Prompt
+			}
+			return err
+		}},
+		{"negative prompt", func() error {
+			r, err := neg.Generate(ctx, nodes.NegativeInput{Prompt: prompt, Style: "cinematic"})
+			if err == nil {
+				negative = r.Prompt
+			}
+			return err
+		}},
+	}
+	for _, s := range steps {
+		if err := rec.step(s.name, s.fn); err != nil {
+			rec.addRow(ctx, c, reader, s.name, "failed: "+shortErr(err))
+			return err
+		}
+		rec.addRow(ctx, c, reader, s.name, "")
+	}
+
+	// Make room, verified, right before the big load.
+	var note string
+	err := rec.step("hand over VRAM", func() error {
+		switch cfg.mode {
+		case "phase":
+			rep, err := phase.End(ctx)
+			if rep != nil && rep.Handover != nil {
+				note = fmt.Sprintf("verified unload of %d models; %s free", len(rep.Cleanup.Unloads), gb(rep.Handover.FreeAfter))
+			}
+			return err
+		case "per-call":
+			rep, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: cfg.bytes})
+			if rep != nil {
+				note = fmt.Sprintf("EnsureFree evicted %d; %s free", len(rep.Evicted), gb(rep.FreeAfter))
+			}
+			return err
+		}
+		note = "nothing done (naive)"
+		return nil
+	})
+	rec.addRow(ctx, c, reader, "hand over VRAM", note)
+	if err != nil {
+		return err
+	}
+
+	err = rec.step("load text encoder", func() error { return loadEncoder(ctx, srv, reader, cfg.bytes) })
+	if err != nil {
+		rec.event("oom", "text encoder")
+		rec.addRow(ctx, c, reader, "load text encoder", "FAILED: "+err.Error())
+		return fmt.Errorf("loading the text encoder: %w", err)
+	}
+	rec.addRow(ctx, c, reader, "load text encoder", gb(cfg.bytes)+" loaded")
+	if srv != nil {
+		// The diffusion model would encode prompt and negative here.
+		_ = rec.step("encode and denoise", func() error { return sleep(ctx, 300*time.Millisecond) })
+		srv.Release("text encoder")
+		rec.sampleOnce(ctx, reader)
+	}
+	_, _ = prompt, negative
+	return nil
+}
+
+// loadEncoder "loads" the text encoder: on the simulator it allocates on the
+// simulated GPU; on a real server it checks that the GPU has the room.
+func loadEncoder(ctx context.Context, srv *sim.Server, reader vramguard.VRAMReader, bytes uint64) error {
+	if srv != nil {
+		return srv.Reserve("text encoder", bytes)
+	}
+	if reader == nil {
+		return nil // nothing to check against
+	}
+	snap, err := reader.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	if d := snap.Device(0); d != nil && d.Free < bytes {
+		return fmt.Errorf("VRAM grow failed: %d bytes", bytes-d.Free)
+	}
+	return nil
+}
+
+// pickModels fills empty model flags from the installed models.
+func pickModels(ctx context.Context, c *vramguard.OllamaClient, cfg *config) error {
+	cat := nodes.Catalog{Client: c}
+	ms, err := cat.Models(ctx)
+	if err != nil {
+		return err
+	}
+	if len(ms) == 0 {
+		return errors.New("no model installed: pull one (ollama pull llama3.2) or pass -model")
+	}
+	if cfg.model == "" {
+		cfg.model = ms[0]
+	}
+	if cfg.genModel == "" {
+		cfg.genModel = ms[min(1, len(ms)-1)]
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+func (r *recorder) count(kind string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if e.kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+func writeFile(path string, fn func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := fn(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func readerName(r vramguard.VRAMReader, err error) string {
+	if r == nil {
+		return "nowhere (no GPU reader: " + shortErr(err) + ")"
+	}
+	switch r.(type) {
+	case *vramguard.NVMLReader:
+		return vramguard.SourceNVML
+	case *vramguard.SMIReader:
+		return vramguard.SourceSMI
+	}
+	return "a VRAM reader"
+}
+
+func hostOf(h string) string {
+	if h == "" {
+		if h = os.Getenv("OLLAMA_HOST"); h == "" {
+			return vramguard.DefaultHost
+		}
+	}
+	return h
+}
+
+func shortErr(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 && len(s) > 120 {
+		s = s[i+2:]
+	}
+	return s
+}

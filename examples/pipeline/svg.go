@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"io"
+	"strings"
+	"time"
+)
+
+// Colours of the picture.
+var (
+	lineColours  = []string{"#1f77b4", "#9467bd", "#8c564b", "#17becf"}
+	bandColours  = []string{"#f2f2f2", "#e4ecf7"}
+	markerColour = map[string]string{
+		"load":              "#ff7f0e",
+		"unload requested":  "#7f7f7f",
+		"eviction verified": "#2ca02c",
+		"oom":               "#d62728",
+	}
+)
+
+// writeSVG draws device memory over time: one line per device, a band per
+// step, a marker per lifecycle event, and the device's total as a dashed line.
+func (r *recorder) writeSVG(w io.Writer, title string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	const (
+		width, height  = 960, 420
+		left, right    = 70, 20
+		top, bottom    = 50, 110
+		plotW, plotH   = width - left - right, height - top - bottom
+		legendY        = height - 30
+		minimumSeconds = 1.0
+	)
+	end := 0.0
+	for _, s := range r.samples {
+		end = max(end, s.at.Seconds())
+	}
+	for _, sp := range r.spans {
+		end = max(end, sp.to.Seconds())
+	}
+	end = max(end, minimumSeconds)
+	ymax := float64(r.total)
+	for _, s := range r.samples {
+		for _, u := range s.used {
+			ymax = max(ymax, float64(u))
+		}
+	}
+	if ymax == 0 {
+		ymax = 1
+	}
+	x := func(d time.Duration) float64 { return left + d.Seconds()/end*plotW }
+	y := func(b float64) float64 { return top + plotH - b/ymax*plotH }
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	fmt.Fprintf(&b, `<title>%s</title>`+"\n", html.EscapeString(title))
+	fmt.Fprintf(&b, `<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", width, height)
+	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
+
+	// Step bands with their names.
+	for i, sp := range r.spans {
+		x0, x1 := x(sp.from), x(sp.to)
+		fmt.Fprintf(&b, `<rect class="step" data-step="%s" x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n",
+			html.EscapeString(sp.name), x0, top, max(x1-x0, 1), plotH, bandColours[i%len(bandColours)])
+		ly := top + plotH + 28 + (i%4)*11 // stagger the names of short steps
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#999"/>`+"\n", x0, top+plotH, x0, ly-9)
+		fmt.Fprintf(&b, `<text class="step-name" x="%.1f" y="%d" font-size="10">%s</text>`+"\n", x0+2, ly, html.EscapeString(sp.name))
+	}
+
+	// Axes, grid and the device's total.
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, top+plotH, left+plotW, top+plotH)
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, top, left, top+plotH)
+	for i := 0; i <= 4; i++ {
+		v := ymax * float64(i) / 4
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%.1f GB</text>`+"\n", left-6, y(v)+4, v/1e9)
+	}
+	for i := 0; i <= 5; i++ {
+		t := end * float64(i) / 5
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%.1f s</text>`+"\n", left+t/end*plotW, top+plotH+14, t)
+	}
+	if r.total > 0 {
+		fmt.Fprintf(&b, `<line class="total" x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#d62728" stroke-dasharray="6 4"/>`+"\n",
+			left, y(float64(r.total)), left+plotW, y(float64(r.total)))
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" fill="#d62728" text-anchor="end">device total %s</text>`+"\n",
+			left+plotW, y(float64(r.total))-4, gb(r.total))
+	}
+
+	// One line of used memory per device.
+	for dev, name := range r.devices {
+		var pts []string
+		for _, s := range r.samples {
+			if dev < len(s.used) {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(s.at), y(float64(s.used[dev]))))
+			}
+		}
+		fmt.Fprintf(&b, `<polyline class="device" data-device="%d" fill="none" stroke="%s" stroke-width="2" points="%s"><title>%s used</title></polyline>`+"\n",
+			dev, lineColours[dev%len(lineColours)], strings.Join(pts, " "), html.EscapeString(name))
+	}
+
+	// Event markers.
+	for i, e := range r.events {
+		colour := markerColour[e.kind]
+		if colour == "" {
+			colour = "black"
+		}
+		cy := top + 8 + float64(i%4)*9 // stagger events that come close together
+		fmt.Fprintf(&b, `<circle class="event" data-kind="%s" cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%.2fs %s %s</title></circle>`+"\n",
+			html.EscapeString(e.kind), x(e.at), cy, colour, e.at.Seconds(), html.EscapeString(e.kind), html.EscapeString(e.model))
+	}
+
+	// Legend.
+	lx := left
+	for dev, name := range r.devices {
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s</text>`+"\n",
+			lx, legendY, lx+20, legendY, lineColours[dev%len(lineColours)], lx+24, legendY+4, html.EscapeString(name+" used"))
+		lx += 60 + 7*len(name)
+	}
+	for _, k := range []string{"load", "unload requested", "eviction verified", "oom"} {
+		fmt.Fprintf(&b, `<circle cx="%d" cy="%d" r="4" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n",
+			lx+4, legendY, markerColour[k], lx+12, legendY+4, k)
+		lx += 30 + 7*len(k)
+	}
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,249 @@
+package nodes_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/nodes"
+)
+
+// scripted returns a simulated model that answers every prompt with text.
+func scripted(name, text string) sim.ModelConfig {
+	return sim.ModelConfig{Name: name, Respond: func(string) []sim.Chunk {
+		var out []sim.Chunk
+		for _, w := range strings.SplitAfter(text, " ") {
+			out = append(out, sim.Chunk{Text: w})
+		}
+		return out
+	}}
+}
+
+// client connects to a simulated Ollama server.
+func client(s *sim.Server) *vramguard.OllamaClient {
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+func ExamplePromptGenerator_Generate() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+		scripted("writer", `<think>hmm</think>**Prompt:** "a lighthouse on a cliff at dusk, sweeping beam, storm clouds"`),
+	}})
+	defer s.Close()
+	c := client(s)
+	defer c.Close()
+
+	g := nodes.PromptGenerator{Guard: vramguard.Guard{Client: c}, Model: "writer"}
+	res, err := g.Generate(context.Background(), nodes.GenerateInput{
+		Description: "a lighthouse",
+		Style:       "cinematic",
+		Mood:        "lonely",
+		Sampling:    nodes.Sampling{Seed: 42},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(res.Prompt)
+	// The guard unloaded the model before Generate returned.
+	fmt.Println("resident:", s.Listed("writer"))
+	// Output:
+	// a lighthouse on a cliff at dusk, sweeping beam, storm clouds
+	// resident: false
+}
+
+func ExamplePromptRefiner_Refine() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "writer", Respond: func(prompt string) []sim.Chunk {
+		// Each pass adds a detail to the prompt it was given.
+		_, p, _ := strings.Cut(prompt, "\nPrompt: ")
+		p, _, _ = strings.Cut(p, "\n")
+		return []sim.Chunk{{Text: "Refined prompt: " + p + ", more detail"}}
+	}}}})
+	defer s.Close()
+	c := client(s)
+	defer c.Close()
+
+	r := nodes.PromptRefiner{Guard: vramguard.Guard{Client: c}, Model: "writer",
+		Progress: func(p nodes.Progress) {
+			if p.Done {
+				fmt.Printf("pass %d of %d done\n", p.Pass, p.Passes)
+			}
+		}}
+	res, err := r.Refine(context.Background(), nodes.RefineInput{Prompt: "a castle", Passes: 2})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(res.Prompt)
+	fmt.Println("generations:", len(res.Generations))
+	// Output:
+	// pass 1 of 2 done
+	// pass 2 of 2 done
+	// a castle, more detail, more detail
+	// generations: 2
+}
+
+func ExampleNegativePrompt_Generate() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+		scripted("writer", "Negative prompt: blurry, lowres, watermark, daylight"),
+	}})
+	defer s.Close()
+	c := client(s)
+	defer c.Close()
+
+	n := nodes.NegativePrompt{Guard: vramguard.Guard{Client: c}, Model: "writer"}
+	res, err := n.Generate(context.Background(), nodes.NegativeInput{Prompt: "a neon alley in the rain", Style: "cyberpunk"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(res.Prompt)
+	// Output:
+	// blurry, lowres, watermark, daylight
+}
+
+func ExampleDualStreamRefiner_Refine() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+		scripted("writer", "**Positive:** a castle at dusk, negative space above the towers\n**Negative Prompt:** blurry, lowres"),
+	}})
+	defer s.Close()
+	c := client(s)
+	defer c.Close()
+
+	d := nodes.DualStreamRefiner{Guard: vramguard.Guard{Client: c}, Model: "writer"}
+	res, err := d.Refine(context.Background(), nodes.DualInput{Description: "a castle"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("positive:", res.Prompt)
+	fmt.Println("negative:", res.Negative)
+	// Output:
+	// positive: a castle at dusk, negative space above the towers
+	// negative: blurry, lowres
+}
+
+func ExampleClean() {
+	clean, reasoning := nodes.Clean("<think>The user wants a castle.</think>\n**Enhanced prompt:** “a castle on a hill”", nodes.CleanOptions{})
+	fmt.Println(clean)
+	fmt.Println(reasoning)
+	// Output:
+	// a castle on a hill
+	// The user wants a castle.
+}
+
+func ExampleParseDualStream() {
+	pos, neg := nodes.ParseDualStream("## Positive\na castle,\nnegative space above\n\n## Negative\nblurry")
+	fmt.Printf("%q\n%q\n", pos, neg)
+	// Output:
+	// "a castle,\nnegative space above"
+	// "blurry"
+}
+
+func ExampleLoadStyles() {
+	set, err := nodes.LoadStyles(strings.NewReader(`
+styles:
+  watercolor:
+    instructions: "Paint {{.Description}} as a loose {{.Style}} study{{with .Mood}}, {{.}}{{end}}."
+    avoid: hard edges
+`), nodes.FormatYAML)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	out, err := set.Render("watercolor", nodes.TemplateData{Description: "a fox", Mood: "calm"})
+	fmt.Println(out, err)
+	fmt.Println(set.Names())
+
+	_, err = nodes.LoadStyles(strings.NewReader(`{"styles": {"broken": {"instructions": "{{.Description"}}}`), nodes.FormatJSON)
+	fmt.Println(err != nil, strings.Contains(err.Error(), `style "broken"`))
+	// Output:
+	// Paint a fox as a loose watercolor study, calm. <nil>
+	// [abstract anime cinematic cyberpunk fantasy photorealistic sci-fi watercolor]
+	// true true
+}
+
+func ExampleCatalog_Models() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "qwen3:8b"}, {Name: "sd-prompt-writer"}, {Name: "llama3.2"}}})
+	defer s.Close()
+	c := client(s)
+	defer c.Close()
+
+	cat := &nodes.Catalog{Client: c}
+	models, err := cat.Models(context.Background())
+	fmt.Println(models, err)
+	// Output:
+	// [sd-prompt-writer:latest llama3.2:latest qwen3:8b] <nil>
+}
+
+func ExampleBuiltinStyles() {
+	set := nodes.BuiltinStyles()
+	fmt.Println(set.Names())
+	st, _ := set.Style("cyberpunk")
+	fmt.Println(st.Avoid)
+	// Output:
+	// [abstract anime cinematic cyberpunk fantasy photorealistic sci-fi]
+	// daylight, pastoral scenery, clean utopia, medieval, muted colors, low detail
+}
+
+func ExampleStyleSet_With() {
+	set, err := nodes.BuiltinStyles().With(
+		nodes.Style{Name: "Ink", Instructions: "Ink drawing of {{.Description}}{{with .Emphasis}}, focus on {{.}}{{end}}."},
+		nodes.Style{Name: "anime", Avoid: "photo, 3d"}, // keeps the built-in instructions
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	out, _ := set.Render("ink", nodes.TemplateData{Description: "a heron", Emphasis: "the beak"})
+	fmt.Println(out)
+	anime, _ := set.Style("anime")
+	fmt.Println(anime.Avoid)
+
+	_, err = set.With(nodes.Style{Name: "lazy", Instructions: "make it pretty"})
+	fmt.Println(errors.Is(err, vramguard.KindInvalidInput))
+	// Output:
+	// Ink drawing of a heron, focus on the beak.
+	// photo, 3d
+	// true
+}
+
+func ExampleLoadStylesFile() {
+	dir, err := os.MkdirTemp("", "styles")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "styles.json")
+	if err := os.WriteFile(path, []byte(`{"styles": {"ukiyo-e": {"instructions": "A ukiyo-e woodblock print of {{.Description}}."}}}`), 0o644); err != nil {
+		fmt.Println(err)
+		return
+	}
+	set, err := nodes.LoadStylesFile(path)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	out, err := set.Render("ukiyo-e", nodes.TemplateData{Description: "a wave"})
+	fmt.Println(out, err)
+	// Output:
+	// A ukiyo-e woodblock print of a wave. <nil>
+}
+
+func ExampleSortModels() {
+	models := []string{"qwen3:8b", "llama3.2:latest", "flux-prompt-enhancer:latest"}
+	nodes.SortModels(models)
+	fmt.Println(models)
+	// Output:
+	// [flux-prompt-enhancer:latest llama3.2:latest qwen3:8b]
+}

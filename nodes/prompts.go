@@ -1,0 +1,71 @@
+package nodes
+
+import (
+	"fmt"
+	"strings"
+	"text/template"
+
+	"github.com/vramguard/vramguard"
+)
+
+// fixedData is what the fixed node templates use.
+type fixedData struct {
+	Description  string
+	Prompt       string
+	Instructions string
+	StyleHint    string
+	Pass, Passes int
+}
+
+// The fixed requests of PromptRefiner, NegativePrompt and DualStreamRefiner.
+// Parsed once; templates are safe for concurrent use and never changed.
+var (
+	refineTemplate = template.Must(template.New("refine").Parse(`Refine the text-to-image prompt below. Keep its subject, style and intent. Make it more specific and vivid: concrete details of the subject, composition, lighting, color and texture. Remove repetition, contradictions and words a diffusion model cannot render.
+{{- with .Instructions}}
+Also: {{.}}
+{{- end}}
+{{- if gt .Passes 1}}
+This is refinement pass {{.Pass}} of {{.Passes}}.
+{{- end}}
+
+Prompt: {{.Prompt}}
+
+Reply with the refined prompt only: one paragraph of comma-separated phrases, no label, no quotes, no explanation.`))
+
+	negativeTemplate = template.Must(template.New("negative").Parse(`Write a negative prompt for the text-to-image prompt below: a comma-separated list of the artifacts and qualities the image must avoid. Include common defects (blurry, low resolution, jpeg artifacts, watermark, signature, text, bad anatomy, deformed hands, extra fingers, cropped, out of frame) and whatever would clash with this image's subject, style and mood. Never list anything the prompt asks for.
+{{- with .StyleHint}}
+{{.}}
+{{- end}}
+
+Prompt: {{.Prompt}}
+
+Reply with the negative prompt only: one line of comma-separated terms, no label, no quotes, no explanation.`))
+
+	dualTemplate = template.Must(template.New("dual").Parse(`Turn the description below into a positive and a negative prompt for a text-to-image diffusion model. The positive prompt expands the description into one detailed paragraph of comma-separated phrases: the subject first, then composition, lighting, color palette, atmosphere and technical qualities. The negative prompt is a comma-separated list of artifacts and qualities to avoid: common defects (blurry, low resolution, watermark, text, bad anatomy, deformed hands) and whatever would clash with the description. It never lists anything the positive prompt asks for.
+{{- with .StyleHint}}
+{{.}}
+{{- end}}
+
+Description: {{.Description}}
+
+Reply in exactly this format, two lines, nothing before or after:
+Positive: <the positive prompt>
+Negative: <the negative prompt>`))
+)
+
+// renderFixed executes one of the fixed templates.
+func renderFixed(op, model string, t *template.Template, d fixedData) (string, error) {
+	var b strings.Builder
+	if err := t.Execute(&b, d); err != nil {
+		return "", &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindInternal, Err: fmt.Errorf("template %s: %w", t.Name(), err)}
+	}
+	return b.String(), nil
+}
+
+// styleHint is the line that tunes a negative or dual prompt to a style.
+func styleHint(c *compiled) string {
+	if strings.TrimSpace(c.Avoid) == "" {
+		return fmt.Sprintf("The image is in the %s style.", c.Name)
+	}
+	return fmt.Sprintf("The image is in the %s style; for this style also avoid: %s.", c.Name, strings.TrimSpace(c.Avoid))
+}
