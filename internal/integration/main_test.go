@@ -3,7 +3,6 @@ package integration_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"os"
 	"testing"
@@ -131,6 +130,6 @@ func mustKind(t *testing.T, err error, k vramguard.Kind) {
 func skipIfExternal(t *testing.T, s *ollamatest.Server, why string) {
 	t.Helper()
 	if s.External() {
-		t.Skip(fmt.Sprintf("external server (%s): %s", os.Getenv(ollamatest.EnvHost), why))
+		t.Skipf("external server (%s): %s", os.Getenv(ollamatest.EnvHost), why)
 	}
 }
