@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"slices"
 	"strings"
 	"time"
 
@@ -215,7 +216,7 @@ func ExampleGuard_Run() {
 	// <nil> false
 }
 
-func ExamplePhase() {
+func ExampleOllamaClient_StartPhase() {
 	s, c := startSim()
 	defer s.Close()
 	defer c.Close()
@@ -264,4 +265,157 @@ func ExampleNormalizeModelName() {
 	// llama3.2:latest
 	// qwen3:8b
 	// user/style-lora:q4
+}
+
+func ExampleGuard_Generate() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	// Async cleanup: Generate returns as soon as the text is there; the
+	// verified unload runs in the background and Close (or Wait) joins it.
+	g := vramguard.Guard{Client: c, Async: true}
+	gen, err := g.Generate(context.Background(), &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "a castle"}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(gen.Text)
+	fmt.Println(c.Wait(), s.Listed("llama3.2"))
+	// Output:
+	// a castle at dawn, volumetric light
+	// <nil> false
+}
+
+func ExampleSession_Generate() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	g := vramguard.Guard{Client: c}
+	_ = g.Run(context.Background(), "llama3.2", func(ctx context.Context, sess *vramguard.Session) error {
+		// Two generations in one guarded use; the model is unloaded once,
+		// after the function returns.
+		for i := range 2 {
+			gen, err := sess.Generate(ctx, &vramguard.GenerateRequest{Prompt: fmt.Sprint("pass ", i)}, nil)
+			if err != nil {
+				return err
+			}
+			fmt.Println(i, gen.Chunks, sess.KeepAlive())
+		}
+		return nil
+	})
+	// Output:
+	// 0 4 0s
+	// 1 4 0s
+}
+
+func ExamplePhase_End() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	ctx := context.Background()
+	phase, err := c.StartPhase(ctx, "prompts", vramguard.PhaseOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	g := phase.Guard()
+	for _, m := range []string{"qwen3:8b", "llama3.2"} {
+		if _, err := g.Generate(ctx, &vramguard.GenerateRequest{Model: m, Prompt: "x"}, nil); err != nil {
+			log.Fatal(err)
+		}
+	}
+	rep, err := phase.End(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, u := range rep.Cleanup.Unloads {
+		fmt.Println(u.Model, u.WasLoaded, u.Verified)
+	}
+	// Output:
+	// llama3.2 true true
+	// qwen3:8b true true
+}
+
+func ExampleOllamaClient_Running() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "qwen3:8b", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil); err != nil {
+		log.Fatal(err)
+	}
+	ms, err := c.Running(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, m := range ms {
+		fmt.Println(m.Model, m.Size>>30, "GiB")
+	}
+	resident, _ := c.IsResident(ctx, "QWEN3:8b")
+	fmt.Println(resident)
+	// Output:
+	// qwen3:8b 5 GiB
+	// true
+}
+
+func ExampleOllamaClient_ListModels() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	ms, err := c.ListModels(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	var names []string
+	for _, m := range ms {
+		names = append(names, m.Name)
+	}
+	slices.Sort(names)
+	fmt.Println(names)
+	// Output: [llama3.2:latest qwen3:8b]
+}
+
+func ExampleOllamaClient_RegisterRelease() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	unregister := c.RegisterRelease("pool", func(context.Context) error { return errors.New("device busy") })
+	_, err := c.ReleaseVRAM(context.Background())
+	fmt.Println(errors.Is(err, vramguard.KindInternal))
+	unregister()
+	_, err = c.ReleaseVRAM(context.Background())
+	fmt.Println(err)
+	// Output:
+	// true
+	// <nil>
+}
+
+func ExampleOllamaClient_Wait() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "x"}, vramguard.KeepAliveForever, nil); err != nil {
+		log.Fatal(err)
+	}
+	c.CleanupAsync(ctx, vramguard.CleanupOptions{AllModels: true})
+	fmt.Println(c.Wait(), s.Listed("llama3.2"))
+	// Output: <nil> false
+}
+
+func ExampleKeepAliveFor() {
+	fmt.Println(vramguard.KeepAliveFor(2 * time.Minute))
+	fmt.Println(vramguard.KeepAliveFor(0) == vramguard.KeepAliveUnload)
+	fmt.Println(vramguard.KeepAliveForever, vramguard.KeepAliveServerDefault)
+	// Output:
+	// 2m0s
+	// true
+	// -1 default
+}
+
+func ExampleKindOf() {
+	err := fmt.Errorf("step 2: %w", &vramguard.Error{Op: "generate", Model: "m", Kind: vramguard.KindTimeout, Err: vramguard.ErrIdleTimeout})
+	fmt.Println(vramguard.KindOf(err), vramguard.KindOf(err).Retryable(), errors.Is(err, vramguard.ErrIdleTimeout))
+	fmt.Println(err)
+	// Output:
+	// timeout true true
+	// step 2: vramguard: generate "m": timeout: stream idle longer than the idle timeout
 }
