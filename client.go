@@ -336,22 +336,8 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 	const op = "generate"
 	t := req.Timeouts.or(c.opts.Timeouts)
 
-	sctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	sctx, cancelTotal := context.WithTimeoutCause(sctx, t.Total, ErrTotalTimeout)
-	defer cancelTotal()
-
-	// One timer serves both the first-chunk and the idle timeout: it is
-	// armed for FirstChunk and re-armed for Idle on every chunk.
-	var gotFirst atomic.Bool
-	timer := time.AfterFunc(t.FirstChunk, func() {
-		if gotFirst.Load() {
-			cancel(ErrIdleTimeout)
-		} else {
-			cancel(ErrFirstChunkTimeout)
-		}
-	})
-	defer timer.Stop()
+	wd := newWatchdog(ctx, t)
+	defer wd.release()
 
 	ar := &api.GenerateRequest{
 		Model:     req.Model,
@@ -365,12 +351,11 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 	}
 
 	st := &streamState{start: time.Now()}
-	err := c.api.Generate(sctx, ar, func(r api.GenerateResponse) error {
+	err := c.api.Generate(wd.ctx, ar, func(r api.GenerateResponse) error {
 		if st.chunks == 0 {
-			gotFirst.Store(true)
 			st.firstChunk = time.Since(st.start)
 		}
-		timer.Reset(t.Idle)
+		wd.chunk()
 		st.chunks++
 		st.text.WriteString(r.Response)
 		st.thinking.WriteString(r.Thinking)
@@ -393,16 +378,10 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		}
 		return nil
 	})
-	timer.Stop()
-
+	if werr := wd.finish(op, req.Model, ctx, st.fnErr); werr != nil {
+		return nil, werr
+	}
 	switch {
-	case st.fnErr != nil:
-		return nil, newError(op, req.Model, KindCanceled, fmt.Errorf("chunk callback: %w", st.fnErr))
-	case ctx.Err() != nil:
-		return nil, newError(op, req.Model, KindCanceled, context.Cause(ctx))
-	case sctx.Err() != nil:
-		// One of our timeouts canceled the request.
-		return nil, newError(op, req.Model, KindTimeout, context.Cause(sctx))
 	case err != nil:
 		return nil, newError(op, req.Model, classify(err), err)
 	case !st.done:
@@ -420,6 +399,68 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		FirstChunk: st.firstChunk,
 		Elapsed:    time.Since(st.start),
 	}, nil
+}
+
+// watchdog enforces the timeouts of one generation on its context: Total
+// through a deadline, FirstChunk and Idle through one timer, armed for
+// FirstChunk and re-armed for Idle on every chunk. Each cancels ctx with its
+// own cause, which cancels the HTTP request (or kills the CLI).
+type watchdog struct {
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	noTotal  context.CancelFunc
+	timer    *time.Timer
+	idle     time.Duration
+	gotFirst atomic.Bool
+}
+
+func newWatchdog(parent context.Context, t Timeouts) *watchdog {
+	w := &watchdog{idle: t.Idle}
+	ctx, cancel := context.WithCancelCause(parent)
+	w.ctx, w.noTotal = context.WithTimeoutCause(ctx, t.Total, ErrTotalTimeout)
+	w.cancel = cancel
+	w.timer = time.AfterFunc(t.FirstChunk, func() {
+		if w.gotFirst.Load() {
+			cancel(ErrIdleTimeout)
+		} else {
+			cancel(ErrFirstChunkTimeout)
+		}
+	})
+	return w
+}
+
+// chunk records progress.
+func (w *watchdog) chunk() {
+	if !w.gotFirst.Load() {
+		w.gotFirst.Store(true)
+	}
+	w.timer.Reset(w.idle)
+}
+
+// abort cancels the request because the caller's callback failed.
+func (w *watchdog) abort(err error) { w.cancel(err) }
+
+// finish stops the timer and returns the error of a call that was cut:
+// by the chunk callback (fnErr), by the caller's parent context, or by one
+// of the timeouts; nil when none of these happened.
+func (w *watchdog) finish(op, model string, parent context.Context, fnErr error) error {
+	w.timer.Stop()
+	switch {
+	case fnErr != nil:
+		return newError(op, model, KindCanceled, fmt.Errorf("chunk callback: %w", fnErr))
+	case parent.Err() != nil:
+		return newError(op, model, KindCanceled, context.Cause(parent))
+	case w.ctx.Err() != nil:
+		return newError(op, model, KindTimeout, context.Cause(w.ctx))
+	}
+	return nil
+}
+
+// release frees the contexts; call it when the request is over.
+func (w *watchdog) release() {
+	w.timer.Stop()
+	w.noTotal()
+	w.cancel(nil)
 }
 
 // Running lists the models the server has loaded (GET /api/ps). Ollama lists

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -54,16 +53,14 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error) {
 	const op = "generate (cli)"
 	t := req.Timeouts.or(c.opts.Timeouts)
-	cctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	cctx, cancelTotal := context.WithTimeoutCause(cctx, t.Total, ErrTotalTimeout)
-	defer cancelTotal()
+	wd := newWatchdog(ctx, t)
+	defer wd.release()
 
 	args := []string{"run", req.Model, "--nowordwrap", "--keepalive", ka.CLIFlag()}
 	if req.Think != nil {
 		args = append(args, fmt.Sprintf("--think=%t", *req.Think))
 	}
-	cmd := exec.CommandContext(cctx, path, args...)
+	cmd := exec.CommandContext(wd.ctx, path, args...)
 	cmd.Env = os.Environ()
 	if c.host != "" {
 		cmd.Env = append(cmd.Env, "OLLAMA_HOST="+c.host)
@@ -85,16 +82,6 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		return nil, newError(op, req.Model, KindUnavailable, err)
 	}
 
-	var gotFirst atomic.Bool
-	timer := time.AfterFunc(t.FirstChunk, func() {
-		if gotFirst.Load() {
-			cancel(ErrIdleTimeout)
-		} else {
-			cancel(ErrFirstChunkTimeout)
-		}
-	})
-	defer timer.Stop()
-
 	var text strings.Builder
 	var first time.Duration
 	var fnErr error
@@ -104,16 +91,15 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		n, rerr := stdout.Read(buf)
 		if n > 0 {
 			if chunks == 0 {
-				gotFirst.Store(true)
 				first = time.Since(start)
 			}
-			timer.Reset(t.Idle)
+			wd.chunk()
 			chunks++
 			piece := string(buf[:n])
 			text.WriteString(piece)
 			if fn != nil && fnErr == nil {
 				if fnErr = fn(Chunk{Text: piece, Index: chunks, Bytes: text.Len(), Elapsed: time.Since(start)}); fnErr != nil {
-					cancel(fnErr)
+					wd.abort(fnErr)
 				}
 			}
 		}
@@ -122,16 +108,10 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		}
 	}
 	werr := cmd.Wait()
-	timer.Stop()
-
-	switch {
-	case fnErr != nil:
-		return nil, newError(op, req.Model, KindCanceled, fmt.Errorf("chunk callback: %w", fnErr))
-	case ctx.Err() != nil:
-		return nil, newError(op, req.Model, KindCanceled, context.Cause(ctx))
-	case cctx.Err() != nil:
-		return nil, newError(op, req.Model, KindTimeout, context.Cause(cctx))
-	case werr != nil:
+	if err := wd.finish(op, req.Model, ctx, fnErr); err != nil {
+		return nil, err
+	}
+	if werr != nil {
 		msg := strings.TrimSpace(stderr.String())
 		var ee *exec.ExitError
 		if msg == "" || !errors.As(werr, &ee) {
