@@ -1,0 +1,223 @@
+// Command vramwatch shows who holds the GPU's memory: the processes the
+// driver lists (through NVML or nvidia-smi) next to the models Ollama has
+// loaded (/api/ps), with each model's runner process when it can be told,
+// and Ollama runners that hold memory although Ollama lists no model
+// (orphans, which only killing frees).
+//
+//	vramwatch                 # a live table, refreshed every second; Ctrl-C quits
+//	vramwatch -once           # one table, for scripts
+//	vramwatch -once -json     # one JSON object; in live mode one per line
+//
+// Without a GPU reader it says so and still shows Ollama's side; without
+// Ollama it says so and still shows the GPU's. Exit status: 0 on success
+// (Ctrl-C included), 2 for bad usage, 1 when -once could read neither side.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vramguard/vramguard"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	c := &cmd{
+		stdout: os.Stdout,
+		stderr: os.Stderr,
+		getenv: os.Getenv,
+		tty:    isTerminal(os.Stdout),
+	}
+	code := c.main(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+// isTerminal reports whether f is a character device (a terminal).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// cmd is one invocation's environment; main fills it from the process,
+// tests from buffers and a simulated GPU.
+type cmd struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	tty            bool // stdout is a terminal: redraw in place
+	// newReader opens the GPU reader; nil means vramguard.NewAutoReader.
+	newReader func(context.Context) (vramguard.VRAMReader, error)
+}
+
+// errNothing is returned by -once when neither side could be read.
+var errNothing = errors.New("neither the GPU nor Ollama could be read")
+
+// main runs the command and returns its exit status, after writing any
+// error as one line on stderr.
+func (c *cmd) main(ctx context.Context, args []string) int {
+	err := c.run(ctx, args)
+	if err == nil {
+		return 0
+	}
+	msg := strings.ReplaceAll(err.Error(), "vramguard: ", "")
+	fmt.Fprintln(c.stderr, "vramwatch: "+strings.Join(strings.Fields(msg), " "))
+	if vramguard.KindOf(err) == vramguard.KindInvalidInput {
+		return 2
+	}
+	return 1
+}
+
+// usage builds the KindInvalidInput error of a bad command line.
+func usage(format string, args ...any) error {
+	return &vramguard.Error{Op: "usage", Kind: vramguard.KindInvalidInput, Err: fmt.Errorf(format, args...)}
+}
+
+// config is the parsed command line.
+type config struct {
+	host     string
+	interval time.Duration
+	once     bool
+	json     bool
+}
+
+func (c *cmd) parse(args []string) (*config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("vramwatch", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&cfg.host, "host", "", "Ollama server `URL` or host:port (default $OLLAMA_HOST, else 127.0.0.1:11434)")
+	fs.DurationVar(&cfg.interval, "interval", time.Second, "time between refreshes")
+	fs.BoolVar(&cfg.once, "once", false, "print one table and exit")
+	fs.BoolVar(&cfg.json, "json", false, "print JSON: one object per refresh, one per line")
+	fs.Usage = func() {} // Parse calls it on every error; only -h prints the usage
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(c.stderr, "usage: vramwatch [flags]\n\n"+
+				"Shows the GPU's memory by process next to the models Ollama has loaded,\n"+
+				"and flags Ollama runners that hold memory while Ollama lists no model.\n\nflags:\n")
+			fs.SetOutput(c.stderr)
+			fs.PrintDefaults()
+			return nil, err
+		}
+		return nil, usage("%v (see vramwatch -h)", err)
+	}
+	switch {
+	case fs.NArg() > 0:
+		return nil, usage("unexpected argument %q (see vramwatch -h)", fs.Arg(0))
+	case cfg.interval < 100*time.Millisecond && !cfg.once:
+		return nil, usage("-interval %v: want 100ms or more", cfg.interval)
+	}
+	return &cfg, nil
+}
+
+// run shows the table once or until ctx is done (which is not a failure).
+func (c *cmd) run(ctx context.Context, args []string) (err error) {
+	cfg, err := c.parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+
+	host := cfg.host
+	if host == "" {
+		host = c.getenv("OLLAMA_HOST")
+	}
+	client, err := vramguard.NewClient(vramguard.Options{Host: host, Getenv: c.getenv, KeepModelsOnClose: true})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, client.Close()) }()
+	if host == "" {
+		host = vramguard.DefaultHost
+	}
+
+	w := &watcher{ollama: client, host: host, timeout: max(cfg.interval, 5*time.Second)}
+	newReader := c.newReader
+	if newReader == nil {
+		newReader = func(ctx context.Context) (vramguard.VRAMReader, error) {
+			return vramguard.NewAutoReader(ctx, vramguard.AutoOptions{})
+		}
+	}
+	w.gpu, w.gpuErr = newReader(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if cl, ok := w.gpu.(io.Closer); ok {
+		defer func() {
+			if cerr := cl.Close(); cerr != nil {
+				err = errors.Join(err, &vramguard.Error{Op: "close GPU reader", Kind: vramguard.KindUnavailable, Err: cerr})
+			}
+		}()
+	}
+
+	if cfg.once {
+		rep := w.collect(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := c.show(rep, cfg, 0); err != nil {
+			return err
+		}
+		if rep.GPU == nil && rep.Ollama == nil {
+			return &vramguard.Error{Op: "watch", Kind: vramguard.KindUnavailable, Err: errNothing}
+		}
+		return nil
+	}
+
+	tick := time.NewTicker(cfg.interval)
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		rep := w.collect(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := c.show(rep, cfg, n); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// show writes the n-th report (from 0): JSON on one line, or a table that
+// replaces the previous one on a terminal and follows it after a blank
+// line elsewhere.
+func (c *cmd) show(rep *report, cfg *config, n int) error {
+	var err error
+	switch {
+	case cfg.json:
+		err = json.NewEncoder(c.stdout).Encode(rep)
+	default:
+		var b strings.Builder
+		switch {
+		case cfg.once:
+		case c.tty:
+			b.WriteString("\x1b[H\x1b[2J")
+			fmt.Fprintf(&b, "vramwatch  %s  every %v, Ctrl-C quits\n\n", rep.Time.Format(time.TimeOnly), cfg.interval)
+		default:
+			if n > 0 {
+				b.WriteString("\n")
+			}
+			fmt.Fprintf(&b, "vramwatch  %s\n", rep.Time.Format(time.DateTime))
+		}
+		writeTable(&b, rep)
+		_, err = io.WriteString(c.stdout, b.String())
+	}
+	if err != nil {
+		return &vramguard.Error{Op: "write", Kind: vramguard.KindUnavailable, Err: err}
+	}
+	return nil
+}

@@ -1,0 +1,445 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/api"
+	"go.uber.org/goleak"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/simvram"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const gib = 1 << 30
+
+// newSim starts a simulator with models of 2 and 3 GiB ("tiny", "small");
+// loaded names those to load, with no expiry.
+func newSim(t *testing.T, loaded ...string) *sim.Server {
+	t.Helper()
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+		{Name: "tiny", Size: 2 * gib, Chunks: 1},
+		{Name: "small", Size: 3 * gib, Chunks: 1},
+	}})
+	t.Cleanup(s.Close)
+	for _, m := range loaded {
+		forever := &api.Duration{Duration: -1}
+		err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: m, Prompt: "hi", KeepAlive: forever}, func(api.GenerateResponse) error { return nil })
+		if err != nil {
+			t.Fatalf("load %s: %v", m, err)
+		}
+	}
+	return s
+}
+
+// fakeReader reports one device with the given processes.
+type fakeReader []vramguard.GPUProcess
+
+func (f fakeReader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	d := vramguard.DeviceMemory{Index: 0, Name: "Fake GPU", Total: 16 * gib, ProcessesKnown: true, Processes: []vramguard.GPUProcess(f)}
+	for _, p := range f {
+		d.Used += p.UsedBytes
+	}
+	d.Free = d.Total - d.Used
+	return &vramguard.VRAMSnapshot{Source: "fake", Taken: time.Now(), Devices: []vramguard.DeviceMemory{d}}, nil
+}
+
+var (
+	orphanRunner = vramguard.GPUProcess{PID: 4242, UsedBytes: 5 * gib, UsedKnown: true, Command: "/usr/bin/ollama runner --model /blobs/sha256-ab", Role: vramguard.RoleOllamaRunner}
+	otherProcess = vramguard.GPUProcess{PID: 777, UsedBytes: 6 * gib, UsedKnown: true, Command: "python main.py", Role: vramguard.RoleOther}
+	noGPU        = &vramguard.Error{Op: "new auto reader", Kind: vramguard.KindUnavailable, Err: errors.New("no GPU reader: nvml: library not found; nvidia-smi: not found")}
+)
+
+// gpu is how a test case gets its GPU reader.
+type gpu int
+
+const (
+	gpuSim    gpu = iota // simvram over the test's simulator
+	gpuNone              // NewAutoReader's error
+	gpuOrphan            // a runner holding memory, and another process
+	gpuOther             // another process only
+)
+
+func (g gpu) open(s *sim.Server) func(context.Context) (vramguard.VRAMReader, error) {
+	return func(context.Context) (vramguard.VRAMReader, error) {
+		switch g {
+		case gpuSim:
+			return &simvram.Reader{S: s}, nil
+		case gpuOrphan:
+			return fakeReader{otherProcess, orphanRunner}, nil
+		case gpuOther:
+			return fakeReader{otherProcess}, nil
+		}
+		return nil, noGPU
+	}
+}
+
+// invoke runs the command and returns its exit status, stdout and stderr;
+// the host in stdout is replaced by HOST.
+func invoke(ctx context.Context, t *testing.T, s *sim.Server, g gpu, stdout *safeBuffer, tty bool, args ...string) (code int, out, errOut string) {
+	t.Helper()
+	if stdout == nil {
+		stdout = &safeBuffer{}
+	}
+	var stderr bytes.Buffer
+	c := &cmd{stdout: stdout, stderr: &stderr, getenv: func(string) string { return "" }, tty: tty, newReader: g.open(s)}
+	code = c.main(ctx, append([]string{"-host", s.URL().String()}, args...))
+	return code, strings.ReplaceAll(stdout.String(), s.URL().String(), "HOST"), stderr.String()
+}
+
+func TestOnce(t *testing.T) {
+	tests := []struct {
+		name    string
+		loaded  []string
+		reserve uint64 // bytes another process holds on the simulated GPU
+		gpu     gpu
+		down    bool // Ollama does not answer
+		code    int
+		want    string   // the whole output, when set
+		lines   []string // lines the output must contain
+		not     []string // texts it must not contain
+	}{
+		{
+			name: "one model", loaded: []string{"tiny"}, reserve: 6 * gib,
+			want: `GPU 0  Simulated GPU  8.0 GiB used of 24.0 GiB, 16.0 GiB free  (simulated)
+  PID    MEMORY   ROLE           SERVES       COMMAND
+  40001  2.0 GiB  ollama runner  tiny:latest  ollama runner (tiny:latest)
+  40002  6.0 GiB  other          -            comfyui
+
+Ollama at HOST: 1 model loaded
+  MODEL        SIZE     VRAM     EXPIRES  RUNNER
+  tiny:latest  2.0 GiB  2.0 GiB  never    40001
+`,
+		},
+		{
+			name: "two models", loaded: []string{"tiny", "small"},
+			lines: []string{
+				"  40001  2.0 GiB  ollama runner  ?       ollama runner (tiny:latest)",
+				"  40002  3.0 GiB  ollama runner  ?       ollama runner (small:latest)",
+				"Ollama at HOST: 2 models loaded",
+				"  small:latest  3.0 GiB  3.0 GiB  never    ?",
+				"  tiny:latest   2.0 GiB  2.0 GiB  never    ?",
+				"  runners 40002 (3.0 GiB), 40001 (2.0 GiB): which serves which model is not known",
+			},
+			not: []string{"ORPHAN"},
+		},
+		{
+			name: "nothing loaded", gpu: gpuSim,
+			lines: []string{"GPU 0  Simulated GPU  0 B used of 24.0 GiB, 24.0 GiB free  (simulated)", "  (no process holds memory)", "Ollama at HOST: 0 models loaded"},
+		},
+		{
+			name: "no GPU", loaded: []string{"tiny"}, gpu: gpuNone,
+			want: `no GPU reader: nvml: library not found; nvidia-smi: not found
+
+Ollama at HOST: 1 model loaded
+  MODEL        SIZE     VRAM     EXPIRES  RUNNER
+  tiny:latest  2.0 GiB  2.0 GiB  never    ?
+`,
+		},
+		{
+			name: "no Ollama", gpu: gpuOther, down: true,
+			lines: []string{"GPU 0  Fake GPU  6.0 GiB used of 16.0 GiB, 10.0 GiB free  (fake)", "  777  6.0 GiB  other  -       python main.py", "Ollama at HOST does not answer: list running: "},
+		},
+		{
+			name: "runner without Ollama is not an orphan", gpu: gpuOrphan, down: true,
+			lines: []string{"  4242  5.0 GiB  ollama runner  ? (Ollama not answering)  /usr/bin/ollama runner --model /blobs/sha256-ab", "  runner 4242 (5.0 GiB): which serves which model is not known"},
+			not:   []string{"ORPHAN"},
+		},
+		{
+			name: "orphan", gpu: gpuOrphan,
+			lines: []string{
+				"  777   6.0 GiB  other          -       python main.py",
+				"  4242  5.0 GiB  ollama runner  ORPHAN  /usr/bin/ollama runner --model /blobs/sha256-ab",
+				"Ollama at HOST: 0 models loaded",
+				"ORPHAN: Ollama runner 4242 holds 5.0 GiB while Ollama lists no model; only killing it (kill 4242) frees the memory",
+			},
+			not: []string{"not known"},
+		},
+		{
+			name: "model on the CPU", loaded: []string{"tiny"}, gpu: gpuOther,
+			lines: []string{"  tiny:latest  2.0 GiB  2.0 GiB  never    -"},
+		},
+		{name: "neither side", gpu: gpuNone, down: true, code: 1, lines: []string{"no GPU reader: ", "Ollama at HOST does not answer: "}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, tt.loaded...)
+			if tt.reserve > 0 {
+				if err := s.Reserve("comfyui", tt.reserve); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tt.down {
+				s.Close()
+			}
+			code, out, stderr := invoke(t.Context(), t, s, tt.gpu, nil, false, "-once")
+			if code != tt.code {
+				t.Errorf("exit %d, want %d; stderr %q", code, tt.code, stderr)
+			}
+			if tt.code == 0 && stderr != "" {
+				t.Errorf("stderr %q, want nothing", stderr)
+			}
+			if tt.code != 0 && !strings.Contains(stderr, "unavailable: neither the GPU nor Ollama could be read") {
+				t.Errorf("stderr %q does not say that nothing could be read", stderr)
+			}
+			if tt.want != "" && out != tt.want {
+				t.Errorf("output:\n%s\nwant:\n%s", out, tt.want)
+			}
+			lines := strings.Split(out, "\n")
+			for _, l := range tt.lines {
+				found := false
+				for _, got := range lines {
+					found = found || strings.HasPrefix(got, l)
+				}
+				if !found {
+					t.Errorf("no line starts with %q in:\n%s", l, out)
+				}
+			}
+			for _, n := range tt.not {
+				if strings.Contains(out, n) {
+					t.Errorf("output contains %q:\n%s", n, out)
+				}
+			}
+		})
+	}
+}
+
+func TestJSON(t *testing.T) {
+	tests := []struct {
+		name   string
+		loaded []string
+		gpu    gpu
+		check  func(t *testing.T, r *report)
+	}{
+		{
+			name: "one model", loaded: []string{"tiny"},
+			check: func(t *testing.T, r *report) {
+				if r.GPU == nil || r.GPU.Source != vramguard.SourceSimulated || len(r.GPU.Devices) != 1 || len(r.GPU.Devices[0].Processes) != 1 {
+					t.Fatalf("gpu = %+v, want one simulated device with one process", r.GPU)
+				}
+				if r.Ollama == nil || len(r.Ollama.Models) != 1 {
+					t.Fatalf("ollama = %+v, want one model", r.Ollama)
+				}
+				m := r.Ollama.Models[0]
+				if m.Name != "tiny:latest" || m.Size != 2*gib || m.SizeVRAM != 2*gib || m.RunnerPID != 40001 || m.ExpiresAt.Before(time.Now().AddDate(100, 0, 0)) {
+					t.Errorf("model = %+v", m)
+				}
+				if len(r.Runners) != 1 || r.Runners[0] != (runner{PID: 40001, UsedBytes: 2 * gib, UsedKnown: true, Model: "tiny:latest"}) {
+					t.Errorf("runners = %+v", r.Runners)
+				}
+			},
+		},
+		{
+			name: "orphan", gpu: gpuOrphan,
+			check: func(t *testing.T, r *report) {
+				if r.Ollama == nil || r.Ollama.Models == nil || len(r.Ollama.Models) != 0 {
+					t.Errorf("ollama = %+v, want an empty model list", r.Ollama)
+				}
+				if len(r.Runners) != 1 || r.Runners[0] != (runner{PID: 4242, UsedBytes: 5 * gib, UsedKnown: true, Orphan: true}) {
+					t.Errorf("runners = %+v, want the orphan", r.Runners)
+				}
+			},
+		},
+		{
+			name: "no GPU", loaded: []string{"small"}, gpu: gpuNone,
+			check: func(t *testing.T, r *report) {
+				if r.GPU != nil || r.GPUError != "no GPU reader: nvml: library not found; nvidia-smi: not found" {
+					t.Errorf("gpu = %+v, gpu_error = %q", r.GPU, r.GPUError)
+				}
+				if r.Runners == nil || len(r.Runners) != 0 || r.Ollama.Models[0].RunnerPID != 0 {
+					t.Errorf("runners = %#v, runner pid %d; want none", r.Runners, r.Ollama.Models[0].RunnerPID)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, tt.loaded...)
+			code, out, stderr := invoke(t.Context(), t, s, tt.gpu, nil, false, "-once", "-json")
+			if code != 0 || stderr != "" {
+				t.Fatalf("exit %d, stderr %q", code, stderr)
+			}
+			if strings.Count(out, "\n") != 1 || !strings.HasSuffix(out, "\n") {
+				t.Errorf("output is not one line: %q", out)
+			}
+			dec := json.NewDecoder(strings.NewReader(out))
+			dec.DisallowUnknownFields()
+			var r report
+			if err := dec.Decode(&r); err != nil {
+				t.Fatalf("decode %q: %v", out, err)
+			}
+			if r.Time.IsZero() {
+				t.Error("no time")
+			}
+			tt.check(t, &r)
+		})
+	}
+}
+
+// safeBuffer is a stdout that counts writes (one per table or JSON object)
+// and calls onWrite after each.
+type safeBuffer struct {
+	mu      sync.Mutex
+	b       bytes.Buffer
+	writes  int
+	onWrite func(n int)
+}
+
+func (b *safeBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n, err := b.b.Write(p)
+	b.writes++
+	if b.onWrite != nil {
+		b.onWrite(b.writes)
+	}
+	return n, err
+}
+
+func (b *safeBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func TestLive(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		tty   bool
+		check func(t *testing.T, out string)
+	}{
+		{
+			name: "pipe", check: func(t *testing.T, out string) {
+				if got := strings.Count(out, "\n\nvramwatch  "); got != 2 || !strings.HasPrefix(out, "vramwatch  ") || strings.Count(out, "\nGPU 0  Simulated GPU") != 3 {
+					t.Errorf("want 3 tables separated by blank lines, got:\n%s", out)
+				}
+				if strings.Contains(out, "\x1b") {
+					t.Errorf("escape sequence written to a pipe: %q", out)
+				}
+			},
+		},
+		{
+			name: "terminal", tty: true, check: func(t *testing.T, out string) {
+				if got := strings.Count(out, "\x1b[H\x1b[2Jvramwatch  "); got != 3 || !strings.Contains(out, "every 100ms, Ctrl-C quits") {
+					t.Errorf("want 3 screens, got %d:\n%q", got, out)
+				}
+			},
+		},
+		{
+			name: "json", args: []string{"-json"}, tty: true, check: func(t *testing.T, out string) {
+				lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+				if len(lines) != 3 {
+					t.Fatalf("want 3 lines, got %q", out)
+				}
+				for _, l := range lines {
+					var r report
+					if err := json.Unmarshal([]byte(l), &r); err != nil || r.Ollama == nil || len(r.Ollama.Models) != 1 {
+						t.Errorf("line %q: %v, report %+v", l, err, r)
+					}
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, "tiny")
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			out := &safeBuffer{onWrite: func(n int) {
+				if n == 3 {
+					cancel() // what Ctrl-C does through signal.NotifyContext
+				}
+			}}
+			start := time.Now()
+			code, _, stderr := invoke(ctx, t, s, gpuSim, out, tt.tty, append([]string{"-interval", "100ms"}, tt.args...)...)
+			if code != 0 || stderr != "" {
+				t.Errorf("exit %d, stderr %q; want 0 and nothing", code, stderr)
+			}
+			if d := time.Since(start); d < 150*time.Millisecond {
+				t.Errorf("3 refreshes in %v, want about 200ms", d)
+			}
+			tt.check(t, out.String())
+		})
+	}
+}
+
+func TestUsage(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{name: "help", args: []string{"-h"}, code: 0, stderr: "usage: vramwatch [flags]\n"},
+		{name: "unknown flag", args: []string{"-all"}, code: 2, stderr: "vramwatch: usage: invalid input: flag provided but not defined: -all (see vramwatch -h)\n"},
+		{name: "argument", args: []string{"-once", "gpu0"}, code: 2, stderr: `vramwatch: usage: invalid input: unexpected argument "gpu0" (see vramwatch -h)` + "\n"},
+		{name: "interval too short", args: []string{"-interval", "10ms"}, code: 2, stderr: "vramwatch: usage: invalid input: -interval 10ms: want 100ms or more\n"},
+		{name: "bad host", args: []string{"-host", "ftp://x", "-once"}, code: 2, stderr: "vramwatch: new client: invalid input: "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t)
+			code, out, stderr := invoke(t.Context(), t, s, gpuSim, nil, false, tt.args...)
+			if code != tt.code || out != "" || !strings.HasPrefix(stderr, tt.stderr) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d, nothing, %q", code, out, stderr, tt.code, tt.stderr)
+			}
+			if tt.code != 0 && strings.Count(stderr, "\n") != 1 {
+				t.Errorf("stderr %q is not one line", stderr)
+			}
+		})
+	}
+}
+
+func TestExpiry(t *testing.T) {
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		at   time.Time
+		want string
+	}{
+		{name: "zero", want: "-"},
+		{name: "soon", at: now.Add(4*time.Minute + 59*time.Second + 400*time.Millisecond), want: "in 4m59s"},
+		{name: "past", at: now.Add(-time.Second), want: "expired, unloading"},
+		{name: "now", at: now, want: "expired, unloading"},
+		{name: "forever", at: now.Add(1<<63 - 1), want: "never"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := expiry(tt.at, now); got != tt.want {
+				t.Errorf("expiry = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestHuman(t *testing.T) {
+	tests := []struct {
+		n     uint64
+		known bool
+		want  string
+	}{
+		{0, true, "0 B"},
+		{1023, true, "1023 B"},
+		{1536, true, "1.5 KiB"},
+		{300 << 20, true, "300.0 MiB"},
+		{24 << 30, true, "24.0 GiB"},
+		{5, false, "?"},
+	}
+	for _, tt := range tests {
+		if got := human(tt.n, tt.known); got != tt.want {
+			t.Errorf("human(%d, %v) = %q, want %q", tt.n, tt.known, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,360 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard"
+)
+
+// watcher reads both sides of the GPU.
+type watcher struct {
+	gpu     vramguard.VRAMReader // nil when none could be opened (gpuErr says why)
+	gpuErr  error
+	ollama  *vramguard.OllamaClient
+	host    string
+	timeout time.Duration // bounds each side's read
+}
+
+// report is one look at the GPU and at Ollama; it is also the JSON output.
+type report struct {
+	Time time.Time `json:"time"`
+	// GPU is nil when no reader could be opened or the snapshot failed;
+	// GPUError then says why.
+	GPU      *gpuReport `json:"gpu"`
+	GPUError string     `json:"gpu_error,omitempty"`
+	// Ollama is nil when the server did not answer; OllamaError says why.
+	Ollama      *ollamaReport `json:"ollama"`
+	OllamaError string        `json:"ollama_error,omitempty"`
+	// Runners are the Ollama runner processes holding GPU memory, each
+	// once however many devices it spans.
+	Runners []runner `json:"runners"`
+}
+
+type gpuReport struct {
+	Source  string   `json:"source"`
+	Devices []device `json:"devices"`
+}
+
+type device struct {
+	Index          int       `json:"index"`
+	Name           string    `json:"name"`
+	UUID           string    `json:"uuid,omitempty"`
+	Total          uint64    `json:"total"`
+	Used           uint64    `json:"used"`
+	Free           uint64    `json:"free"`
+	ProcessesKnown bool      `json:"processes_known"`
+	Processes      []process `json:"processes"`
+}
+
+type process struct {
+	PID       uint32 `json:"pid"`
+	UsedBytes uint64 `json:"used_bytes"`
+	UsedKnown bool   `json:"used_known"`
+	Role      string `json:"role"`
+	Command   string `json:"command,omitempty"`
+}
+
+type ollamaReport struct {
+	Host   string  `json:"host"`
+	Models []model `json:"models"`
+}
+
+type model struct {
+	Name      string    `json:"name"`
+	Size      int64     `json:"size"`
+	SizeVRAM  int64     `json:"size_vram"`
+	ExpiresAt time.Time `json:"expires_at"`
+	// RunnerPID is the runner serving the model, when that is certain: one
+	// model listed and one runner on the GPU. Zero otherwise.
+	RunnerPID uint32 `json:"runner_pid,omitempty"`
+}
+
+type runner struct {
+	PID       uint32 `json:"pid"`
+	UsedBytes uint64 `json:"used_bytes"`
+	UsedKnown bool   `json:"used_known"`
+	// Model is the model it serves, when that is certain.
+	Model string `json:"model,omitempty"`
+	// Orphan: it holds memory while Ollama lists no model
+	// (vramguard.FindOrphans).
+	Orphan bool `json:"orphan"`
+}
+
+// collect reads the GPU and Ollama. A side that fails is reported in the
+// report, not as an error.
+func (w *watcher) collect(ctx context.Context) *report {
+	rep := &report{Time: time.Now(), Runners: []runner{}}
+
+	var snap *vramguard.VRAMSnapshot
+	switch {
+	case w.gpu == nil:
+		rep.GPUError = "no GPU reader: " + gpuReason(w.gpuErr)
+	default:
+		sctx, cancel := context.WithTimeout(ctx, w.timeout)
+		s, err := w.gpu.Snapshot(sctx)
+		cancel()
+		if err != nil {
+			rep.GPUError = "GPU snapshot failed: " + trim(err)
+		} else {
+			snap = s
+			rep.GPU = gpuOf(s)
+		}
+	}
+
+	octx, cancel := context.WithTimeout(ctx, w.timeout)
+	ps, err := w.ollama.Running(octx)
+	cancel()
+	if err != nil {
+		rep.OllamaError = fmt.Sprintf("Ollama at %s does not answer: %s", w.host, trim(err))
+	} else {
+		rep.Ollama = &ollamaReport{Host: w.host, Models: modelsOf(ps)}
+	}
+
+	rep.Runners = runnersOf(snap)
+	if rep.Ollama != nil {
+		// One model and one runner: the runner serves the model. With more
+		// of either, a snapshot cannot tell which serves which (a runner's
+		// command names a blob, /api/ps a model name).
+		if len(rep.Ollama.Models) == 1 && len(rep.Runners) == 1 {
+			rep.Ollama.Models[0].RunnerPID = rep.Runners[0].PID
+			rep.Runners[0].Model = rep.Ollama.Models[0].Name
+		}
+		// FindOrphans is conclusive only when Ollama answered.
+		for _, o := range vramguard.FindOrphans(snap, len(rep.Ollama.Models)) {
+			if i := slices.IndexFunc(rep.Runners, func(r runner) bool { return r.PID == o.PID }); i >= 0 {
+				rep.Runners[i].Orphan = true
+			}
+		}
+	}
+	return rep
+}
+
+// gpuReason is why no GPU reader could be opened: the cause inside
+// vramguard's error, without its "no GPU reader: " (said by the caller).
+func gpuReason(err error) string {
+	if err == nil {
+		return "none configured"
+	}
+	var e *vramguard.Error
+	if errors.As(err, &e) && e.Err != nil {
+		err = e.Err
+	}
+	return strings.TrimPrefix(trim(err), "no GPU reader: ")
+}
+
+// trim returns err's text on one line, without the repeated package prefix.
+func trim(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "vramguard: ", "")), " ")
+}
+
+func gpuOf(s *vramguard.VRAMSnapshot) *gpuReport {
+	g := &gpuReport{Source: s.Source, Devices: []device{}}
+	for _, d := range s.Devices {
+		dev := device{
+			Index: d.Index, Name: d.Name, UUID: d.UUID,
+			Total: d.Total, Used: d.Used, Free: d.Free,
+			ProcessesKnown: d.ProcessesKnown, Processes: []process{},
+		}
+		for _, p := range d.Processes {
+			dev.Processes = append(dev.Processes, process{
+				PID: p.PID, UsedBytes: p.UsedBytes, UsedKnown: p.UsedKnown,
+				Role: p.Role.String(), Command: p.Command,
+			})
+		}
+		g.Devices = append(g.Devices, dev)
+	}
+	return g
+}
+
+func modelsOf(ps []api.ProcessModelResponse) []model {
+	out := make([]model, 0, len(ps))
+	for _, m := range ps {
+		name := m.Name
+		if name == "" {
+			name = m.Model
+		}
+		out = append(out, model{Name: name, Size: m.Size, SizeVRAM: m.SizeVRAM, ExpiresAt: m.ExpiresAt})
+	}
+	// By name, so that rows keep their place from one refresh to the next.
+	slices.SortStableFunc(out, func(a, b model) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// runnersOf lists the Ollama runners of snap, once each, memory summed over
+// devices, largest first.
+func runnersOf(snap *vramguard.VRAMSnapshot) []runner {
+	out := []runner{}
+	if snap == nil {
+		return out
+	}
+	for _, d := range snap.Devices {
+		for _, p := range d.Processes {
+			if p.Role != vramguard.RoleOllamaRunner {
+				continue
+			}
+			i := slices.IndexFunc(out, func(r runner) bool { return r.PID == p.PID })
+			if i < 0 {
+				out = append(out, runner{PID: p.PID, UsedBytes: p.UsedBytes, UsedKnown: p.UsedKnown})
+				continue
+			}
+			out[i].UsedBytes += p.UsedBytes
+			out[i].UsedKnown = out[i].UsedKnown && p.UsedKnown
+		}
+	}
+	slices.SortFunc(out, func(a, b runner) int {
+		return cmp.Or(cmp.Compare(b.UsedBytes, a.UsedBytes), cmp.Compare(a.PID, b.PID))
+	})
+	return out
+}
+
+// writeTable writes rep as text: a section per device, then Ollama's
+// models, then any orphans.
+func writeTable(w io.Writer, rep *report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	byPID := make(map[uint32]runner, len(rep.Runners))
+	for _, r := range rep.Runners {
+		byPID[r.PID] = r
+	}
+
+	if rep.GPU == nil {
+		fmt.Fprintln(tw, rep.GPUError)
+	} else {
+		for i, d := range rep.GPU.Devices {
+			if i > 0 {
+				fmt.Fprintln(tw)
+			}
+			fmt.Fprintf(tw, "GPU %d  %s  %s used of %s, %s free  (%s)\n",
+				d.Index, d.Name, human(d.Used, true), human(d.Total, true), human(d.Free, true), rep.GPU.Source)
+			switch {
+			case !d.ProcessesKnown:
+				fmt.Fprintln(tw, "  (the driver does not list processes)")
+				continue
+			case len(d.Processes) == 0:
+				fmt.Fprintln(tw, "  (no process holds memory)")
+				continue
+			}
+			fmt.Fprintln(tw, "  PID\tMEMORY\tROLE\tSERVES\tCOMMAND")
+			for _, p := range d.Processes {
+				serves := "-"
+				if r, ok := byPID[p.PID]; ok {
+					serves = servesOf(r, rep.Ollama != nil)
+				}
+				fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", p.PID, human(p.UsedBytes, p.UsedKnown), p.Role, serves, orDash(p.Command))
+			}
+		}
+		if len(rep.GPU.Devices) == 0 {
+			fmt.Fprintf(tw, "no GPU devices  (%s)\n", rep.GPU.Source)
+		}
+	}
+	fmt.Fprintln(tw)
+
+	if rep.Ollama == nil {
+		fmt.Fprintln(tw, rep.OllamaError)
+	} else {
+		n := len(rep.Ollama.Models)
+		fmt.Fprintf(tw, "Ollama at %s: %d %s loaded\n", rep.Ollama.Host, n, plural(n, "model", "models"))
+		if n > 0 {
+			fmt.Fprintln(tw, "  MODEL\tSIZE\tVRAM\tEXPIRES\tRUNNER")
+			for _, m := range rep.Ollama.Models {
+				pid := "?"
+				switch {
+				case m.RunnerPID != 0:
+					pid = strconv.FormatUint(uint64(m.RunnerPID), 10)
+				case len(rep.Runners) == 0 && rep.GPU != nil && !slices.ContainsFunc(rep.GPU.Devices, func(d device) bool { return !d.ProcessesKnown }):
+					// No runner on a GPU that lists its processes: the
+					// model runs on the CPU.
+					pid = "-"
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", m.Name, human(uint64(max(m.Size, 0)), true),
+					human(uint64(max(m.SizeVRAM, 0)), true), expiry(m.ExpiresAt, rep.Time), pid)
+			}
+		}
+	}
+	if n := len(rep.Runners); n > 0 && !slices.ContainsFunc(rep.Runners, func(r runner) bool { return r.Model != "" || r.Orphan }) {
+		pids := make([]string, 0, n)
+		for _, r := range rep.Runners {
+			pids = append(pids, fmt.Sprintf("%d (%s)", r.PID, human(r.UsedBytes, r.UsedKnown)))
+		}
+		fmt.Fprintf(tw, "  %s %s: which serves which model is not known\n", plural(n, "runner", "runners"), strings.Join(pids, ", "))
+	}
+	for _, r := range rep.Runners {
+		if r.Orphan {
+			fmt.Fprintf(tw, "ORPHAN: Ollama runner %d holds %s while Ollama lists no model; only killing it (kill %d) frees the memory\n",
+				r.PID, human(r.UsedBytes, r.UsedKnown), r.PID)
+		}
+	}
+	tw.Flush()
+}
+
+// servesOf is the SERVES cell of a runner.
+func servesOf(r runner, ollamaKnown bool) string {
+	switch {
+	case r.Orphan:
+		return "ORPHAN"
+	case r.Model != "":
+		return r.Model
+	case ollamaKnown:
+		return "?"
+	}
+	return "? (Ollama not answering)"
+}
+
+// expiry is when a model's keep-alive ends, relative to now.
+func expiry(at, now time.Time) string {
+	switch d := at.Sub(now); {
+	case at.IsZero():
+		return "-"
+	case d > 100*365*24*time.Hour:
+		return "never"
+	case d <= 0:
+		return "expired, unloading"
+	default:
+		return "in " + d.Round(time.Second).String()
+	}
+}
+
+// human formats n in binary units; unknown figures show as "?".
+func human(n uint64, known bool) string {
+	const (
+		kib = 1 << 10
+		mib = 1 << 20
+		gib = 1 << 30
+	)
+	switch {
+	case !known:
+		return "?"
+	case n >= gib:
+		return fmt.Sprintf("%.1f GiB", float64(n)/gib)
+	case n >= mib:
+		return fmt.Sprintf("%.1f MiB", float64(n)/mib)
+	case n >= kib:
+		return fmt.Sprintf("%.1f KiB", float64(n)/kib)
+	default:
+		return fmt.Sprintf("%d B", n)
+	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
