@@ -20,12 +20,17 @@ import (
 // "user/tiny:q4" and "hf.co/org/repo:Q4_K_M" keep their namespace and tag.
 func NormalizeModelName(name string) string {
 	n := strings.ToLower(strings.TrimSpace(name))
-	n = strings.TrimPrefix(n, "https://")
-	n = strings.TrimPrefix(n, "http://")
-	n = strings.TrimPrefix(n, "registry.ollama.ai/")
-	n = strings.TrimPrefix(n, "library/")
-	if at := strings.IndexByte(n, '@'); at >= 0 { // name@sha256:digest
-		n = n[:at]
+	// Strip the defaults until nothing changes, so that the result is a
+	// fixed point: normalizing it again gives it back.
+	for prev := ""; n != prev; {
+		prev = n
+		for _, p := range [...]string{"https://", "http://", "registry.ollama.ai/", "library/"} {
+			n = strings.TrimPrefix(n, p)
+		}
+		if at := strings.IndexByte(n, '@'); at >= 0 { // name@sha256:digest
+			n = n[:at]
+		}
+		n = strings.TrimSpace(n)
 	}
 	slash := strings.LastIndexByte(n, '/')
 	if !strings.Contains(n[slash+1:], ":") && n != "" {
