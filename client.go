@@ -2,9 +2,11 @@ package vramguard
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -215,6 +217,11 @@ func (r *GenerateRequest) validate(op string) error {
 	if !utf8.ValidString(r.Prompt) || !utf8.ValidString(r.System) {
 		return invalid(op, r.Model, "prompt is not valid UTF-8")
 	}
+	for k, v := range r.Options {
+		if err := validOption(v, 0); err != nil {
+			return invalid(op, r.Model, "option %q: %v", k, err)
+		}
+	}
 	return nil
 }
 
@@ -270,8 +277,10 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	if err != nil {
 		return nil, err
 	}
-	gen, err := c.stream(ctx, req, keepAlive, fn)
-	end()
+	gen, err := func() (*Generation, error) {
+		defer end() // also when fn panics: a dead generation must not block unloads
+		return c.stream(ctx, req, keepAlive, fn)
+	}()
 	if err == nil {
 		c.reportLoad(gen)
 		return gen, nil
@@ -382,6 +391,12 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		return nil, werr
 	}
 	switch {
+	case err != nil && !st.done && isPartialLine(err):
+		// The connection was cut inside a line: the api client hands the
+		// partial line over as an error text. It is a cut stream, not a
+		// server's verdict.
+		return nil, newError(op, req.Model, KindTransient,
+			fmt.Errorf("%w after %d chunks: partial line %.40q", ErrIncompleteStream, st.chunks, err.Error()))
 	case err != nil:
 		return nil, newError(op, req.Model, classify(err), err)
 	case !st.done:
@@ -399,6 +414,64 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		FirstChunk: st.firstChunk,
 		Elapsed:    time.Since(st.start),
 	}, nil
+}
+
+// isPartialLine reports whether err is the api client's rendering of a
+// JSON line that was cut short: a plain error whose text starts like an
+// object but does not parse.
+func isPartialLine(err error) bool {
+	var se api.StatusError
+	if errors.As(err, &se) {
+		return false
+	}
+	msg := strings.TrimSpace(err.Error())
+	return strings.HasPrefix(msg, "{") && !json.Valid([]byte(msg))
+}
+
+// validOption reports whether v, a value of GenerateRequest.Options, can be
+// sent: JSON-encodable, with finite numbers.
+func validOption(v any, depth int) error {
+	if depth > 8 {
+		return errors.New("nested too deep")
+	}
+	switch x := v.(type) {
+	case nil, bool, string, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64, json.Number:
+		return nil
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return fmt.Errorf("%v is not a finite number", x)
+		}
+		return nil
+	case float32:
+		return validOption(float64(x), depth)
+	case []any:
+		for _, e := range x {
+			if err := validOption(e, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case []string, []int, []float64:
+		if f, ok := x.([]float64); ok {
+			for _, e := range f {
+				if err := validOption(e, depth); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	case map[string]any:
+		for _, e := range x {
+			if err := validOption(e, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if _, err := json.Marshal(v); err != nil {
+		return err
+	}
+	return nil
 }
 
 // watchdog enforces the timeouts of one generation on its context: Total

@@ -36,8 +36,10 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 	if err != nil {
 		return nil, err
 	}
-	gen, err := c.runCLI(ctx, path, req, ka, fn)
-	end()
+	gen, err := func() (*Generation, error) {
+		defer end()
+		return c.runCLI(ctx, path, req, ka, fn)
+	}()
 	if ka.IsUnload() {
 		// Whatever happened, leave nothing resident.
 		if _, uerr := c.Cleanup(ctx, CleanupOptions{Models: []string{req.Model}}); uerr != nil && err == nil {

@@ -111,6 +111,20 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadRe
 		before, _ = c.opts.VRAM.Snapshot(wctx) // best effort; checked below
 	}
 
+	// Look first, so the report says what was there even when the server
+	// removes the model before the first poll after the request.
+	seen := func(ms *api.ProcessResponse) *api.ProcessModelResponse {
+		entry := findRunning(ms.Models, model)
+		if entry != nil {
+			rep.WasLoaded = true
+			rep.Size, rep.SizeVRAM = entry.Size, entry.SizeVRAM
+		}
+		return entry
+	}
+	if ms, err := c.api.ListRunning(wctx); err == nil {
+		rep.Polls++
+		seen(ms)
+	}
 	if err := c.sendUnload(wctx, model); err != nil {
 		return fail(err)
 	}
@@ -129,14 +143,9 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadRe
 			// was accepted.
 			c.log.Debug("poll failed", "model", model, "err", err)
 		} else {
-			entry := findRunning(ms.Models, model)
-			busy := c.inFlight(model) > 0
-			if entry == nil && !busy {
+			entry := seen(ms)
+			if entry == nil && c.inFlight(model) == 0 {
 				break
-			}
-			if entry != nil {
-				rep.WasLoaded = true
-				rep.Size, rep.SizeVRAM = entry.Size, entry.SizeVRAM
 			}
 			// Listed with a future expiry: our unload was lost (it came
 			// during a load) or a later request set a keep-alive again.
