@@ -66,6 +66,8 @@ func classifyMessage(msg string) Kind {
 		return KindTransient
 	case strings.Contains(m, "model") && containsAny(m, notFoundTexts):
 		return KindNotFound
+	case strings.Contains(m, "must be of type"), strings.Contains(m, "invalid option"):
+		return KindInvalidInput // e.g. option "temperature" must be of type float32
 	case strings.Contains(m, "connection refused"), strings.Contains(m, "could not connect"):
 		return KindUnavailable
 	case strings.Contains(m, "request canceled"):

@@ -125,11 +125,18 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadRe
 		rep.Polls++
 		seen(ms)
 	}
+	var lastSent time.Time
 	if err := c.sendUnload(wctx, model); err != nil {
-		return fail(err)
+		// A reset or a busy server: the loop below resends as soon as it
+		// sees the model listed. Anything else is final.
+		if wctx.Err() != nil || classify(err) != KindTransient {
+			return fail(err)
+		}
+		c.log.Debug("unload request failed; retrying", "model", model, "err", err)
+	} else {
+		rep.Attempts++
+		lastSent = time.Now()
 	}
-	rep.Attempts++
-	lastSent := time.Now()
 	resendEvery := max(10*c.opts.PollInterval, 500*time.Millisecond)
 
 	for {

@@ -235,7 +235,14 @@ func (s *Server) load(r *runner, fail *statusError) {
 		r.expiresAt = time.Now()
 	}
 	if r.refs == 0 && m.runner == r {
-		s.idleLocked(r) // every waiter gave up
+		// Every waiter gave up during the load. Ollama 0.17 then drops the
+		// runner (measured on a real server); with the race fixed it idles
+		// for its keep-alive.
+		if s.lose {
+			s.removeRunnerLocked(r)
+		} else {
+			s.idleLocked(r)
+		}
 	}
 }
 

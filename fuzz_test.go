@@ -1,0 +1,342 @@
+package vramguard
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unicode"
+
+	"github.com/ollama/ollama/api"
+)
+
+// Fuzz targets for every parser of untrusted text in this package. The
+// NDJSON stream handling is fed through the real api.Client with a
+// transport that answers with the fuzzer's bytes, so the api client's own
+// scanner (8 MiB lines, {"error"} lines, status errors) is part of what is
+// fuzzed.
+
+// bodyTransport answers every request with status and body, whose read
+// ends with tail (nil: a clean end).
+type bodyTransport struct {
+	status int
+	body   []byte
+	tail   error
+}
+
+func (b *bodyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Body != nil {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_ = r.Body.Close()
+	}
+	var body io.Reader = bytes.NewReader(b.body)
+	if b.tail != nil {
+		body = io.MultiReader(body, errReader{b.tail})
+	}
+	return &http.Response{
+		StatusCode: b.status,
+		Status:     strconv.Itoa(b.status) + " " + http.StatusText(b.status),
+		Proto:      "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:  http.Header{"Content-Type": {"application/x-ndjson"}},
+		Body:    io.NopCloser(body),
+		Request: r,
+	}, nil
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// streamFromBody runs GenerateStreaming against a server that answers
+// with status and body.
+func streamFromBody(status int, body []byte, tail error) (*Generation, []Chunk, error) {
+	u, _ := url.Parse("http://fuzz.invalid:11434")
+	hc := &http.Client{Transport: &bodyTransport{status: status, body: body, tail: tail}}
+	c, err := NewClient(Options{API: api.NewClient(u, hc), KeepModelsOnClose: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer c.Close()
+	var chunks []Chunk
+	gen, err := c.GenerateStreaming(context.Background(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload,
+		func(ch Chunk) error {
+			chunks = append(chunks, ch)
+			return nil
+		})
+	return gen, chunks, err
+}
+
+// hasDoneLine reports whether body holds, within the api client's 8 MiB
+// line limit, a line that decodes as a done:true reply.
+func hasDoneLine(body []byte) bool {
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(nil, 8*1000*1000)
+	for sc.Scan() {
+		var r api.GenerateResponse
+		if json.Unmarshal(sc.Bytes(), &r) == nil && r.Done {
+			return true
+		}
+	}
+	return false
+}
+
+func validKind(k Kind) bool { return k > KindUnknown && k <= KindInternal }
+
+func streamSeeds(f *testing.F) {
+	line := func(v any) string { b, _ := json.Marshal(v); return string(b) + "\n" }
+	ok := line(api.GenerateResponse{Response: "a castle"}) + line(api.GenerateResponse{Response: " at dawn"}) +
+		line(api.GenerateResponse{Done: true, DoneReason: "stop", Metrics: api.Metrics{LoadDuration: 3e7, EvalCount: 2}})
+	for _, s := range []struct {
+		body   string
+		status uint16
+		tail   uint8
+	}{
+		{ok, 200, 0},
+		{ok, 200, 1},
+		{ok[:len(ok)/2], 200, 1}, // cut mid-line, connection reset
+		{ok[:len(ok)/2], 200, 0}, // cut mid-line, clean end
+		{strings.ReplaceAll(ok, "\n", "\r\n"), 200, 0},
+		{line(api.GenerateResponse{Response: "x"}), 200, 0}, // no done line
+		{`{"error":"an error was encountered while running the model: unexpected EOF"}` + "\n", 200, 0},
+		{`{"error":"model 'tiny' not found"}`, 404, 0},
+		{`{"error":"llama runner process has terminated: exit status 2"}`, 500, 0},
+		{`{"error":"server busy, please try again.  maximum pending requests exceeded"}`, 503, 0},
+		{"<html>502 Bad Gateway</html>", 502, 0},
+		{"\x00\xff garbage", 200, 0},
+		{`{"response":42,"done":"yes"}`, 200, 0},
+		{`{"done":true}` + "\n" + `{"error":"late"}` + "\n", 200, 0},
+		{`{"done":true}{"done":true}`, 200, 0},
+		{"", 200, 0},
+		{"", 200, 2},
+		{`{"error":""}` + "\n" + `{"done":true}`, 401, 0},
+		{"[1,2,3]\n" + `{"done":true}`, 200, 0},
+		{"null\n" + `{"done":true}`, 200, 0},
+	} {
+		f.Add([]byte(s.body), s.status, s.tail)
+	}
+}
+
+// FuzzGenerateStream: whatever a server sends, GenerateStreaming returns
+// success only when a done:true line came through (the callback saw it),
+// and otherwise an *Error of a valid kind, never KindCanceled (nothing was
+// canceled), never a panic.
+func FuzzGenerateStream(f *testing.F) {
+	streamSeeds(f)
+	f.Fuzz(func(t *testing.T, body []byte, status uint16, tail uint8) {
+		code := 200
+		if status >= 200 && status < 600 && (status < 300 || status >= 400) {
+			code = int(status) // no 1xx (transport-level) or 3xx (redirects)
+		}
+		var tailErr error
+		switch tail % 4 {
+		case 1:
+			tailErr = syscall.ECONNRESET
+		case 2:
+			tailErr = io.ErrUnexpectedEOF
+		case 3:
+			tailErr = errors.New("http2: stream closed")
+		}
+		gen, chunks, err := streamFromBody(code, body, tailErr)
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) || !validKind(e.Kind) || e.Kind == KindCanceled {
+				t.Fatalf("error %v (%T, kind %v): want an *Error of a valid kind", err, err, KindOf(err))
+			}
+			if gen != nil {
+				t.Fatalf("a generation with the error %v", err)
+			}
+			return
+		}
+		if code >= 400 {
+			t.Fatalf("success from a %d reply", code)
+		}
+		if len(chunks) == 0 || !slicesContainsDone(chunks) || !hasDoneLine(body) {
+			t.Fatalf("success without a done line: %d chunks, body %.200q", len(chunks), body)
+		}
+		var text strings.Builder
+		for _, ch := range chunks {
+			text.WriteString(ch.Text)
+		}
+		if gen.Text != text.String() || gen.Chunks != len(chunks) {
+			t.Fatalf("generation text %q (%d chunks) differs from the chunks %q (%d)", gen.Text, gen.Chunks, text.String(), len(chunks))
+		}
+	})
+}
+
+func slicesContainsDone(chunks []Chunk) bool {
+	for _, ch := range chunks {
+		if ch.Done {
+			return true
+		}
+	}
+	return false
+}
+
+// TestStreamHugeLine: a line over the api client's 8 MiB buffer ends the
+// scan; without a done line before it, the call is an incomplete stream.
+func TestStreamHugeLine(t *testing.T) {
+	huge := append(bytes.Repeat([]byte{'x'}, 9<<20), '\n')
+	body := append([]byte(`{"response":"a"}`+"\n"), huge...)
+	body = append(body, `{"done":true}`+"\n"...)
+	_, _, err := streamFromBody(200, body, nil)
+	if !errors.Is(err, KindTransient) || !errors.Is(err, ErrIncompleteStream) {
+		t.Fatalf("got %v, want a transient incomplete stream", err)
+	}
+}
+
+// TestStreamCutMidLine is the regression case of the stream fuzzer's
+// first finding: a connection cut in the middle of a line. bufio.Scanner
+// hands the partial line over at the read error, the api client fails to
+// decode it and returns it as errors.New(partial line), and the library
+// classified that as KindServer: a dropped connection looked like a
+// permanent server error (not retried, no fallback). It must be a
+// transient incomplete stream.
+func TestStreamCutMidLine(t *testing.T) {
+	full := `{"model":"tiny","response":"a castle","done":false}` + "\n" + `{"model":"tiny","response":" at dawn","done":false}` + "\n"
+	for _, tail := range []error{syscall.ECONNRESET, io.ErrUnexpectedEOF, nil} {
+		for _, cut := range []int{1, 20, len(full)/2 + 5, len(full) - 2} {
+			_, _, err := streamFromBody(200, []byte(full[:cut]), tail)
+			if !errors.Is(err, KindTransient) {
+				t.Errorf("cut at %d, then %v: got %v (kind %v), want transient", cut, tail, err, KindOf(err))
+			}
+		}
+	}
+}
+
+var kindTexts = []string{
+	"out of memory", "CUDA error", "llama runner process has terminated", "model runner has unexpectedly stopped",
+	"server busy", "model 'x' not found", "connection refused", "request canceled", "unexpected EOF",
+}
+
+// FuzzClassifyMessage: any text gets a valid kind, case does not matter
+// (for ASCII text), and an out-of-memory text wins over everything else.
+func FuzzClassifyMessage(f *testing.F) {
+	for _, s := range kindTexts {
+		f.Add(s, 500)
+	}
+	f.Add("", 0)
+	f.Add("\xff\x00", -1)
+	f.Add("model \"x\" not found, try pulling it first", 404)
+	f.Fuzz(func(t *testing.T, msg string, code int) {
+		k := classifyMessage(msg)
+		if !validKind(k) {
+			t.Fatalf("classifyMessage(%q) = %v", msg, k)
+		}
+		if ks := classifyStatus(code, msg); !validKind(ks) {
+			t.Fatalf("classifyStatus(%d, %q) = %v", code, msg, ks)
+		}
+		if kc := classify(errors.New(msg)); !validKind(kc) {
+			t.Fatalf("classify(errors.New(%q)) = %v", msg, kc)
+		}
+		if kc := classify(api.StatusError{StatusCode: code, ErrorMessage: msg}); !validKind(kc) {
+			t.Fatalf("classify(StatusError{%d, %q}) = %v", code, msg, kc)
+		}
+		if isASCII(msg) {
+			if up := classifyMessage(strings.ToUpper(msg)); up != k {
+				t.Fatalf("classifyMessage(%q) = %v but %v in upper case", msg, k, up)
+			}
+		}
+		if k := classifyMessage(msg + " CUDA error: out of memory"); k != KindOutOfMemory {
+			t.Fatalf("an out-of-memory text after %q gives %v", msg, k)
+		}
+		if k := classifyStatus(code, "out of memory "+msg); k != KindOutOfMemory {
+			t.Fatalf("an out-of-memory text with status %d gives %v", code, k)
+		}
+	})
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] > unicode.MaxASCII {
+			return false
+		}
+	}
+	return true
+}
+
+// FuzzNormalizeModelName: no panic, idempotent, lower case, no space at
+// either end.
+func FuzzNormalizeModelName(f *testing.F) {
+	for _, s := range []string{"tiny", "TINY", "library/tiny", "registry.ollama.ai/library/tiny", "user/tiny:q4",
+		"hf.co/Org/Repo:Q4_K_M", "localhost:5000/m", "tiny@sha256:abc", " llama3.2:3b ", "", "@", "a/", "https://x/y"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		n := NormalizeModelName(name)
+		if again := NormalizeModelName(n); again != n {
+			t.Fatalf("not idempotent: %q -> %q -> %q", name, n, again)
+		}
+		if strings.TrimSpace(n) != n {
+			t.Fatalf("%q -> %q has space at an end", name, n)
+		}
+		for i := 0; i < len(n); i++ {
+			if 'A' <= n[i] && n[i] <= 'Z' {
+				t.Fatalf("%q -> %q has upper case", name, n)
+			}
+		}
+	})
+}
+
+// TestNormalizeModelNameIdempotent holds the fuzzer's findings: prefixes
+// that reappear once an outer one or surrounding space is stripped.
+func TestNormalizeModelNameIdempotent(t *testing.T) {
+	for _, s := range []string{
+		"registry.ollama.ai/library/registry.ollama.ai/tiny",
+		"http://https://tiny",
+		"library/ tiny",
+		"library/library/tiny",
+		"https:// tiny",
+	} {
+		n := NormalizeModelName(s)
+		if again := NormalizeModelName(n); again != n {
+			t.Errorf("NormalizeModelName(%q) = %q, then %q", s, n, again)
+		}
+	}
+}
+
+// FuzzParseKeepAlive: no panic; a failure is KindInvalidInput; a success
+// is a well-formed value whose String reads back as the same value, and a
+// positive duration of at least a millisecond never turns into "unload".
+func FuzzParseKeepAlive(f *testing.F) {
+	for _, s := range []string{"", "default", "0", "0s", "unload", "300", "1.5", "2m", "-1", "-5m", "forever",
+		"soon", "NaN", "1e300", "5 minutes", "9223372036.854775", "0x1p-2", "+Inf", "1_000", "2562047h47m16.854s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ka, err := ParseKeepAlive(s)
+		if err != nil {
+			if KindOf(err) != KindInvalidInput {
+				t.Fatalf("ParseKeepAlive(%q): %v, want invalid input", s, err)
+			}
+			return
+		}
+		if verr := ka.validate(); verr != nil {
+			t.Fatalf("ParseKeepAlive(%q) = malformed %#v", s, ka)
+		}
+		back, err := ParseKeepAlive(ka.String())
+		if err != nil || back != ka {
+			t.Fatalf("ParseKeepAlive(%q) = %v (%#v); its String reads back as %#v, %v", s, ka, ka, back, err)
+		}
+		d, sent := ka.Duration()
+		t2 := strings.ToLower(strings.TrimSpace(s))
+		if n, perr := strconv.ParseFloat(t2, 64); perr == nil && n >= 0.001 && n < 1e9 {
+			if !sent || d < time.Millisecond {
+				t.Fatalf("ParseKeepAlive(%q) = %v: %v seconds became %v", s, ka, n, d)
+			}
+		}
+		if pd, perr := time.ParseDuration(t2); perr == nil && pd >= time.Millisecond {
+			if !sent || d != pd.Truncate(time.Millisecond) {
+				t.Fatalf("ParseKeepAlive(%q) = %v, want %v", s, ka, pd.Truncate(time.Millisecond))
+			}
+		}
+	})
+}
