@@ -32,6 +32,11 @@ const MaxPromptBytes = 16 << 20
 type OllamaClient struct {
 	api  *api.Client
 	host string // for the CLI fallback; "" when unknown
+	// base and hc are set when the client built its own api.Client: unload
+	// requests then go out as plain POSTs (the api client allocates an
+	// 8 MiB line buffer per call).
+	base *url.URL
+	hc   *http.Client
 	opts Options
 	log  *slog.Logger
 
@@ -91,6 +96,7 @@ func NewClient(opts Options) (*OllamaClient, error) {
 		hc = &http.Client{}
 	}
 	c.host = u.String()
+	c.base, c.hc = u, hc
 	c.api = api.NewClient(u, hc)
 	return c, nil
 }
@@ -359,12 +365,13 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		ar.Think = &api.ThinkValue{Value: *req.Think}
 	}
 
-	st := &streamState{start: time.Now()}
+	st := &streamState{start: wd.start}
 	err := c.api.Generate(wd.ctx, ar, func(r api.GenerateResponse) error {
+		elapsed := time.Since(st.start) // one clock read per chunk
 		if st.chunks == 0 {
-			st.firstChunk = time.Since(st.start)
+			st.firstChunk = elapsed
 		}
-		wd.chunk()
+		wd.chunkAt(elapsed)
 		st.chunks++
 		st.text.WriteString(r.Response)
 		st.thinking.WriteString(r.Thinking)
@@ -378,7 +385,7 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 				Thinking: r.Thinking,
 				Index:    st.chunks,
 				Bytes:    st.text.Len(),
-				Elapsed:  time.Since(st.start),
+				Elapsed:  elapsed,
 				Done:     r.Done,
 			}); err != nil {
 				st.fnErr = err
@@ -476,38 +483,62 @@ func validOption(v any, depth int) error {
 
 // watchdog enforces the timeouts of one generation on its context: Total
 // through a deadline, FirstChunk and Idle through one timer, armed for
-// FirstChunk and re-armed for Idle on every chunk. Each cancels ctx with its
+// FirstChunk, then for Idle at the first chunk, and re-armed by itself when
+// it fires while chunks are still coming. Each cancels ctx with its
 // own cause, which cancels the HTTP request (or kills the CLI).
 type watchdog struct {
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
-	noTotal  context.CancelFunc
-	timer    *time.Timer
-	idle     time.Duration
-	gotFirst atomic.Bool
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	noTotal context.CancelFunc
+	timer   *time.Timer
+	idle    time.Duration
+	start   time.Time
+	// last is the time of the latest chunk in ns since start; 0 before the
+	// first. Chunks only store it: the timer re-arms itself when it fires
+	// early, so a chunk costs no timer operation.
+	last atomic.Int64
+	// stopped keeps fire from re-arming the timer after finish or release.
+	stopped atomic.Bool
 }
 
 func newWatchdog(parent context.Context, t Timeouts) *watchdog {
-	w := &watchdog{idle: t.Idle}
+	w := &watchdog{idle: t.Idle, start: time.Now()}
 	ctx, cancel := context.WithCancelCause(parent)
 	w.ctx, w.noTotal = context.WithTimeoutCause(ctx, t.Total, ErrTotalTimeout)
 	w.cancel = cancel
-	w.timer = time.AfterFunc(t.FirstChunk, func() {
-		if w.gotFirst.Load() {
-			cancel(ErrIdleTimeout)
-		} else {
-			cancel(ErrFirstChunkTimeout)
-		}
-	})
+	w.timer = time.AfterFunc(t.FirstChunk, w.fire)
 	return w
 }
 
-// chunk records progress.
-func (w *watchdog) chunk() {
-	if !w.gotFirst.Load() {
-		w.gotFirst.Store(true)
+// fire runs when the timer expires: before the first chunk that is the
+// first-chunk timeout; after it, the idle timeout unless a chunk came since,
+// in which case the timer is re-armed for the rest of the idle period.
+func (w *watchdog) fire() {
+	if w.stopped.Load() {
+		return
 	}
-	w.timer.Reset(w.idle)
+	last := w.last.Load()
+	if last == 0 {
+		w.cancel(ErrFirstChunkTimeout)
+		return
+	}
+	if left := w.idle - (time.Since(w.start) - time.Duration(last)); left > 0 {
+		w.timer.Reset(left)
+		return
+	}
+	w.cancel(ErrIdleTimeout)
+}
+
+// chunk records progress now.
+func (w *watchdog) chunk() { w.chunkAt(time.Since(w.start)) }
+
+// chunkAt records progress at elapsed since the watchdog started.
+func (w *watchdog) chunkAt(elapsed time.Duration) {
+	first := w.last.Load() == 0
+	w.last.Store(max(int64(elapsed), 1))
+	if first {
+		w.timer.Reset(w.idle) // from the first-chunk to the idle period
+	}
 }
 
 // abort cancels the request because the caller's callback failed.
@@ -517,6 +548,7 @@ func (w *watchdog) abort(err error) { w.cancel(err) }
 // by the chunk callback (fnErr), by the caller's parent context, or by one
 // of the timeouts; nil when none of these happened.
 func (w *watchdog) finish(op, model string, parent context.Context, fnErr error) error {
+	w.stopped.Store(true)
 	w.timer.Stop()
 	switch {
 	case fnErr != nil:
@@ -531,6 +563,7 @@ func (w *watchdog) finish(op, model string, parent context.Context, fnErr error)
 
 // release frees the contexts; call it when the request is over.
 func (w *watchdog) release() {
+	w.stopped.Store(true)
 	w.timer.Stop()
 	w.noTotal()
 	w.cancel(nil)

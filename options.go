@@ -19,9 +19,11 @@ const (
 	DefaultHost              = "http://127.0.0.1:11434"
 	// DefaultLoadThreshold separates a load from a reuse in the
 	// load_duration Ollama reports. Ollama reports the time its handler
-	// spent before the runner was ready, which is never zero: about 1 ms
-	// for a loaded model, 30 ms and up for the smallest model's load.
-	DefaultLoadThreshold = 20 * time.Millisecond
+	// spent before the runner was ready, which is never zero: 0.5 to 5 ms
+	// for a loaded model; a load of the smallest model 15 ms and up
+	// (Ollama 0.17 checks a starting runner every 250 ms, so a load there
+	// reports either about 15-19 ms or a quarter second and more).
+	DefaultLoadThreshold = 10 * time.Millisecond
 )
 
 // Timeouts bound one generation. A zero field takes the client's value (and

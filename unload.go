@@ -1,9 +1,13 @@
 package vramguard
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -200,6 +204,8 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadRe
 }
 
 // sendUnload sends the unload request: an empty prompt with keep_alive 0.
+// Failures have the shapes of the api client's (api.StatusError for a
+// status of 400 and up), so classify treats both paths alike.
 func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
 	c.callHook(func() {
 		if c.opts.Hooks.OnUnloadRequested != nil {
@@ -207,11 +213,37 @@ func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
 		}
 	})
 	stream := false
-	return c.api.Generate(ctx, &api.GenerateRequest{
-		Model:     model,
-		KeepAlive: &api.Duration{Duration: 0},
-		Stream:    &stream,
-	}, func(api.GenerateResponse) error { return nil })
+	req := &api.GenerateRequest{Model: model, KeepAlive: &api.Duration{Duration: 0}, Stream: &stream}
+	if c.hc == nil {
+		return c.api.Generate(ctx, req, func(api.GenerateResponse) error { return nil })
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.JoinPath("/api/generate").String(), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "application/json")
+	resp, err := c.hc.Do(hreq)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= http.StatusBadRequest {
+		se := api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status, ErrorMessage: string(data)}
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(data, &e) == nil && e.Error != "" {
+			se.ErrorMessage = e.Error
+		}
+		return se
+	}
+	return err
 }
 
 // awaitRunnerGone waits, after Ollama stopped listing a model, until the

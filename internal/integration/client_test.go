@@ -251,7 +251,7 @@ func TestCleanupPaths(t *testing.T) {
 			t.Fatalf("after unloading %s: %v", modelA, ms)
 		}
 
-		c2, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), PollInterval: 10 * time.Millisecond})
+		c2, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), PollInterval: 25 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -61,7 +61,7 @@ func newClient(t *testing.T, s *ollamatest.Server, opts vramguard.Options) *vram
 		opts.HTTPClient = &http.Client{Transport: tr}
 	}
 	if opts.PollInterval == 0 {
-		opts.PollInterval = 10 * time.Millisecond
+		opts.PollInterval = 25 * time.Millisecond
 	}
 	c, err := vramguard.NewClient(opts)
 	if err != nil {

@@ -195,7 +195,7 @@ func newClientTransport(t *testing.T, u *url.URL, opts vramguard.Options) (*vram
 		opts.Timeouts = testTimeouts
 	}
 	if opts.PollInterval == 0 {
-		opts.PollInterval = 10 * time.Millisecond
+		opts.PollInterval = 25 * time.Millisecond
 	}
 	if opts.UnloadTimeout == 0 {
 		opts.UnloadTimeout = 10 * time.Second
