@@ -292,7 +292,7 @@ func TestCLIFallbackLeavesNothingResident(t *testing.T) {
 		// `ollama run` has no flag for num_predict: bake it into a model.
 		const short = "tiny-a-short"
 		if err := s.Client().Create(t.Context(), &api.CreateRequest{Model: short, From: modelA,
-			Parameters: map[string]any{"num_predict": 8}}, func(api.ProgressResponse) error { return nil }); err != nil {
+			Parameters: map[string]any{"num_predict": 8, "seed": 7}}, func(api.ProgressResponse) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 		c := newClient(t, s, vramguard.Options{Fallback: true, CLIPath: bin, HTTPClient: &http.Client{Transport: tr}})
@@ -301,7 +301,9 @@ func TestCLIFallbackLeavesNothingResident(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !gen.Fallback || gen.Text == "" {
+		// Random weights may write only white space, which the CLI path
+		// trims; that it streamed at all is what shows it ran.
+		if !gen.Fallback || gen.Chunks == 0 {
 			t.Fatalf("generation %+v did not come from the CLI", gen)
 		}
 		requireEmpty(t, s, "after the CLI fallback")
