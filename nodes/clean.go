@@ -36,7 +36,11 @@ func Clean(text string, opts CleanOptions) (clean, reasoning string) {
 	text = strings.ToValidUTF8(text, "\uFFFD")
 	var rs []string
 	for {
-		next := cleanOnce(text, opts, &rs)
+		next := text
+		if !opts.KeepReasoning {
+			next = stripReasoning(next, &rs)
+		}
+		next = stripWrappers(strings.TrimSpace(next), opts)
 		if next == text {
 			break
 		}
@@ -45,20 +49,25 @@ func Clean(text string, opts CleanOptions) (clean, reasoning string) {
 	return text, strings.Join(rs, "\n\n")
 }
 
-// cleanOnce makes one round of cleaning; Clean repeats it to a fixed point.
-// Every step only removes text, so the repetition ends.
-func cleanOnce(s string, opts CleanOptions, rs *[]string) string {
-	if !opts.KeepReasoning {
-		s = stripReasoning(s, rs)
+// stripWrappers removes leading labels and surrounding quotes until none is
+// left. Its steps work on the ends of s and slice it without copying, so a
+// reply wrapped a thousand times costs a thousand cheap steps, not a
+// thousand passes over the whole text; Clean's outer loop then looks for
+// reasoning again only when something changed.
+func stripWrappers(s string, opts CleanOptions) string {
+	for {
+		next := s
+		if !opts.KeepLabels {
+			next = strings.TrimSpace(stripLabel(next))
+		}
+		if !opts.KeepQuotes {
+			next = strings.TrimSpace(stripQuotes(next))
+		}
+		if next == s {
+			return s
+		}
+		s = next
 	}
-	s = strings.TrimSpace(s)
-	if !opts.KeepLabels {
-		s = strings.TrimSpace(stripLabel(s))
-	}
-	if !opts.KeepQuotes {
-		s = strings.TrimSpace(stripQuotes(s))
-	}
-	return s
 }
 
 var (
