@@ -126,22 +126,9 @@ type DualInput struct {
 // and the error are returned.
 func (n *DualStreamRefiner) Refine(ctx context.Context, in DualInput) (*Result, error) {
 	st := &settings{op: "dual stream refiner", guard: &n.Guard, model: n.Model, timeout: n.Timeout, maxTokens: n.MaxTokens, progress: n.Progress}
-	if err := st.validate(); err != nil {
+	hint, err := st.styledInput(n.Styles, "description", in.Description, in.Style, in.Sampling)
+	if err != nil {
 		return nil, err
-	}
-	if err := validInput(st.op, n.Model, "description", in.Description, "style", in.Style); err != nil {
-		return nil, err
-	}
-	if err := in.Sampling.validate(st.op, n.Model); err != nil {
-		return nil, err
-	}
-	var hint string
-	if strings.TrimSpace(in.Style) != "" {
-		s, err := n.Styles.lookup(st.op, n.Model, in.Style)
-		if err != nil {
-			return nil, err
-		}
-		hint = styleHint(s)
 	}
 	prompt, err := renderFixed(st.op, n.Model, dualTemplate, fixedData{Description: in.Description, StyleHint: hint})
 	if err != nil {

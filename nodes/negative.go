@@ -47,22 +47,9 @@ type NegativeInput struct {
 // Errors are as for PromptGenerator.Generate.
 func (n *NegativePrompt) Generate(ctx context.Context, in NegativeInput) (*Result, error) {
 	st := &settings{op: "negative prompt", guard: &n.Guard, model: n.Model, timeout: n.Timeout, maxTokens: n.MaxTokens, progress: n.Progress}
-	if err := st.validate(); err != nil {
+	hint, err := st.styledInput(n.Styles, "prompt", in.Prompt, in.Style, in.Sampling)
+	if err != nil {
 		return nil, err
-	}
-	if err := validInput(st.op, n.Model, "prompt", in.Prompt, "style", in.Style); err != nil {
-		return nil, err
-	}
-	if err := in.Sampling.validate(st.op, n.Model); err != nil {
-		return nil, err
-	}
-	var hint string
-	if strings.TrimSpace(in.Style) != "" {
-		c, err := n.Styles.lookup(st.op, n.Model, in.Style)
-		if err != nil {
-			return nil, err
-		}
-		hint = styleHint(c)
 	}
 	prompt, err := renderFixed(st.op, n.Model, negativeTemplate, fixedData{Prompt: strings.TrimSpace(in.Prompt), StyleHint: hint})
 	if err != nil {

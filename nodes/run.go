@@ -164,6 +164,30 @@ func validInput(op, model string, fields ...string) error {
 	return nil
 }
 
+// styledInput validates a node call whose input has one required text
+// field and an optional style: the node's settings, the text, the sampling,
+// and the style, whose hint for the instructions it returns ("" without a
+// style).
+func (st *settings) styledInput(styles *StyleSet, field, text, style string, s Sampling) (hint string, err error) {
+	if err := st.validate(); err != nil {
+		return "", err
+	}
+	if err := validInput(st.op, st.model, field, text, "style", style); err != nil {
+		return "", err
+	}
+	if err := s.validate(st.op, st.model); err != nil {
+		return "", err
+	}
+	if strings.TrimSpace(style) == "" {
+		return "", nil
+	}
+	c, err := styles.lookup(st.op, st.model, style)
+	if err != nil {
+		return "", err
+	}
+	return styleHint(c), nil
+}
+
 // pass is one generation of a node call.
 type pass struct {
 	prompt    string
