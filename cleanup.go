@@ -236,7 +236,7 @@ func (c *OllamaClient) CleanupAsync(ctx context.Context, opts CleanupOptions) *C
 		close(t.done)
 		return t
 	}
-	c.bg.Go(func() (err error) {
+	c.goLocked(func() (err error) {
 		defer close(t.done)
 		defer func() {
 			if r := recover(); r != nil {

@@ -17,7 +17,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/ollama/ollama/api"
-	"golang.org/x/sync/errgroup"
 )
 
 // MaxPromptBytes is the largest prompt (plus system prompt) accepted.
@@ -49,7 +48,12 @@ type OllamaClient struct {
 	releases []namedRelease
 	nextID   int
 
-	bg errgroup.Group // CleanupAsync work; joined by Wait and Close
+	// Background work (CleanupAsync, phases ended by their context):
+	// pending counts it, idle is signalled when pending drops to zero, and
+	// bgErrs collects failures until Wait or Close takes them.
+	pending int
+	idle    *sync.Cond
+	bgErrs  []error
 }
 
 // NewClient validates opts and returns a client. It does not contact the
@@ -65,6 +69,7 @@ func NewClient(opts Options) (*OllamaClient, error) {
 		inflight: make(map[string]int),
 		warm:     make(map[string]struct{}),
 	}
+	c.idle = sync.NewCond(&c.mu)
 	host := opts.Host
 	if host == "" && opts.API == nil {
 		getenv := opts.Getenv
@@ -269,8 +274,8 @@ func (c *OllamaClient) inFlight(model string) int {
 //
 // When ctx is done the call returns a KindCanceled error wrapping
 // context.Cause(ctx). With Options.Fallback, a timeout or transient failure
-// is retried once through `ollama run`; a failure of both returns the first
-// error's kind with both causes.
+// is retried once through `ollama run`, provided no chunk had reached fn
+// yet; a failure of both returns the first error's kind with both causes.
 func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateRequest, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
 	const op = "generate"
 	if err := req.validate(op); err != nil {
@@ -283,15 +288,22 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	if err != nil {
 		return nil, err
 	}
+	delivered := 0
+	counted := fn
+	if fn != nil {
+		counted = func(ch Chunk) error { delivered++; return fn(ch) }
+	}
 	gen, err := func() (*Generation, error) {
 		defer end() // also when fn panics: a dead generation must not block unloads
-		return c.stream(ctx, req, keepAlive, fn)
+		return c.stream(ctx, req, keepAlive, counted)
 	}()
 	if err == nil {
 		c.reportLoad(gen)
 		return gen, nil
 	}
-	if !c.opts.Fallback || !KindOf(err).Retryable() || ctx.Err() != nil {
+	// The fallback starts the text again: it runs only if fn has seen
+	// none of it, so a caller never receives text twice.
+	if !c.opts.Fallback || !KindOf(err).Retryable() || ctx.Err() != nil || delivered > 0 {
 		return nil, err
 	}
 	c.callHook(func() {
@@ -610,19 +622,51 @@ func (c *OllamaClient) IsResident(ctx context.Context, model string) (bool, erro
 	return findRunning(ms, model) != nil, nil
 }
 
-// Wait blocks until every cleanup started by CleanupAsync so far has ended,
+// goLocked runs fn in a goroutine owned by the client; c.mu must be held.
+// A failure of fn is kept for the next Wait or Close.
+func (c *OllamaClient) goLocked(fn func() error) {
+	c.pending++
+	go func() {
+		err := fn()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err != nil {
+			c.bgErrs = append(c.bgErrs, err)
+		}
+		if c.pending--; c.pending == 0 {
+			c.idle.Broadcast()
+		}
+	}()
+}
+
+// joinBackground waits until no background work is left and returns, and
+// forgets, the failures collected since the last call.
+func (c *OllamaClient) joinBackground() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.pending > 0 {
+		c.idle.Wait()
+	}
+	errs := c.bgErrs
+	c.bgErrs = nil
+	return errors.Join(errs...)
+}
+
+// Wait blocks until every cleanup started by CleanupAsync has ended,
 // including the ends of phases whose context was canceled, and returns the
-// first of their errors.
+// failures among them that no earlier Wait returned.
 func (c *OllamaClient) Wait() error {
 	perr := c.endPhases(false)
-	return errors.Join(perr, c.bg.Wait())
+	return errors.Join(perr, c.joinBackground())
 }
 
 // Close stops the client: new calls fail with ErrClosed (KindUnavailable),
-// phases not yet ended are ended, pending CleanupAsync work is joined, and, unless Options.KeepModelsOnClose
-// is set, every model this client used with a keep-alive other than
-// KeepAliveUnload is unloaded (verified). It runs within CleanupTimeout and
-// returns every failure, joined. Close is idempotent: later calls return nil.
+// phases not yet ended are ended (each within its own timeout), pending
+// CleanupAsync work is joined, and, unless Options.KeepModelsOnClose is
+// set, every model this client used with a keep-alive other than
+// KeepAliveUnload is unloaded, verified, within CleanupTimeout. It returns
+// every failure not yet returned by Wait, joined. Close is idempotent:
+// later calls return nil.
 func (c *OllamaClient) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -636,7 +680,7 @@ func (c *OllamaClient) Close() error {
 	}
 	c.mu.Unlock()
 
-	errs := []error{c.endPhases(true), c.bg.Wait()}
+	errs := []error{c.endPhases(true), c.joinBackground()}
 	if !c.opts.KeepModelsOnClose && len(warm) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.CleanupTimeout)
 		_, err := c.unloadMany(ctx, warm)

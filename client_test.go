@@ -485,8 +485,8 @@ func TestCleanupAsyncRecoversPanic(t *testing.T) {
 	if err := c.Wait(); err == nil {
 		t.Error("client Wait did not report the failed cleanup")
 	}
-	if err := c.Close(); !errors.Is(err, KindInternal) {
-		t.Errorf("Close did not report the failed cleanup: %v", err)
+	if err := c.Close(); err != nil {
+		t.Errorf("Close returned a failure that Wait already reported: %v", err)
 	}
 }
 

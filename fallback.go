@@ -123,7 +123,9 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 	}
 	out := strings.TrimRight(text.String(), "\n")
 	if fn != nil {
-		_ = fn(Chunk{Index: chunks + 1, Bytes: len(out), Elapsed: time.Since(start), Done: true})
+		if err := fn(Chunk{Index: chunks + 1, Bytes: len(out), Elapsed: time.Since(start), Done: true}); err != nil {
+			return nil, newError(op, req.Model, KindCanceled, fmt.Errorf("chunk callback: %w", err))
+		}
 	}
 	return &Generation{
 		Model:      req.Model,

@@ -33,7 +33,7 @@ func TestFallbackAfterTransientFailure(t *testing.T) {
 	var fellBack atomic.Int32
 	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli,
 		Hooks: Hooks{OnFallback: func(string, error) { fellBack.Add(1) }}})
-	if err := s.FailNext("tiny", sim.CloseAfter(2)); err != nil {
+	if err := s.FailNext("tiny", sim.Busy()); err != nil {
 		t.Fatal(err)
 	}
 	var chunks int
@@ -107,5 +107,31 @@ func TestFallbackFailures(t *testing.T) {
 				t.Errorf("took %v", d)
 			}
 		})
+	}
+}
+
+func TestNoFallbackAfterChunksReachedTheCaller(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	cli, argsFile := fakeCLI(t, `cat`)
+	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
+	if err := s.FailNext("tiny", sim.CloseAfter(2)); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload,
+		func(ch Chunk) error { seen = append(seen, ch.Text); return nil })
+	if !errors.Is(err, ErrIncompleteStream) || len(seen) != 2 {
+		t.Fatalf("got %v after %d chunks, want the cut stream's error", err, len(seen))
+	}
+	if _, statErr := os.Stat(argsFile); statErr == nil {
+		t.Error("the CLI ran although the caller had already received text")
+	}
+	// Without a callback nothing was delivered: the fallback runs.
+	if err := s.FailNext("tiny", sim.CloseAfter(2)); err != nil {
+		t.Fatal(err)
+	}
+	gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, nil)
+	if err != nil || !gen.Fallback {
+		t.Fatalf("without a callback: %+v, %v", gen, err)
 	}
 }

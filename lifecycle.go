@@ -3,6 +3,7 @@ package vramguard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -121,11 +122,7 @@ func (s *Session) Generate(ctx context.Context, req *GenerateRequest, fn ChunkFu
 	} else if NormalizeModelName(r.Model) != NormalizeModelName(s.model) {
 		return nil, invalid("generate", r.Model, "session is for model %q", s.model)
 	}
-	if s.g.Phase != nil {
-		if err := s.g.Phase.use(r.Model); err != nil {
-			return nil, err
-		}
-	}
+	// The phase, if any, counted this use when Run began.
 	return s.g.Client.GenerateStreaming(ctx, &r, s.KeepAlive(), fn)
 }
 
@@ -154,9 +151,13 @@ func (g *Guard) Run(ctx context.Context, model string, fn func(ctx context.Conte
 		return invalid(op, model, "function is nil")
 	}
 	if g.Phase != nil {
-		if err := g.Phase.use(model); err != nil {
+		leave, err := g.Phase.enter(model)
+		if err != nil {
 			return err
 		}
+		// Deferred first, run last: the phase's End waits for this use,
+		// cleanup included.
+		defer leave()
 	}
 	release := g.Client.acquire(model)
 	normal := false
@@ -198,8 +199,15 @@ func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking boo
 		return nil
 	}
 	if g.Async && !panicking {
-		g.Client.CleanupAsync(ctx, opts)
-		return nil
+		t := g.Client.CleanupAsync(ctx, opts)
+		select {
+		case <-t.Done(): // refused at once: the client is closed
+			if _, err := t.Wait(); !errors.Is(err, ErrClosed) {
+				return err
+			}
+		default:
+			return nil
+		}
 	}
 	_, err := g.Client.Cleanup(ctx, opts)
 	return err
@@ -237,6 +245,7 @@ type Phase struct {
 	mu     sync.Mutex
 	models []string // in order of first use
 	ended  bool
+	active int // guarded uses running; End waits for them
 
 	endOnce sync.Once
 	endDone chan struct{}
@@ -264,12 +273,6 @@ func (c *OllamaClient) StartPhase(ctx context.Context, name string, opts PhaseOp
 	if opts.NeedBytes > maxBytes {
 		return nil, invalid(op, "", "need %d bytes: more than %d", opts.NeedBytes, uint64(maxBytes))
 	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		return nil, newError(op, "", KindUnavailable, ErrClosed)
-	}
 	ka := opts.KeepAlive
 	if ka == 0 {
 		ka = DefaultPhaseKeepAlive
@@ -283,20 +286,25 @@ func (c *OllamaClient) StartPhase(ctx context.Context, name string, opts PhaseOp
 		endDone:   make(chan struct{}),
 		ctxDone:   ctx.Done(),
 	}
+	// Checked, registered and armed under one lock: Close cannot slip in
+	// between, and the callback (which takes the lock) cannot run before
+	// stopAfter is set.
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, newError(op, "", KindUnavailable, ErrClosed)
+	}
 	if c.phases == nil {
 		c.phases = make(map[*Phase]struct{})
 	}
 	c.phases[p] = struct{}{}
-	c.mu.Unlock()
 	p.stopAfter = context.AfterFunc(ctx, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if c.closed {
-			// Close unloads warm models itself.
-			return
+			return // Close ends every phase itself
 		}
-		c.bg.Go(func() error {
+		c.goLocked(func() error {
 			_, err := p.End(context.WithoutCancel(ctx))
 			return err
 		})
@@ -338,48 +346,82 @@ func (p *Phase) Models() []string {
 	return slices.Clone(p.models)
 }
 
-func (p *Phase) use(model string) error {
+// enter begins a guarded use of model in the phase; leave ends it.
+func (p *Phase) enter(model string) (leave func(), err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ended {
-		return newError("phase "+p.name, model, KindInvalidInput, errors.New("phase has ended"))
+		return nil, newError("phase "+p.name, model, KindInvalidInput, errors.New("phase has ended"))
 	}
 	key := NormalizeModelName(model)
 	if !slices.ContainsFunc(p.models, func(m string) bool { return NormalizeModelName(m) == key }) {
 		p.models = append(p.models, model)
 	}
-	return nil
+	p.active++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			p.active--
+			p.mu.Unlock()
+		})
+	}, nil
+}
+
+// activeUses returns the number of guarded uses still running.
+func (p *Phase) activeUses() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.active
 }
 
 // Guard returns a Guard whose generations run in this phase.
 func (p *Phase) Guard() Guard { return Guard{Client: p.c, Phase: p} }
 
-// End unloads every model the phase used (verified, waiting for in-flight
-// generations), runs ReleaseVRAM, and, with NeedBytes set, calls EnsureFree
-// so the next stage gets the memory it needs. It runs detached from ctx's
-// cancellation, bounded by the phase's Timeout. End is idempotent: later
+// End waits for the phase's guarded uses that are still running, unloads
+// every model the phase used (verified), runs ReleaseVRAM, and, with
+// NeedBytes set, calls EnsureFree so the next stage gets the memory it
+// needs. It runs detached from ctx's cancellation; the wait for uses, the
+// unloads and the hand-over are each bounded by the phase's Timeout. End is idempotent: later
 // calls wait for the first and return its result; calls to the phase's
 // guards after End fail with KindInvalidInput.
 func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 	p.endOnce.Do(func() {
 		defer close(p.endDone)
-		p.stopAfter()
 		p.c.mu.Lock()
+		stop := p.stopAfter
 		delete(p.c.phases, p)
 		p.c.mu.Unlock()
+		stop()
 		p.mu.Lock()
-		p.ended = true
-		models := slices.Clone(p.models)
+		p.ended = true // no new use from here on
 		p.mu.Unlock()
 
 		timeout := p.opts.Timeout
 		if timeout == 0 {
 			timeout = p.c.opts.CleanupTimeout
 		}
+		// Uses that began before End finish first: a generation between
+		// its start and its first byte would otherwise load a model after
+		// the unload was verified.
+		var errs []error
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		for p.activeUses() > 0 {
+			if err := sleepCtx(wctx, p.c.opts.PollInterval); err != nil {
+				errs = append(errs, newError("phase "+p.name, "", KindTimeout,
+					fmt.Errorf("%d uses still running: %w", p.activeUses(), err)))
+				break
+			}
+		}
+		cancel()
+		p.mu.Lock()
+		models := slices.Clone(p.models)
+		p.mu.Unlock()
+
 		rep := &PhaseReport{Name: p.name, Models: models}
 		cr, err := p.c.Cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout})
 		rep.Cleanup = cr
-		errs := []error{err}
+		errs = append(errs, err)
 		if p.opts.NeedBytes > 0 {
 			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 			er, eerr := p.c.EnsureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes})

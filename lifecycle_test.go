@@ -290,3 +290,115 @@ func TestPhaseHandover(t *testing.T) {
 		t.Errorf("negative keep-alive: %v", err)
 	}
 }
+
+// TestStartPhaseWithCanceledContext: the phase ends by itself at once, and
+// the callback that ends it never runs before the phase is set up.
+func TestStartPhaseWithCanceledContext(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
+	c := newTestClient(t, s, Options{})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for range 50 {
+		p, err := c.StartPhase(ctx, "x", PhaseOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := p.Guard()
+		_, _ = g.Generate(t.Context(), &GenerateRequest{Model: "a", Prompt: "x"}, nil)
+	}
+	if err := c.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Listed("a") {
+		t.Fatal("a phase ended by its context left the model resident")
+	}
+}
+
+// TestPhaseEndWaitsForRunningUses: End must not verify the unload while a
+// guarded use of the phase is still running, or that use would load the
+// model again after End returned.
+func TestPhaseEndWaitsForRunningUses(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a", LoadLatency: 30 * time.Millisecond})
+	c := newTestClient(t, s, Options{})
+	p, err := c.StartPhase(t.Context(), "x", PhaseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inside, release := make(chan struct{}), make(chan struct{})
+	runErr := make(chan error, 1)
+	go func() {
+		g := p.Guard()
+		runErr <- g.Run(t.Context(), "a", func(ctx context.Context, s *Session) error {
+			close(inside)
+			<-release // the use has begun but not yet sent its request
+			_, err := s.Generate(ctx, &GenerateRequest{Prompt: "x"}, nil)
+			return err
+		})
+	}()
+	<-inside
+	ended := make(chan struct{})
+	go func() {
+		if _, err := p.End(t.Context()); err != nil {
+			t.Error(err)
+		}
+		close(ended)
+	}()
+	select {
+	case <-ended:
+		t.Fatal("End returned while a use of the phase was running")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+	<-ended
+	if s.Listed("a") {
+		t.Fatal("model resident after End")
+	}
+}
+
+// TestWaitReturnsEachFailureOnce: a failed background cleanup is reported
+// by the next Wait, not by every Wait after it.
+func TestWaitReturnsEachFailureOnce(t *testing.T) {
+	s := newSim(t, sim.Config{})
+	c := newTestClient(t, s, Options{})
+	fail := true
+	c.RegisterRelease("flaky", func(context.Context) error {
+		if fail {
+			return errors.New("boom")
+		}
+		return nil
+	})
+	c.CleanupAsync(t.Context(), CleanupOptions{Release: true})
+	if err := c.Wait(); !errors.Is(err, KindInternal) {
+		t.Fatalf("first Wait: %v", err)
+	}
+	fail = false
+	c.CleanupAsync(t.Context(), CleanupOptions{Release: true})
+	if err := c.Wait(); err != nil {
+		t.Fatalf("second Wait returned an old failure: %v", err)
+	}
+}
+
+// TestAsyncGuardOnClosedClient: the cleanup runs synchronously instead of
+// being refused in silence.
+func TestAsyncGuardOnClosedClient(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
+	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := 0
+	c.RegisterRelease("r", func(context.Context) error { released++; return nil })
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g := Guard{Client: c, Async: true, Release: true}
+	if err := g.Run(t.Context(), "a", func(context.Context, *Session) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if released != 1 {
+		t.Fatalf("release ran %d times, want 1", released)
+	}
+}

@@ -251,12 +251,12 @@ func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
 // margin Ollama's own scheduler uses) or an Ollama runner process that held
 // memory before is gone. It returns the rise in free memory it saw.
 func (c *OllamaClient) awaitRunnerGone(ctx context.Context, before *VRAMSnapshot, sizeVRAM int64) (int64, error) {
-	if before == nil {
+	late := before == nil
+	if late {
 		var err error
 		if before, err = c.opts.VRAM.Snapshot(ctx); err != nil {
 			return 0, err
 		}
-		// Taken after the model went: nothing to compare with but runners.
 	}
 	runners := make(map[uint32]bool)
 	var freeBefore uint64
@@ -267,6 +267,11 @@ func (c *OllamaClient) awaitRunnerGone(ctx context.Context, before *VRAMSnapshot
 				runners[p.PID] = true
 			}
 		}
+	}
+	if late && len(runners) == 0 {
+		// Taken after the model went, with no runner process in sight:
+		// there is nothing left to wait for that the GPU could show.
+		return 0, nil
 	}
 	want := sizeVRAM * 3 / 4
 	for {

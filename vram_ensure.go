@@ -63,7 +63,7 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if c.opts.VRAM != nil {
 		snap, err := c.opts.VRAM.Snapshot(ctx)
 		if err != nil {
-			return rep, wrapOp(op, err)
+			return rep, readerError(op, err)
 		}
 		d := snap.Device(req.Device)
 		if d == nil {
@@ -150,11 +150,12 @@ func pickVictims(running []api.ProcessModelResponse, need, free uint64, all bool
 	return out
 }
 
-// wrapOp gives err an Op when it is not already one of ours.
-func wrapOp(op string, err error) error {
+// readerError types a VRAM reader's failure: its own *Error as it is,
+// anything else as KindUnavailable (the GPU could not be read).
+func readerError(op string, err error) error {
 	var e *Error
 	if errors.As(err, &e) {
 		return err
 	}
-	return newError(op, "", classify(err), err)
+	return newError(op, "", KindUnavailable, err)
 }
