@@ -81,7 +81,10 @@ type UnloadReport struct {
 // may be loading), the unload is sent again. A model listed with an expiry in
 // the past is waiting for in-flight requests; UnloadModel waits for them.
 // With Options.VerifyVRAM it then waits for the GPU to report the memory
-// free. The wait is bounded by ctx and Options.UnloadTimeout: on expiry the
+// free. A load started by another process is not listed by Ollama until it
+// has finished, so an unload racing it cannot be seen from here; the models
+// this client loads are covered. The wait is bounded by ctx and
+// Options.UnloadTimeout: on expiry the
 // error is KindTimeout (wrapping ErrStillResident); when ctx is done,
 // KindCanceled. A model the server does not know is KindNotFound.
 func (c *OllamaClient) UnloadModel(ctx context.Context, model string) (*UnloadReport, error) {
