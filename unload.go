@@ -84,9 +84,9 @@ type UnloadReport struct {
 // free. A load started by another process is not listed by Ollama until it
 // has finished, so an unload racing it cannot be seen from here; the models
 // this client loads are covered. The wait is bounded by ctx and
-// Options.UnloadTimeout: on expiry the
-// error is KindTimeout (wrapping ErrStillResident); when ctx is done,
-// KindCanceled. A model the server does not know is KindNotFound.
+// Options.UnloadTimeout: on expiry the error is KindTimeout (wrapping
+// ErrStillResident); when ctx is done, KindCanceled. A model the server does
+// not know is KindNotFound.
 func (c *OllamaClient) UnloadModel(ctx context.Context, model string) (*UnloadReport, error) {
 	if err := validModelName("unload", model); err != nil {
 		return nil, err
