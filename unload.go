@@ -146,6 +146,14 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadRe
 	}
 	resendEvery := max(10*c.opts.PollInterval, 500*time.Millisecond)
 
+	if rep.WasLoaded {
+		// Ollama stops the runner after it replied: a poll right now would
+		// still list the model. (It would also land in the window where
+		// /api/ps can crash the server; see the README.)
+		if err := sleepCtx(wctx, c.opts.PollInterval); err != nil {
+			return fail(err)
+		}
+	}
 	for {
 		ms, err := c.api.ListRunning(wctx)
 		rep.Polls++
