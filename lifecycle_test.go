@@ -69,7 +69,7 @@ func TestGuardCanceledContextStillEvicts(t *testing.T) {
 }
 
 func TestGuardKeepLoadedAndAsync(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, sim.Config{UnloadDelay: 100 * time.Millisecond}, sim.ModelConfig{Name: "tiny"})
 	c := newTestClient(t, s, Options{KeepModelsOnClose: true})
 	keep := Guard{Client: c, KeepLoaded: true}
 	if _, err := keep.Generate(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, nil); err != nil {
@@ -81,6 +81,12 @@ func TestGuardKeepLoadedAndAsync(t *testing.T) {
 	async := Guard{Client: c, Async: true}
 	if _, err := async.Generate(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, nil); err != nil {
 		t.Fatal(err)
+	}
+	// Generate returned before the verified unload could finish (the
+	// server takes 100 ms to remove the runner): the cleanup is running in
+	// the background.
+	if !s.Listed("tiny") {
+		t.Fatal("Async: Generate waited for the unload")
 	}
 	if err := c.Wait(); err != nil {
 		t.Fatal(err)
