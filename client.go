@@ -288,14 +288,10 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	if err != nil {
 		return nil, err
 	}
-	delivered := 0
-	counted := fn
-	if fn != nil {
-		counted = func(ch Chunk) error { delivered++; return fn(ch) }
-	}
+	st := &streamState{}
 	gen, err := func() (*Generation, error) {
 		defer end() // also when fn panics: a dead generation must not block unloads
-		return c.stream(ctx, req, keepAlive, counted)
+		return c.stream(ctx, req, keepAlive, fn, st)
 	}()
 	if err == nil {
 		c.reportLoad(gen)
@@ -303,7 +299,7 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	}
 	// The fallback starts the text again: it runs only if fn has seen
 	// none of it, so a caller never receives text twice.
-	if !c.opts.Fallback || !KindOf(err).Retryable() || ctx.Err() != nil || delivered > 0 {
+	if !c.opts.Fallback || !KindOf(err).Retryable() || ctx.Err() != nil || (fn != nil && st.chunks > 0) {
 		return nil, err
 	}
 	c.callHook(func() {
@@ -359,7 +355,9 @@ type streamState struct {
 	fnErr      error
 }
 
-func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error) {
+// stream runs the generation; st, zero on entry, is left with what it
+// received (GenerateStreaming reads st.chunks after a failure).
+func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka KeepAlive, fn ChunkFunc, st *streamState) (*Generation, error) {
 	const op = "generate"
 	t := req.Timeouts.or(c.opts.Timeouts)
 
@@ -377,7 +375,7 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		ar.Think = &api.ThinkValue{Value: *req.Think}
 	}
 
-	st := &streamState{start: wd.start}
+	st.start = wd.start
 	err := c.api.Generate(wd.ctx, ar, func(r api.GenerateResponse) error {
 		elapsed := time.Since(st.start) // one clock read per chunk
 		if st.chunks == 0 {
