@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
 
@@ -141,6 +142,13 @@ func classify(err error) Kind {
 		if oe.Op == "dial" {
 			return KindUnavailable
 		}
+		return KindTransient
+	}
+	// Any other failure of the HTTP round trip itself ("http: server closed
+	// idle connection", a broken TLS record, ...) is the transport's, not a
+	// verdict of the server: those come as api.StatusError above.
+	var ue *url.Error
+	if errors.As(err, &ue) {
 		return KindTransient
 	}
 	return classifyMessage(err.Error())
