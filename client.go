@@ -1,18 +1,22 @@
 package vramguard
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -414,6 +418,11 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		// server's verdict.
 		return nil, newError(op, req.Model, KindTransient,
 			fmt.Errorf("%w after %d chunks: partial line %.40q", ErrIncompleteStream, st.chunks, err.Error()))
+	case err != nil && !st.done && isCutStream(err):
+		// From Ollama v0.30 the api client returns the reader's error when
+		// the stream breaks (v0.17 returned nil): a cut stream either way.
+		return nil, newError(op, req.Model, KindTransient,
+			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
 	case err != nil:
 		return nil, newError(op, req.Model, classify(err), err)
 	case !st.done:
@@ -431,6 +440,14 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		FirstChunk: st.firstChunk,
 		Elapsed:    time.Since(st.start),
 	}, nil
+}
+
+// isCutStream reports whether err is a failure to read the rest of the
+// reply stream (a connection cut mid-reply, a line past the api client's
+// buffer), as opposed to a verdict of the server.
+func isCutStream(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, bufio.ErrTooLong) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed)
 }
 
 // isPartialLine reports whether err is the api client's rendering of a

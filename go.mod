@@ -1,10 +1,10 @@
 module github.com/vramguard/vramguard
 
-go 1.24.1
+go 1.26.0
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
-	github.com/ollama/ollama v0.17.4
+	github.com/ollama/ollama v0.34.4
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.17.0
 	gopkg.in/yaml.v3 v3.0.1
