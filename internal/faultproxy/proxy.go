@@ -41,6 +41,12 @@ type Stats struct {
 	Dialed       int          // connections dialed to the upstream server
 	ClientGone   int          // replies cut short because the client went away
 	Handlers     int          // requests being handled now
+	// Fired is when the proxy last acted out a fault on a reply: sent a
+	// canned response, reset a connection, began a stall, injected data or
+	// dropped a done line (zero if never). Tests bound the client's
+	// reaction from here, not from the request's start, which on a real
+	// server includes its load and generation time.
+	Fired time.Time
 }
 
 // Proxy is a fault-injecting HTTP proxy in front of one upstream server.
@@ -384,6 +390,7 @@ type exchange struct {
 func (x *exchange) run(r *http.Request, body []byte) {
 	switch x.f.Kind {
 	case KindRespond:
+		x.fired()
 		x.w.Header().Set("Content-Type", contentType(x.f.Body))
 		x.w.WriteHeader(x.f.Status)
 		_, _ = x.w.Write(x.f.Body)
@@ -394,6 +401,7 @@ func (x *exchange) run(r *http.Request, body []byte) {
 		}
 	case KindResetBytes, KindResetLines:
 		if x.f.N <= 0 {
+			x.fired()
 			x.reset()
 			return
 		}
@@ -410,8 +418,11 @@ func (x *exchange) run(r *http.Request, body []byte) {
 	}
 	defer resp.Body.Close()
 
-	if x.f.Kind == KindStall && !x.sleep(x.f.Delay-time.Since(x.arrived)) {
-		return
+	if x.f.Kind == KindStall {
+		x.fired()
+		if !x.sleep(x.f.Delay - time.Since(x.arrived)) {
+			return
+		}
 	}
 	for k, vs := range resp.Header {
 		if hopByHop[http.CanonicalHeaderKey(k)] {
@@ -462,6 +473,7 @@ func (x *exchange) relayBytes(body io.Reader) {
 			return // the upstream reply ended before the fault
 		}
 	}
+	x.fired()
 	x.reset()
 }
 
@@ -474,15 +486,18 @@ func (x *exchange) relayLines(body io.Reader) {
 		if !injected && x.lines == f.N {
 			switch f.Kind {
 			case KindResetLines:
+				x.fired()
 				x.reset()
 				return
 			case KindStallAfter:
 				injected = true
+				x.fired()
 				if !x.sleep(f.Delay) {
 					return
 				}
 			case KindInject:
 				injected = true
+				x.fired()
 				if !x.write(f.Body) {
 					return
 				}
@@ -491,6 +506,7 @@ func (x *exchange) relayLines(body io.Reader) {
 		line, err := br.ReadBytes('\n')
 		if len(line) > 0 {
 			if f.Kind == KindDropDone && isDone(line) {
+				x.fired()
 				line = nil
 			}
 			if len(line) > 0 && !x.write(line) {
@@ -554,6 +570,12 @@ func (x *exchange) interrupted() {
 		return
 	}
 	x.reset()
+}
+
+// fired records that the exchange's fault is acted out now.
+func (x *exchange) fired() {
+	now := time.Now()
+	x.p.update(func(s *Stats) { s.Fired = now })
 }
 
 // reset resets the client connection (TCP RST), after what was written.

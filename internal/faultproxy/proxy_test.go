@@ -144,7 +144,9 @@ func TestFaults(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s, p, hc := setup(t, chunks, faultproxy.Options{})
 			p.Push("/api/generate", tt.fault)
+			sent := time.Now()
 			status, body, err := generate(t.Context(), hc, p, `"0s"`)
+			received := time.Now()
 			if tt.reset {
 				if !isReset(err) {
 					t.Fatalf("got status %d, err %v; want a reset connection", status, err)
@@ -169,6 +171,10 @@ func TestFaults(t *testing.T) {
 			}
 			if st := p.Stats(); st.Faults[tt.fault.Kind] != 1 {
 				t.Errorf("faults %v, want one %v", st.Faults, tt.fault.Kind)
+			}
+			// The moment the fault was acted out lies within the exchange.
+			if f := p.Stats().Fired; f.Before(sent) || f.After(received) {
+				t.Errorf("Fired %v, want between the request (%v) and the reply's end (%v)", f, sent, received)
 			}
 			// Whatever the fault, the model is gone in the end (keep-alive 0).
 			waitSim(t, s, "nothing listed", func() bool { return !s.Listed("tiny") && len(s.Running()) == 0 })

@@ -172,6 +172,10 @@ func (c *counters) hooks() vramguard.Hooks {
 	}
 }
 
+// clientUnloadTimeout is the test clients' UnloadTimeout unless a case
+// sets its own.
+const clientUnloadTimeout = 10 * time.Second
+
 // testTimeouts are generous defaults: a case that hangs fails on them
 // rather than on the test binary's timeout.
 var testTimeouts = vramguard.Timeouts{FirstChunk: 20 * time.Second, Idle: 10 * time.Second, Total: time.Minute}
@@ -198,7 +202,7 @@ func newClientTransport(t *testing.T, u *url.URL, opts vramguard.Options) (*vram
 		opts.PollInterval = 25 * time.Millisecond
 	}
 	if opts.UnloadTimeout == 0 {
-		opts.UnloadTimeout = 10 * time.Second
+		opts.UnloadTimeout = clientUnloadTimeout
 	}
 	if opts.CleanupTimeout == 0 {
 		opts.CleanupTimeout = 20 * time.Second
