@@ -1,7 +1,9 @@
 # vramguard: `make test` is what CI runs (see .ci/run).
 GO        ?= go
 PKGS      := ./...
-UNIT_PKGS := $(shell $(GO) list ./... | grep -v /internal/integration)
+# The packages that run real Ollama servers: they run once, in test-integration.
+REAL_PKGS := ./internal/integration ./internal/reliability
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/integration -e /internal/reliability)
 # go-nvml's header marks some functions deprecated; the warnings are noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(shell $(GO) env GOPATH)/bin/staticcheck)
@@ -9,8 +11,9 @@ FUZZTIME  ?= 3s
 
 .PHONY: test tools check test-unit test-nocgo test-integration fuzz-short fuzz bench soak install-ollama
 
-## test: everything CI checks (installs what is missing first)
-test: tools check test-nocgo test-unit test-integration fuzz-short
+## test: everything CI checks (installs what is missing first), timing each stage
+test:
+	@./scripts/stages.sh tools check test-nocgo test-unit test-integration fuzz-short
 
 ## tools: staticcheck and the Ollama servers of the integration tests
 tools:
@@ -35,9 +38,10 @@ test-unit:
 test-nocgo:
 	CGO_ENABLED=0 $(GO) test -count=1 $(UNIT_PKGS)
 
-## test-integration: against real Ollama servers (built on first use, cached)
+## test-integration: against real Ollama servers (built on first use, cached);
+## one package at a time, since each runs one server per version
 test-integration:
-	$(GO) test -race -count=1 -v -timeout 25m ./internal/integration/
+	$(GO) test -race -count=1 -v -p 1 -timeout 40m $(REAL_PKGS)
 
 ## fuzz-short: every fuzz target for $(FUZZTIME)
 fuzz-short:
