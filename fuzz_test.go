@@ -109,6 +109,10 @@ func streamSeeds(f *testing.F) {
 		{`{"error":"an error was encountered while running the model: unexpected EOF"}` + "\n", 200, 0},
 		{`{"error":"model 'tiny' not found"}`, 404, 0},
 		{`{"error":"llama runner process has terminated: exit status 2"}`, 500, 0},
+		{`{"error":"llama-server process has terminated: exit status 2"}`, 500, 0},
+		{`{"error":"the input length exceeds the context length"}`, 400, 0},
+		{line(api.GenerateResponse{Response: "x"}) + `{"error":"prediction aborted, token repeat limit reached"}` + "\n", 200, 0},
+		{line(api.GenerateResponse{Response: "x"}), 200, 2}, // v0.30+: a cut stream returns unexpected EOF
 		{`{"error":"server busy, please try again.  maximum pending requests exceeded"}`, 503, 0},
 		{"<html>502 Bad Gateway</html>", 502, 0},
 		{"\x00\xff garbage", 200, 0},
@@ -215,6 +219,10 @@ func TestStreamCutMidLine(t *testing.T) {
 var kindTexts = []string{
 	"out of memory", "CUDA error", "llama runner process has terminated", "model runner has unexpectedly stopped",
 	"server busy", "model 'x' not found", "connection refused", "request canceled", "unexpected EOF",
+	// The llama-server generation (Ollama v0.30 to v0.34.4).
+	"llama-server process has terminated: exit status 2", "llama-server process no longer running: exit status 1 ",
+	"failed to reserve graph", "llama-server reported out-of-memory during startup: ", "the input length exceeds the context length",
+	"timed out waiting for llama-server to start - ", "prediction aborted, token repeat limit reached",
 }
 
 // FuzzClassifyMessage: any text gets a valid kind, case does not matter

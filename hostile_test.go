@@ -242,6 +242,27 @@ func TestHostileClientInputs(t *testing.T) {
 			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Device: math.MinInt})
 			return err
 		}, invalidOnly},
+		{"name runners of nil", func(ctx context.Context) error { return c.NameRunners(ctx, nil) }, successOnly},
+		{"name runners of garbage", func(ctx context.Context) error {
+			snap := &vramguard.VRAMSnapshot{Devices: []vramguard.DeviceMemory{{Processes: []vramguard.GPUProcess{
+				{PID: 1, Role: vramguard.RoleOllamaRunner, Blob: "\xff\x00"},
+				{PID: 2, Role: vramguard.RoleOllamaRunner, Blob: strings.Repeat("b", 1<<16)},
+				{PID: 3, Role: vramguard.RoleOllamaDiscovery, Blob: "sha256:00"},
+			}}}}
+			if err := c.NameRunners(ctx, snap); err != nil {
+				return err
+			}
+			for _, p := range snap.Devices[0].Processes {
+				if p.Model != "" {
+					return errors.New("a garbage blob got a name")
+				}
+			}
+			return nil
+		}, successOnly},
+		{"model blob empty", func(ctx context.Context) error { _, err := c.ModelBlob(ctx, ""); return err }, invalidOnly},
+		{"model blob NUL", func(ctx context.Context) error { _, err := c.ModelBlob(ctx, "ti\x00ny"); return err }, invalidOnly},
+		{"model blob 1 MB name", func(ctx context.Context) error { _, err := c.ModelBlob(ctx, strings.Repeat("a", 1<<20)); return err }, invalidOnly},
+		{"model blob unknown", func(ctx context.Context) error { _, err := c.ModelBlob(ctx, "nope:7b"); return err }, notFoundOnly},
 		{"ensure free without reader", func(ctx context.Context) error {
 			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Device: math.MaxInt, Bytes: vramguard.MaxBytes})
 			return err
@@ -290,6 +311,13 @@ func TestHostileCanceledContext(t *testing.T) {
 		{"running", func(ctx context.Context) error { _, err := c.Running(ctx); return err }, canceledOnly},
 		{"list models", func(ctx context.Context) error { _, err := c.ListModels(ctx); return err }, canceledOnly},
 		{"is resident", func(ctx context.Context) error { _, err := c.IsResident(ctx, "tiny"); return err }, canceledOnly},
+		{"model blob", func(ctx context.Context) error { _, err := c.ModelBlob(ctx, "tiny"); return err }, canceledOnly},
+		{"name runners", func(ctx context.Context) error {
+			snap := &vramguard.VRAMSnapshot{Devices: []vramguard.DeviceMemory{{Processes: []vramguard.GPUProcess{
+				{PID: 1, Role: vramguard.RoleOllamaRunner, Blob: "sha256:6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"},
+			}}}}
+			return c.NameRunners(ctx, snap)
+		}, canceledOnly},
 		{"ensure free", func(ctx context.Context) error {
 			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 1})
 			return err

@@ -66,10 +66,17 @@ type ProcessRole uint8
 
 // Process roles.
 const (
-	RoleUnknown      ProcessRole = iota // command not visible
-	RoleOther                           // some other program
+	RoleUnknown      ProcessRole = iota // command not visible, or too bare to tell
+	RoleOther                           // some other program (a user's own llama-server included)
 	RoleOllamaServer                    // `ollama serve`
-	RoleOllamaRunner                    // `ollama runner ...` (one per loaded model)
+	// RoleOllamaRunner is a process serving one loaded model: `ollama
+	// runner --model ...` (Ollama up to v0.24) or Ollama's `llama-server
+	// --model ...` (v0.30 and later).
+	RoleOllamaRunner
+	// RoleOllamaDiscovery is a short-lived process Ollama starts to probe
+	// the GPUs (`llama-server --list-devices`, a runner started without a
+	// model). It holds no model and is never an orphan.
+	RoleOllamaDiscovery
 )
 
 func (r ProcessRole) String() string {
@@ -80,6 +87,8 @@ func (r ProcessRole) String() string {
 		return "ollama server"
 	case RoleOllamaRunner:
 		return "ollama runner"
+	case RoleOllamaDiscovery:
+		return "ollama discovery"
 	default:
 		return "unknown"
 	}
@@ -95,6 +104,19 @@ type GPUProcess struct {
 	UsedKnown bool
 	Command   string
 	Role      ProcessRole
+	// Blob is the digest ("sha256:<hex>") of the weights file a runner's
+	// command line names; "" when it names none. It is the model's weights
+	// layer, not the Digest that /api/tags and /api/ps report.
+	Blob string
+	// Model is the name of the model a runner serves, when known: from its
+	// command line (Ollama's MLX runner) or filled in by
+	// OllamaClient.NameRunners. "" otherwise.
+	Model string
+	// Orphaned reports a runner whose parent is not a live `ollama serve`
+	// (after a kill -9 of the server its runners keep running, and their
+	// memory). The procfs readers fill it in; false when the parent could
+	// not be checked.
+	Orphaned bool
 }
 
 // MaxBytes is the largest byte count the library accepts in a request

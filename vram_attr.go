@@ -4,94 +4,79 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
+
+	"github.com/vramguard/vramguard/internal/procs"
 )
 
 // ClassifyCommand tells what a process is from its command line (argv, as
-// in /proc/<pid>/cmdline): RoleOllamaServer for `ollama serve`,
-// RoleOllamaRunner for `ollama runner ...` and the older
-// `ollama_llama_server`, RoleOther for anything else, and RoleUnknown when
-// args is empty or is a bare `ollama` path without arguments (nvidia-smi
-// reports only the executable, which is the same for server and runner).
+// in /proc/<pid>/cmdline):
+//
+//   - RoleOllamaServer for `ollama serve`;
+//   - RoleOllamaRunner for the runners of both generations: `ollama runner
+//     --model ...` (Ollama up to v0.24, and its MLX runner after), the older
+//     `ollama_llama_server`, and `llama-server --model ...` (v0.30 and later)
+//     when the llama-server lives in a lib/ollama folder or serves an Ollama
+//     blob (`.../blobs/sha256-<hex>`);
+//   - RoleOllamaDiscovery for Ollama's GPU probes: `llama-server
+//     --list-devices`, a llama-server with no model, `ollama runner
+//     --ollama-engine` without --model, `ollama gpu-discover`;
+//   - RoleUnknown when args is empty or is a bare `ollama` (or lib/ollama
+//     llama-server) path without arguments: nvidia-smi reports only the
+//     executable, which is the same for server, runner and probe;
+//   - RoleOther for anything else: the ollama CLI client, and a user's own
+//     llama-server serving a .gguf file of theirs.
 //
 // It is exported for VRAMReader implementations of other vendors.
 func ClassifyCommand(args []string) ProcessRole {
-	if len(args) == 0 || strings.TrimSpace(args[0]) == "" {
-		return RoleUnknown
-	}
-	// Some programs rewrite their argv into one space-separated string.
-	if len(args) == 1 && strings.ContainsRune(args[0], ' ') && !vramIsOllamaExe(args[0]) {
-		if f := strings.Fields(args[0]); vramIsOllamaExe(f[0]) {
-			args = f
-		}
-	}
-	exe := vramExeName(args[0])
-	switch {
-	case exe == "ollama_llama_server":
+	return roleOf(procs.Classify(args).Role)
+}
+
+// roleOf maps the roles of internal/procs to the public ones.
+func roleOf(r procs.Role) ProcessRole {
+	switch r {
+	case procs.RoleServer:
+		return RoleOllamaServer
+	case procs.RoleRunner:
 		return RoleOllamaRunner
-	case !strings.HasPrefix(exe, "ollama"):
+	case procs.RoleDiscovery:
+		return RoleOllamaDiscovery
+	case procs.RoleOther, procs.RoleClient:
 		return RoleOther
-	case len(args) == 1:
-		return RoleUnknown
 	}
-	for _, a := range args[1:] {
-		if strings.HasPrefix(a, "-") { // global flags before the subcommand
-			continue
-		}
-		switch a {
-		case "serve":
-			return RoleOllamaServer
-		case "runner":
-			return RoleOllamaRunner
-		}
-		return RoleOther // the CLI client (`ollama run`, `ollama pull`, ...)
-	}
-	return RoleOther
+	return RoleUnknown
 }
 
-// vramExeName returns the base name of an executable path, on either kind of
-// separator (nvidia-smi on Windows reports C:\...\ollama.exe), without
-// ".exe" or the " (deleted)" Linux appends after an upgrade.
-func vramExeName(path string) string {
-	path = strings.TrimSuffix(strings.TrimSpace(path), " (deleted)")
-	if i := strings.LastIndexAny(path, `/\`); i >= 0 {
-		path = path[i+1:]
-	}
-	return strings.TrimSuffix(strings.ToLower(path), ".exe")
-}
-
-func vramIsOllamaExe(path string) bool {
-	return strings.HasPrefix(vramExeName(path), "ollama")
-}
-
-// FindOrphans returns the Ollama runners in snap that hold GPU memory
-// although Ollama's /api/ps lists no model (loaded is how many models it
-// lists). A runner appears once even when it spans several devices; its
-// UsedBytes is then the sum, and UsedKnown is true only if every device
-// reported it. The result is sorted by memory, largest first.
+// FindOrphans returns the Ollama runners in snap that hold GPU memory no
+// live Ollama server will free: those whose server is gone (Orphaned, as
+// the procfs readers fill it in), always; and, when loaded <= 0, every
+// runner, since Ollama's /api/ps then lists no model (loaded is how many
+// models it lists). A runner appears once even when it spans several
+// devices; its UsedBytes is then the sum, and UsedKnown is true only if
+// every device reported it. The result is sorted by memory, largest first.
 //
-// Only loaded <= 0 is conclusive: when Ollama lists models, a snapshot
-// cannot tell which runner serves which (the runner's command line names a
-// blob path, /api/ps a model name), so FindOrphans returns nil even if there
-// are more runners than models. Processes whose command is not visible
-// (RoleUnknown) are never reported. After a runner crash /api/ps may still
-// list the dead model; that case needs a reload, not a kill.
+// With loaded > 0 a runner whose server is alive is never reported, even
+// if there are more runners than models: use OllamaClient.NameRunners to
+// see which model each serves. Discovery processes (RoleOllamaDiscovery)
+// and processes whose command is not visible (RoleUnknown) are never
+// reported. After a runner crash /api/ps may still list the dead model;
+// that case needs a reload, not a kill. A loaded <= 0 taken just before a
+// load shows up in /api/ps makes the loading runner look orphaned: Ollama
+// lists a model only once its load has ended.
 //
 // FindOrphans only reports; killing is up to the caller (KillProcess).
 func FindOrphans(snap *VRAMSnapshot, loaded int) []GPUProcess {
-	if snap == nil || loaded > 0 {
+	if snap == nil {
 		return nil
 	}
 	var out []GPUProcess
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
-			if p.Role != RoleOllamaRunner || (p.UsedKnown && p.UsedBytes == 0) {
+			if p.Role != RoleOllamaRunner || (p.UsedKnown && p.UsedBytes == 0) || (loaded > 0 && !p.Orphaned) {
 				continue
 			}
 			i := slices.IndexFunc(out, func(q GPUProcess) bool { return q.PID == p.PID })
@@ -101,6 +86,7 @@ func FindOrphans(snap *VRAMSnapshot, loaded int) []GPUProcess {
 			}
 			out[i].UsedBytes = vramSatAdd(out[i].UsedBytes, p.UsedBytes)
 			out[i].UsedKnown = out[i].UsedKnown && p.UsedKnown
+			out[i].Orphaned = out[i].Orphaned || p.Orphaned
 		}
 	}
 	vramSortHolders(out)
@@ -147,7 +133,7 @@ func KillProcess(pid uint32) error {
 const vramInitPIDNamespace = "pid:[4026531836]"
 
 // vramCmdlineMax bounds how much of a command line is read.
-const vramCmdlineMax = 4 << 10
+const vramCmdlineMax = procs.MaxArgsBytes
 
 // vramProcFS reads command lines of GPU processes from procfs.
 type vramProcFS struct {
@@ -172,34 +158,47 @@ func newVRAMProcFS(root string) vramProcFS {
 // args returns the command line of pid, or nil when it is not visible
 // (another namespace, exited, kernel thread, hidepid).
 func (p vramProcFS) args(pid uint32) []string {
-	if p.off || pid == 0 {
+	if p.off || pid == 0 || pid > math.MaxInt32 {
 		return nil
 	}
-	f, err := os.Open(filepath.Join(p.root, strconv.FormatUint(uint64(pid), 10), "cmdline"))
+	args, err := procs.ReadArgs(p.root, int(pid))
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, vramCmdlineMax))
-	if err != nil {
-		return nil
-	}
-	s := strings.TrimRight(string(b), "\x00")
-	if s == "" {
-		return nil
-	}
-	return strings.Split(s, "\x00")
+	return args
 }
 
-// describe fills in Command and Role of proc from procfs, falling back to
-// name (what the source itself reports, possibly empty).
+// describe fills in Command, Role, Blob, Model and Orphaned of proc from
+// procfs, falling back to name (what the source itself reports, possibly
+// empty). Orphaned is checked only on a command line read from procfs: a
+// PID the reader cannot see has no parent it can see either.
 func (p vramProcFS) describe(proc *GPUProcess, name string) {
 	args := p.args(proc.PID)
+	visible := args != nil
 	if args == nil && name != "" {
 		args = []string{name}
 	}
 	proc.Command = strings.Join(args, " ")
-	proc.Role = ClassifyCommand(args)
+	info := procs.Classify(args)
+	proc.Role = roleOf(info.Role)
+	proc.Blob = info.Blob
+	if proc.Role == RoleOllamaRunner {
+		proc.Model = info.Model // Ollama's MLX runner names its model
+	}
+	if visible && proc.Role == RoleOllamaRunner {
+		proc.Orphaned = p.orphaned(proc.PID)
+	}
+}
+
+// orphaned reports whether runner pid's parent is known not to be a live
+// `ollama serve`.
+func (p vramProcFS) orphaned(pid uint32) bool {
+	st, err := procs.ReadStat(p.root, int(pid))
+	if err != nil {
+		return false
+	}
+	server, known := procs.ParentIsServer(p.root, st.PPID)
+	return known && !server
 }
 
 // vramSortHolders sorts processes by memory, largest first, unknown

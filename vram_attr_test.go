@@ -2,6 +2,7 @@ package vramguard
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,33 +12,52 @@ import (
 	"testing"
 )
 
+// Real-looking weights blobs.
+const (
+	attrHexA = "6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"
+	attrHexB = "e8ad13eff07a78d89926e9e8b882317d082ef5bf9768ad7b50fcdbbcd63748de"
+)
+
 func TestAttrClassifyCommand(t *testing.T) {
+	v17 := "/root/.cache/vramguard/ollama/0.17.4/ollama"
 	tests := []struct {
+		name string
 		args []string
 		want ProcessRole
 	}{
-		{nil, RoleUnknown},
-		{[]string{""}, RoleUnknown},
-		{[]string{"/usr/local/bin/ollama", "serve"}, RoleOllamaServer},
-		{[]string{"ollama", "--verbose", "serve"}, RoleOllamaServer},
-		{[]string{"/usr/local/bin/ollama", "runner", "--model", "/root/.ollama/models/blobs/sha256-ab", "--port", "40123"}, RoleOllamaRunner},
-		{[]string{"/usr/local/bin/ollama", "runner", "--ollama-engine", "--port", "40123"}, RoleOllamaRunner},
-		{[]string{"/tmp/ollama1180235561/runners/cuda_v12/ollama_llama_server", "--model", "/m"}, RoleOllamaRunner},
-		{[]string{"/tmp/ollama1180235561/runners/cuda_v12/ollama_llama_server"}, RoleOllamaRunner},
-		{[]string{`C:\Users\ada\AppData\Local\Programs\Ollama\ollama.exe`, "serve"}, RoleOllamaServer},
-		{[]string{"/usr/bin/ollama (deleted)", "runner"}, RoleOllamaRunner},
-		{[]string{"/usr/local/bin/ollama runner --model /m --port 1"}, RoleOllamaRunner}, // argv rewritten into one string
-		{[]string{"/usr/local/bin/ollama"}, RoleUnknown},                                 // nvidia-smi's process_name
-		{[]string{"ollama", "run", "llama3"}, RoleOther},
-		{[]string{"ollama", "--version"}, RoleOther},
-		{[]string{"/home/ada/ComfyUI/venv/bin/python", "main.py", "--listen"}, RoleOther},
-		{[]string{"python3 ollama runner"}, RoleOther},
-		{[]string{"/usr/lib/xorg/Xorg"}, RoleOther},
+		{"nil", nil, RoleUnknown},
+		{"empty", []string{""}, RoleUnknown},
+		{"server", []string{"/usr/local/bin/ollama", "serve"}, RoleOllamaServer},
+		{"server with global flag", []string{"ollama", "--verbose", "serve"}, RoleOllamaServer},
+		{"server on Windows", []string{`C:\Users\ada\AppData\Local\Programs\Ollama\ollama.exe`, "serve"}, RoleOllamaServer},
+		{"v0.17.4 runner", []string{v17, "runner", "--model", "/tmp/x/models/blobs/sha256-" + attrHexA, "--port", "40123"}, RoleOllamaRunner},
+		{"v0.17.4 new engine runner", []string{v17, "runner", "--ollama-engine", "--model", "/tmp/x/models/blobs/sha256-" + attrHexA, "--port", "40123"}, RoleOllamaRunner},
+		{"v0.24.0 discovery", []string{"/root/.cache/vramguard/ollama/0.24.0/ollama", "runner", "--ollama-engine", "--port", "40124"}, RoleOllamaDiscovery},
+		{"v0.34.4 runner", []string{"/usr/lib/ollama/llama-server", "--model", "/root/.ollama/models/blobs/sha256-" + attrHexA, "--port", "40125", "--host", "127.0.0.1", "--ctx-size", "4096"}, RoleOllamaRunner},
+		{"v0.34.4 list-devices", []string{"/usr/lib/ollama/llama-server", "--list-devices"}, RoleOllamaDiscovery},
+		{"v0.34.4 discovery start", []string{"/usr/lib/ollama/llama-server", "--port", "40126"}, RoleOllamaDiscovery},
+		{"v0.34.4 gpu-discover", []string{"/usr/local/bin/ollama", "gpu-discover", "--lib-dir", "/usr/local/lib/ollama"}, RoleOllamaDiscovery},
+		{"user llama-server -m", []string{"llama-server", "-m", "model.gguf"}, RoleOther},
+		{"user llama-server on an Ollama blob", []string{"llama-server", "-m", "/home/ada/.ollama/models/blobs/sha256-" + attrHexA}, RoleOllamaRunner},
+		{"old runner binary", []string{"/tmp/ollama1180235561/runners/cuda_v12/ollama_llama_server", "--model", "/m"}, RoleOllamaRunner},
+		{"old runner binary, nvidia-smi", []string{"/tmp/ollama1180235561/runners/cuda_v12/ollama_llama_server"}, RoleOllamaRunner},
+		{"deleted binary", []string{"/usr/bin/ollama (deleted)", "runner"}, RoleOllamaRunner},
+		{"argv rewritten into one string", []string{"/usr/local/bin/ollama runner --model /m --port 1"}, RoleOllamaRunner},
+		{"nvidia-smi: ollama", []string{"/usr/local/bin/ollama"}, RoleUnknown},
+		{"nvidia-smi: Ollama's llama-server", []string{"/usr/lib/ollama/llama-server"}, RoleUnknown},
+		{"nvidia-smi: a llama-server elsewhere", []string{"/usr/local/bin/llama-server"}, RoleOther},
+		{"cli run", []string{"ollama", "run", "llama3"}, RoleOther},
+		{"cli version", []string{"ollama", "--version"}, RoleOther},
+		{"python", []string{"/home/ada/ComfyUI/venv/bin/python", "main.py", "--listen"}, RoleOther},
+		{"words in one string", []string{"python3 ollama runner"}, RoleOther},
+		{"xorg", []string{"/usr/lib/xorg/Xorg"}, RoleOther},
 	}
 	for _, tt := range tests {
-		if got := ClassifyCommand(tt.args); got != tt.want {
-			t.Errorf("ClassifyCommand(%q) = %v, want %v", tt.args, got, tt.want)
-		}
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ClassifyCommand(tt.args); got != tt.want {
+				t.Errorf("ClassifyCommand(%q) = %v, want %v", tt.args, got, tt.want)
+			}
+		})
 	}
 }
 
@@ -99,14 +119,16 @@ func TestAttrProcFS(t *testing.T) {
 }
 
 func TestAttrProcFSLongCmdline(t *testing.T) {
-	long := "/usr/bin/ollama runner " + strings.Repeat("x", 3*vramCmdlineMax)
-	p := newVRAMProcFS(writeProc(t, map[uint32]string{5: long}, ""))
-	args := p.args(5)
+	long := "/usr/bin/ollama runner --model /m/blobs/sha256-" + attrHexA + " " + strings.Repeat("x", 3*vramCmdlineMax)
+	fs := newVRAMProcFS(writeProc(t, map[uint32]string{5: long}, ""))
+	args := fs.args(5)
 	if n := len(strings.Join(args, "\x00")); n > vramCmdlineMax {
 		t.Errorf("read %d bytes, want at most %d", n, vramCmdlineMax)
 	}
-	if ClassifyCommand(args) != RoleOllamaRunner {
-		t.Errorf("truncated runner not classified: %q", args[:2])
+	p := GPUProcess{PID: 5}
+	fs.describe(&p, "")
+	if p.Role != RoleOllamaRunner || p.Blob != "sha256:"+attrHexA {
+		t.Errorf("truncated runner: %v, blob %q", p.Role, p.Blob)
 	}
 }
 
@@ -114,30 +136,186 @@ func TestAttrFindOrphans(t *testing.T) {
 	runner := func(pid uint32, used uint64, known bool) GPUProcess {
 		return GPUProcess{PID: pid, UsedBytes: used, UsedKnown: known, Command: "ollama runner", Role: RoleOllamaRunner}
 	}
+	gone := func(p GPUProcess) GPUProcess { p.Orphaned = true; return p }
 	snap := &VRAMSnapshot{Devices: []DeviceMemory{
 		{Index: 0, ProcessesKnown: true, Processes: []GPUProcess{
 			runner(100, 4<<30, true),
 			runner(101, 0, true), // holds nothing
 			runner(102, 0, false),
+			gone(runner(104, 3<<30, true)), // its server was killed
 			{PID: 5, UsedBytes: 9 << 30, UsedKnown: true, Role: RoleOther},
 			{PID: 6, UsedBytes: 1 << 30, UsedKnown: true, Role: RoleOllamaServer},
 			{PID: 7, UsedBytes: 1 << 30, UsedKnown: true, Role: RoleUnknown},
+			{PID: 8, UsedBytes: 1 << 30, UsedKnown: true, Role: RoleOllamaDiscovery, Orphaned: true}, // never
 		}},
 		{Index: 1, ProcessesKnown: true, Processes: []GPUProcess{
 			runner(100, 2<<30, true), // the same runner split over two GPUs
 			runner(103, 8<<30, true),
+			gone(runner(104, 1<<30, true)),
 		}},
 	}}
-	got := FindOrphans(snap, 0)
-	want := []GPUProcess{runner(103, 8<<30, true), runner(100, 6<<30, true), runner(102, 0, false)}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("FindOrphans(0) =\n%+v\nwant\n%+v", got, want)
+	tests := []struct {
+		name   string
+		loaded int
+		want   []GPUProcess
+	}{
+		{"nothing listed: every runner", 0,
+			[]GPUProcess{runner(103, 8<<30, true), runner(100, 6<<30, true), gone(runner(104, 4<<30, true)), runner(102, 0, false)}},
+		{"negative count", -1,
+			[]GPUProcess{runner(103, 8<<30, true), runner(100, 6<<30, true), gone(runner(104, 4<<30, true)), runner(102, 0, false)}},
+		{"models listed: only runners whose server is gone", 1, []GPUProcess{gone(runner(104, 4<<30, true))}},
 	}
-	if got := FindOrphans(snap, 1); got != nil {
-		t.Errorf("FindOrphans(1) = %+v, want nil", got)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := FindOrphans(snap, tt.loaded); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("FindOrphans(%d) =\n%+v\nwant\n%+v", tt.loaded, got, tt.want)
+			}
+		})
 	}
 	if got := FindOrphans(nil, 0); got != nil {
 		t.Errorf("FindOrphans(nil) = %+v", got)
+	}
+	alive := &VRAMSnapshot{Devices: []DeviceMemory{{Processes: []GPUProcess{runner(100, 1, true)}}}}
+	if got := FindOrphans(alive, 1); got != nil {
+		t.Errorf("FindOrphans of a live runner with a model listed = %+v, want nil", got)
+	}
+}
+
+// procEntry is one process of a fake procfs with stat files.
+type procEntry struct {
+	pid, ppid uint32
+	state     byte
+	comm      string
+	args      []string
+}
+
+// writeProcTree writes root/<pid>/stat and root/<pid>/cmdline for each
+// process, and root/self/ns/pid pointing at the host namespace.
+func writeProcTree(t *testing.T, ps ...procEntry) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, p := range ps {
+		dir := filepath.Join(root, strconv.FormatUint(uint64(p.pid), 10))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		state := p.state
+		if state == 0 {
+			state = 'S'
+		}
+		stat := fmt.Sprintf("%d (%s) %c %d %d %d 0 -1 4194560 0 0 0 0 1 1 0 0 20 0 1 0 100 0 0\n", p.pid, p.comm, state, p.ppid, p.pid, p.pid)
+		var cmdline []byte
+		for _, a := range p.args {
+			cmdline = append(append(cmdline, a...), 0)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cmdline"), cmdline, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns := filepath.Join(root, "self", "ns")
+	if err := os.MkdirAll(ns, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(vramInitPIDNamespace, filepath.Join(ns, "pid")); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// TestAttrDescribe: what the procfs readers fill in for each process a
+// driver lists, for runners of both generations, discovery processes and
+// runners whose server is gone.
+func TestAttrDescribe(t *testing.T) {
+	blobPath := func(hex string) string { return "/root/.ollama/models/blobs/sha256-" + hex }
+	v17 := "/root/.cache/vramguard/ollama/0.17.4/ollama"
+	root := writeProcTree(t,
+		procEntry{pid: 1, comm: "systemd", args: []string{"/sbin/init"}},
+		procEntry{pid: 100, ppid: 1, comm: "ollama", args: []string{"/usr/bin/ollama", "serve"}},
+		procEntry{pid: 101, ppid: 100, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--model", blobPath(attrHexA), "--port", "40125"}},
+		procEntry{pid: 102, ppid: 100, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--list-devices"}},
+		procEntry{pid: 103, ppid: 1, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--model", blobPath(attrHexB), "--port", "40126"}},
+		procEntry{pid: 200, ppid: 1, comm: "ollama", args: []string{v17, "serve"}},
+		procEntry{pid: 201, ppid: 200, comm: "ollama", args: []string{v17, "runner", "--model", blobPath(attrHexB), "--port", "40123"}},
+		procEntry{pid: 202, ppid: 200, comm: "ollama", args: []string{v17, "runner", "--ollama-engine", "--port", "40124"}},
+		procEntry{pid: 203, ppid: 4000, comm: "ollama", args: []string{v17, "runner", "--model", blobPath(attrHexA), "--port", "40127"}},
+		procEntry{pid: 300, ppid: 100, comm: "ollama", args: []string{"/usr/bin/ollama", "runner", "--model", "qwen3:latest", "--port", "40128"}},
+		procEntry{pid: 400, ppid: 1, comm: "llama-server", args: []string{"llama-server", "-m", "model.gguf"}},
+	)
+	a, b := "sha256:"+attrHexA, "sha256:"+attrHexB
+	tests := []struct {
+		name     string
+		pid      uint32
+		fallback string // what nvidia-smi reports
+		want     GPUProcess
+	}{
+		{"v0.34.4 runner", 101, "", GPUProcess{Role: RoleOllamaRunner, Blob: a}},
+		{"v0.34.4 discovery", 102, "", GPUProcess{Role: RoleOllamaDiscovery}},
+		{"v0.34.4 runner of a killed server", 103, "", GPUProcess{Role: RoleOllamaRunner, Blob: b, Orphaned: true}},
+		{"v0.17.4 runner", 201, "", GPUProcess{Role: RoleOllamaRunner, Blob: b}},
+		{"v0.17.4 discovery", 202, "", GPUProcess{Role: RoleOllamaDiscovery}},
+		{"runner whose parent vanished", 203, "", GPUProcess{Role: RoleOllamaRunner, Blob: a, Orphaned: true}},
+		{"MLX runner names its model", 300, "", GPUProcess{Role: RoleOllamaRunner, Model: "qwen3:latest"}},
+		{"user llama-server", 400, "", GPUProcess{Role: RoleOther}},
+		{"server", 100, "", GPUProcess{Role: RoleOllamaServer}},
+		{"invisible, nvidia-smi's name", 999, "/usr/lib/ollama/llama-server", GPUProcess{Role: RoleUnknown, Command: "/usr/lib/ollama/llama-server"}},
+	}
+	fs := newVRAMProcFS(root)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := GPUProcess{PID: tt.pid, UsedBytes: 1 << 30, UsedKnown: true}
+			fs.describe(&p, tt.fallback)
+			want := tt.want
+			want.PID, want.UsedBytes, want.UsedKnown = tt.pid, 1<<30, true
+			if want.Command == "" {
+				want.Command = strings.Join(fs.args(tt.pid), " ")
+			}
+			if p != want {
+				t.Errorf("describe(%d) =\n%+v\nwant\n%+v", tt.pid, p, want)
+			}
+		})
+	}
+
+	// In a child PID namespace nothing is resolved, not even parents.
+	off := vramProcFS{root: root, off: true}
+	p := GPUProcess{PID: 103}
+	off.describe(&p, "/usr/lib/ollama/llama-server")
+	if p.Orphaned || p.Blob != "" || p.Role != RoleUnknown {
+		t.Errorf("describe in a child namespace = %+v", p)
+	}
+}
+
+func TestAttrDescribeHolder(t *testing.T) {
+	runner := GPUProcess{PID: 4242, UsedBytes: 5 << 30, UsedKnown: true, Role: RoleOllamaRunner,
+		Command: "/usr/lib/ollama/llama-server --model /root/.ollama/models/blobs/sha256-" + attrHexA}
+	tests := []struct {
+		name string
+		mod  func(*GPUProcess)
+		want string
+	}{
+		{"unnamed", func(*GPUProcess) {},
+			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner) 5.0 GiB`},
+		{"named", func(p *GPUProcess) { p.Model = "tiny-a" },
+			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner, model tiny-a) 5.0 GiB`},
+		{"named orphan", func(p *GPUProcess) { p.Model, p.Orphaned = "user/tiny:q4", true },
+			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner, model user/tiny:q4, orphaned) 5.0 GiB`},
+		{"odd name from argv", func(p *GPUProcess) { p.Model, p.Command = "a b\n", "" },
+			`pid 4242 (ollama runner, model "a b\n") 5.0 GiB`},
+		{"discovery", func(p *GPUProcess) {
+			p.Role, p.Command, p.UsedKnown, p.UsedBytes = RoleOllamaDiscovery, "llama-server --list-devices", false, 0
+		},
+			`pid 4242 "llama-server --list-devices" (ollama discovery) memory unknown`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := runner
+			tt.mod(&p)
+			if got := vramDescribeHolder(p); got != tt.want {
+				t.Errorf("got  %s\nwant %s", got, tt.want)
+			}
+		})
 	}
 }
 

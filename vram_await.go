@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // vramDefaultPollInterval is AwaitRequest.PollInterval's zero value.
@@ -95,8 +97,9 @@ func (e *InsufficientVRAMError) Unwrap() []error {
 	return errs
 }
 
-// vramDescribeHolder formats a process for a message:
-// `pid 4242 "ollama runner --model /m" (ollama runner) 5.2 GiB`.
+// vramDescribeHolder formats a process for a message, naming the model a
+// runner serves when known:
+// `pid 4242 "/usr/lib/ollama/llama-server --model /ro..." (ollama runner, model tiny-a) 5.2 GiB`.
 func vramDescribeHolder(p GPUProcess) string {
 	const maxCmd = 60
 	var b strings.Builder
@@ -108,7 +111,17 @@ func vramDescribeHolder(p GPUProcess) string {
 		}
 		fmt.Fprintf(&b, " %q", cmd)
 	}
-	fmt.Fprintf(&b, " (%s) ", p.Role)
+	fmt.Fprintf(&b, " (%s", p.Role)
+	if m := p.Model; m != "" {
+		if strings.ContainsFunc(m, func(r rune) bool { return r == ' ' || !unicode.IsPrint(r) }) {
+			m = strconv.Quote(m) // a name from some process's argv
+		}
+		fmt.Fprintf(&b, ", model %s", m)
+	}
+	if p.Orphaned {
+		b.WriteString(", orphaned")
+	}
+	b.WriteString(") ")
 	if p.UsedKnown {
 		b.WriteString(vramFormatBytes(p.UsedBytes))
 	} else {

@@ -1,8 +1,11 @@
 // Command vramwatch shows who holds the GPU's memory: the processes the
 // driver lists (through NVML or nvidia-smi) next to the models Ollama has
-// loaded (/api/ps), with each model's runner process when it can be told,
-// and Ollama runners that hold memory although Ollama lists no model
-// (orphans, which only killing frees).
+// loaded (/api/ps), with the model each runner serves when it can be told
+// (runners of both generations, `ollama runner` and Ollama's
+// `llama-server`, name their weights blob, which Ollama maps to a model),
+// Ollama's short-lived GPU discovery processes marked as such, and orphans,
+// which only killing frees: runners whose `ollama serve` is gone, and
+// runners that hold memory although Ollama lists no model.
 //
 //	vramwatch                 # a live table, refreshed every second; Ctrl-C quits
 //	vramwatch -once           # one table, for scripts
@@ -102,7 +105,8 @@ func (c *cmd) parse(args []string) (*config, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(c.stderr, "usage: vramwatch [flags]\n\n"+
 				"Shows the GPU's memory by process next to the models Ollama has loaded,\n"+
-				"and flags Ollama runners that hold memory while Ollama lists no model.\n\nflags:\n")
+				"names the model each Ollama runner serves, and flags orphaned runners:\n"+
+				"those whose server is gone, or that hold memory while Ollama lists no model.\n\nflags:\n")
 			fs.SetOutput(c.stderr)
 			fs.PrintDefaults()
 			return nil, err

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,8 +31,8 @@ const gib = 1 << 30
 func newSim(t *testing.T, loaded ...string) *sim.Server {
 	t.Helper()
 	s := sim.New(sim.Config{Models: []sim.ModelConfig{
-		{Name: "tiny", Size: 2 * gib, Chunks: 1},
-		{Name: "small", Size: 3 * gib, Chunks: 1},
+		{Name: "tiny", Size: 2 * gib, Chunks: 1, Blob: "sha256:" + hexTiny},
+		{Name: "small", Size: 3 * gib, Chunks: 1, Blob: "sha256:" + hexSmall},
 	}})
 	t.Cleanup(s.Close)
 	for _, m := range loaded {
@@ -55,7 +57,22 @@ func (f fakeReader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, erro
 	return &vramguard.VRAMSnapshot{Source: "fake", Taken: time.Now(), Devices: []vramguard.DeviceMemory{d}}, nil
 }
 
+// The weights blobs of the simulator's models.
+const (
+	hexTiny  = "6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"
+	hexSmall = "e8ad13eff07a78d89926e9e8b882317d082ef5bf9768ad7b50fcdbbcd63748de"
+)
+
+// llamaServer is a v0.34.4 runner of the weights hex, as the NVML reader
+// describes it from /proc.
+func llamaServer(pid uint32, used uint64, hex string, orphaned bool) vramguard.GPUProcess {
+	return vramguard.GPUProcess{PID: pid, UsedBytes: used, UsedKnown: true,
+		Command: "/usr/lib/ollama/llama-server --model /root/.ollama/models/blobs/sha256-" + hex + " --port 40125",
+		Role:    vramguard.RoleOllamaRunner, Blob: "sha256:" + hex, Orphaned: orphaned}
+}
+
 var (
+	discovery    = vramguard.GPUProcess{PID: 5150, UsedBytes: 300 << 20, UsedKnown: true, Command: "/usr/lib/ollama/llama-server --list-devices", Role: vramguard.RoleOllamaDiscovery}
 	orphanRunner = vramguard.GPUProcess{PID: 4242, UsedBytes: 5 * gib, UsedKnown: true, Command: "/usr/bin/ollama runner --model /blobs/sha256-ab", Role: vramguard.RoleOllamaRunner}
 	otherProcess = vramguard.GPUProcess{PID: 777, UsedBytes: 6 * gib, UsedKnown: true, Command: "python main.py", Role: vramguard.RoleOther}
 	noGPU        = &vramguard.Error{Op: "new auto reader", Kind: vramguard.KindUnavailable, Err: errors.New("no GPU reader: nvml: library not found; nvidia-smi: not found")}
@@ -69,6 +86,8 @@ const (
 	gpuNone              // NewAutoReader's error
 	gpuOrphan            // a runner holding memory, and another process
 	gpuOther             // another process only
+	gpuNamed             // llama-server runners of tiny and small, and a discovery probe
+	gpuGone              // a runner of small whose server was killed, and one of tiny
 )
 
 func (g gpu) open(s *sim.Server) func(context.Context) (vramguard.VRAMReader, error) {
@@ -80,6 +99,10 @@ func (g gpu) open(s *sim.Server) func(context.Context) (vramguard.VRAMReader, er
 			return fakeReader{otherProcess, orphanRunner}, nil
 		case gpuOther:
 			return fakeReader{otherProcess}, nil
+		case gpuNamed:
+			return fakeReader{llamaServer(4001, 2*gib, hexTiny, false), llamaServer(4002, 3*gib, hexSmall, false), discovery}, nil
+		case gpuGone:
+			return fakeReader{llamaServer(4001, 2*gib, hexTiny, false), llamaServer(3999, 3*gib, hexSmall, true)}, nil
 		}
 		return nil, noGPU
 	}
@@ -171,6 +194,40 @@ Ollama at HOST: 1 model loaded
 			lines: []string{"  tiny:latest  2.0 GiB  2.0 GiB  never    -"},
 		},
 		{name: "neither side", gpu: gpuNone, down: true, code: 1, lines: []string{"no GPU reader: ", "Ollama at HOST does not answer: "}},
+		{
+			name: "runners named through their blobs", loaded: []string{"tiny", "small"}, gpu: gpuNamed,
+			lines: []string{
+				"  4002  3.0 GiB    ollama runner     small:latest  /usr/lib/ollama/llama-server --model /root/.ollama/models/blobs/sha256-" + hexSmall + " --port 40125",
+				"  4001  2.0 GiB    ollama runner     tiny:latest   /usr/lib/ollama/llama-server --model",
+				"  5150  300.0 MiB  ollama discovery  -             /usr/lib/ollama/llama-server --list-devices",
+				"  small:latest  3.0 GiB  3.0 GiB  never    4002",
+				"  tiny:latest   2.0 GiB  2.0 GiB  never    4001",
+			},
+			not: []string{"not known", "ORPHAN", "5150 (", "not named"},
+		},
+		{
+			name: "a load in flight is named too", loaded: []string{"tiny"}, gpu: gpuNamed,
+			lines: []string{"  4002  3.0 GiB    ollama runner     small:latest", "  tiny:latest  2.0 GiB  2.0 GiB  never    4001"},
+			not:   []string{"not known", "ORPHAN"},
+		},
+		{
+			name: "runner whose server is gone, models listed", loaded: []string{"tiny"}, gpu: gpuGone,
+			lines: []string{
+				"  3999  3.0 GiB  ollama runner  ORPHAN (small:latest)",
+				"  4001  2.0 GiB  ollama runner  tiny:latest",
+				"ORPHAN: Ollama runner 3999 (small:latest) holds 3.0 GiB but the ollama serve that started it is gone; only killing it (kill 3999) frees the memory",
+			},
+			not: []string{"4001 holds", "not known"},
+		},
+		{
+			name: "runner whose server is gone, Ollama down", gpu: gpuGone, down: true,
+			lines: []string{
+				"  3999  3.0 GiB  ollama runner  ORPHAN",
+				"  4001  2.0 GiB  ollama runner  ? (Ollama not answering)",
+				"ORPHAN: Ollama runner 3999 holds 3.0 GiB but the ollama serve that started it is gone; only killing it (kill 3999) frees the memory",
+				"  runner 4001 (2.0 GiB): which serves which model is not known",
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -248,6 +305,35 @@ func TestJSON(t *testing.T) {
 				}
 				if len(r.Runners) != 1 || r.Runners[0] != (runner{PID: 4242, UsedBytes: 5 * gib, UsedKnown: true, Orphan: true}) {
 					t.Errorf("runners = %+v, want the orphan", r.Runners)
+				}
+			},
+		},
+		{
+			name: "named runners, discovery and a gone server", loaded: []string{"tiny"}, gpu: gpuGone,
+			check: func(t *testing.T, r *report) {
+				want := []runner{
+					{PID: 3999, UsedBytes: 3 * gib, UsedKnown: true, Model: "small:latest", Orphan: true, ServerGone: true},
+					{PID: 4001, UsedBytes: 2 * gib, UsedKnown: true, Model: "tiny:latest"},
+				}
+				if !reflect.DeepEqual(r.Runners, want) {
+					t.Errorf("runners = %+v, want %+v", r.Runners, want)
+				}
+				if m := r.Ollama.Models; len(m) != 1 || m[0].RunnerPID != 4001 {
+					t.Errorf("models = %+v, want tiny served by 4001", m)
+				}
+				if p := r.GPU.Devices[0].Processes; len(p) != 2 || p[0].Blob != "sha256:"+hexTiny {
+					t.Errorf("processes = %+v, want the blobs", p)
+				}
+			},
+		},
+		{
+			name: "discovery is no runner", loaded: []string{"tiny", "small"}, gpu: gpuNamed,
+			check: func(t *testing.T, r *report) {
+				if len(r.Runners) != 2 || slices.ContainsFunc(r.Runners, func(x runner) bool { return x.PID == 5150 }) {
+					t.Errorf("runners = %+v, want the two runners only", r.Runners)
+				}
+				if p := r.GPU.Devices[0].Processes; len(p) != 3 || p[2].Role != "ollama discovery" {
+					t.Errorf("processes = %+v, want the discovery probe listed as such", p)
 				}
 			},
 		},

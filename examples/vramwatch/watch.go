@@ -36,8 +36,13 @@ type report struct {
 	// Ollama is nil when the server did not answer; OllamaError says why.
 	Ollama      *ollamaReport `json:"ollama"`
 	OllamaError string        `json:"ollama_error,omitempty"`
+	// NamesError says why runners could not be mapped to models (a failed
+	// /api/show); the report is complete otherwise.
+	NamesError string `json:"names_error,omitempty"`
 	// Runners are the Ollama runner processes holding GPU memory, each
-	// once however many devices it spans.
+	// once however many devices it spans. Discovery processes are not
+	// runners: they show among the processes with the role "ollama
+	// discovery".
 	Runners []runner `json:"runners"`
 }
 
@@ -63,6 +68,8 @@ type process struct {
 	UsedKnown bool   `json:"used_known"`
 	Role      string `json:"role"`
 	Command   string `json:"command,omitempty"`
+	// Blob is the weights blob a runner's command line names.
+	Blob string `json:"blob,omitempty"`
 }
 
 type ollamaReport struct {
@@ -84,11 +91,15 @@ type runner struct {
 	PID       uint32 `json:"pid"`
 	UsedBytes uint64 `json:"used_bytes"`
 	UsedKnown bool   `json:"used_known"`
-	// Model is the model it serves, when that is certain.
+	// Model is the model it serves, when that is certain: named through
+	// its weights blob (OllamaClient.NameRunners), or the only model
+	// listed next to the only runner.
 	Model string `json:"model,omitempty"`
-	// Orphan: it holds memory while Ollama lists no model
-	// (vramguard.FindOrphans).
-	Orphan bool `json:"orphan"`
+	// Orphan: no live Ollama server will free its memory
+	// (vramguard.FindOrphans): its server is gone (ServerGone), or Ollama
+	// lists no model at all.
+	Orphan     bool `json:"orphan"`
+	ServerGone bool `json:"server_gone,omitempty"`
 }
 
 // collect reads the GPU and Ollama. A side that fails is reported in the
@@ -113,31 +124,49 @@ func (w *watcher) collect(ctx context.Context) *report {
 	}
 
 	octx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
 	ps, err := w.ollama.Running(octx)
-	cancel()
 	if err != nil {
 		rep.OllamaError = fmt.Sprintf("Ollama at %s does not answer: %s", w.host, trim(err))
 	} else {
 		rep.Ollama = &ollamaReport{Host: w.host, Models: modelsOf(ps)}
+		// Runners name weights blobs; the server knows whose they are.
+		if err := w.ollama.NameRunners(octx, snap); err != nil {
+			rep.NamesError = "runners not named: " + trim(err)
+		}
 	}
 
 	rep.Runners = runnersOf(snap)
+	loaded := 1 // Ollama not answering: only runners whose server is gone are sure orphans
 	if rep.Ollama != nil {
-		// One model and one runner: the runner serves the model. With more
-		// of either, a snapshot cannot tell which serves which (a runner's
-		// command names a blob, /api/ps a model name).
-		if len(rep.Ollama.Models) == 1 && len(rep.Runners) == 1 {
-			rep.Ollama.Models[0].RunnerPID = rep.Runners[0].PID
-			rep.Runners[0].Model = rep.Ollama.Models[0].Name
-		}
-		// FindOrphans is conclusive only when Ollama answered.
-		for _, o := range vramguard.FindOrphans(snap, len(rep.Ollama.Models)) {
-			if i := slices.IndexFunc(rep.Runners, func(r runner) bool { return r.PID == o.PID }); i >= 0 {
-				rep.Runners[i].Orphan = true
-			}
+		loaded = len(rep.Ollama.Models)
+		linkModels(rep.Ollama.Models, rep.Runners)
+	}
+	for _, o := range vramguard.FindOrphans(snap, loaded) {
+		if i := slices.IndexFunc(rep.Runners, func(r runner) bool { return r.PID == o.PID }); i >= 0 {
+			rep.Runners[i].Orphan = true
 		}
 	}
 	return rep
+}
+
+// linkModels sets each model's runner: the runner named after it; else,
+// with one model and one unnamed runner, that runner (a snapshot that
+// names no blob cannot tell more).
+func linkModels(models []model, runners []runner) {
+	for i := range models {
+		want := vramguard.NormalizeModelName(models[i].Name)
+		for _, r := range runners {
+			if r.Model != "" && vramguard.NormalizeModelName(r.Model) == want {
+				models[i].RunnerPID = r.PID
+				break
+			}
+		}
+	}
+	if len(models) == 1 && len(runners) == 1 && models[0].RunnerPID == 0 && runners[0].Model == "" && !runners[0].ServerGone {
+		models[0].RunnerPID = runners[0].PID
+		runners[0].Model = models[0].Name
+	}
 }
 
 // gpuReason is why no GPU reader could be opened: the cause inside
@@ -169,7 +198,7 @@ func gpuOf(s *vramguard.VRAMSnapshot) *gpuReport {
 		for _, p := range d.Processes {
 			dev.Processes = append(dev.Processes, process{
 				PID: p.PID, UsedBytes: p.UsedBytes, UsedKnown: p.UsedKnown,
-				Role: p.Role.String(), Command: p.Command,
+				Role: p.Role.String(), Command: p.Command, Blob: p.Blob,
 			})
 		}
 		g.Devices = append(g.Devices, dev)
@@ -205,11 +234,13 @@ func runnersOf(snap *vramguard.VRAMSnapshot) []runner {
 			}
 			i := slices.IndexFunc(out, func(r runner) bool { return r.PID == p.PID })
 			if i < 0 {
-				out = append(out, runner{PID: p.PID, UsedBytes: p.UsedBytes, UsedKnown: p.UsedKnown})
+				out = append(out, runner{PID: p.PID, UsedBytes: p.UsedBytes, UsedKnown: p.UsedKnown, Model: p.Model, ServerGone: p.Orphaned})
 				continue
 			}
 			out[i].UsedBytes += p.UsedBytes
 			out[i].UsedKnown = out[i].UsedKnown && p.UsedKnown
+			out[i].Model = cmp.Or(out[i].Model, p.Model)
+			out[i].ServerGone = out[i].ServerGone || p.Orphaned
 		}
 	}
 	slices.SortFunc(out, func(a, b runner) int {
@@ -281,18 +312,32 @@ func writeTable(w io.Writer, rep *report) {
 			}
 		}
 	}
-	if n := len(rep.Runners); n > 0 && !slices.ContainsFunc(rep.Runners, func(r runner) bool { return r.Model != "" || r.Orphan }) {
-		pids := make([]string, 0, n)
-		for _, r := range rep.Runners {
-			pids = append(pids, fmt.Sprintf("%d (%s)", r.PID, human(r.UsedBytes, r.UsedKnown)))
+	if rep.NamesError != "" {
+		fmt.Fprintf(tw, "  (%s)\n", rep.NamesError)
+	}
+	var unknown []string
+	for _, r := range rep.Runners {
+		if r.Model == "" && !r.Orphan {
+			unknown = append(unknown, fmt.Sprintf("%d (%s)", r.PID, human(r.UsedBytes, r.UsedKnown)))
 		}
-		fmt.Fprintf(tw, "  %s %s: which serves which model is not known\n", plural(n, "runner", "runners"), strings.Join(pids, ", "))
+	}
+	if n := len(unknown); n > 0 {
+		fmt.Fprintf(tw, "  %s %s: which serves which model is not known\n", plural(n, "runner", "runners"), strings.Join(unknown, ", "))
 	}
 	for _, r := range rep.Runners {
-		if r.Orphan {
-			fmt.Fprintf(tw, "ORPHAN: Ollama runner %d holds %s while Ollama lists no model; only killing it (kill %d) frees the memory\n",
-				r.PID, human(r.UsedBytes, r.UsedKnown), r.PID)
+		if !r.Orphan {
+			continue
 		}
+		what := fmt.Sprintf("Ollama runner %d", r.PID)
+		if r.Model != "" {
+			what += " (" + r.Model + ")"
+		}
+		why := "while Ollama lists no model"
+		if r.ServerGone {
+			why = "but the ollama serve that started it is gone"
+		}
+		fmt.Fprintf(tw, "ORPHAN: %s holds %s %s; only killing it (kill %d) frees the memory\n",
+			what, human(r.UsedBytes, r.UsedKnown), why, r.PID)
 	}
 	tw.Flush()
 }
@@ -300,6 +345,8 @@ func writeTable(w io.Writer, rep *report) {
 // servesOf is the SERVES cell of a runner.
 func servesOf(r runner, ollamaKnown bool) string {
 	switch {
+	case r.Orphan && r.Model != "":
+		return "ORPHAN (" + r.Model + ")"
 	case r.Orphan:
 		return "ORPHAN"
 	case r.Model != "":

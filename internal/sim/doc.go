@@ -6,7 +6,10 @@
 // subset of Ollama's HTTP API that vramguard uses: POST /api/generate,
 // POST /api/chat, GET /api/ps, GET /api/tags, POST /api/show,
 // GET /api/version and HEAD or GET /. Requests and replies use the api
-// package's types, so the wire format is Ollama's.
+// package's types, so the wire format is Ollama's. /api/show's modelfile
+// starts, after Ollama's comment lines, with the FROM line naming the
+// model's weights blob ([ModelConfig.Blob]), the path a runner's --model
+// names.
 //
 // # Scheduler semantics
 //

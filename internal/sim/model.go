@@ -68,7 +68,17 @@ type ModelConfig struct {
 	// Digest is reported by /api/ps and /api/tags. Empty means the SHA-256
 	// of the short name, in hex.
 	Digest string
+
+	// Blob is the digest of the model's weights file, "sha256:<64 hex>",
+	// which /api/show names in the modelfile's FROM line as
+	// <ModelsDir>/blobs/sha256-<hex> (what a runner's --model names). Empty
+	// means the SHA-256 of "weights of " and the short name. Models may
+	// share one.
+	Blob string
 }
+
+// ModelsDir is the models folder the simulator's /api/show paths name.
+const ModelsDir = "/sim/.ollama/models"
 
 // Chunk is one streamed piece of a reply.
 type Chunk struct {
@@ -114,6 +124,10 @@ func (cfg ModelConfig) withDefaults(short string) ModelConfig {
 	if cfg.Digest == "" {
 		sum := sha256.Sum256([]byte(short))
 		cfg.Digest = hex.EncodeToString(sum[:])
+	}
+	if cfg.Blob == "" {
+		sum := sha256.Sum256([]byte("weights of " + short))
+		cfg.Blob = "sha256:" + hex.EncodeToString(sum[:])
 	}
 	return cfg
 }
