@@ -1,9 +1,11 @@
 # vramguard: `make test` is what CI runs (see .ci/run).
 GO        ?= go
 PKGS      := ./...
-# The packages that run real Ollama servers: they run once, in test-integration.
-REAL_PKGS := ./internal/integration ./internal/reliability
-UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/integration -e /internal/reliability)
+# The packages that run real Ollama servers (the harness and the stand-in
+# llama-server test themselves against them too): they run once, in
+# test-integration.
+REAL_PKGS := ./internal/ollamatest ./internal/standin/... ./internal/integration ./internal/reliability
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/integration -e /internal/reliability -e /internal/ollamatest -e /internal/standin)
 # go-nvml's header marks some functions deprecated; the warnings are noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(shell $(GO) env GOPATH)/bin/staticcheck)

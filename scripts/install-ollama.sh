@@ -4,18 +4,21 @@
 #
 # Usage: scripts/install-ollama.sh [VERSION...]
 #
-# Versions default to $VRAMGUARD_OLLAMA_VERSIONS, else "0.6.5,0.17.4".
+# Versions default to $VRAMGUARD_OLLAMA_VERSIONS, else
+# "0.6.5,0.17.4,0.24.0,0.34.4".
 # Binaries go to $VRAMGUARD_OLLAMA_CACHE/<version>/ollama, default
 # ${XDG_CACHE_HOME:-$HOME/.cache}/vramguard/ollama/<version>/ollama: the same
 # place the Go harness looks, so `go test` finds them. Safe to run again: a
 # cached version is not rebuilt (delete its folder to force a rebuild), and a
 # lock file shared with the Go harness keeps parallel builds apart.
 #
-# A cold build takes minutes (v0.17.4 compiles llama.cpp and ggml with cgo).
-# Versions from 0.7 on need nlohmann-json3-dev and libstb-dev (Go module zips
-# drop llama.cpp's vendor/ folder) and the miniaudio stand-in header kept in
-# internal/ollamatest/cshim (copied to <cache>/<version>/cshim, where the Go
-# harness also writes it, so both build with identical flags).
+# A cold build takes minutes (v0.17.4 and v0.24.0 compile llama.cpp and ggml
+# with cgo). Versions 0.7 to 0.29 need nlohmann-json3-dev and libstb-dev (Go
+# module zips drop llama.cpp's vendor/ folder) and the miniaudio stand-in
+# header kept in internal/ollamatest/cshim (copied to <cache>/<version>/cshim,
+# where the Go harness also writes it, so both build with identical flags).
+# From 0.30 Ollama has no engine of its own: it runs llama.cpp's llama-server,
+# which the tests replace with internal/standin (the Go harness provides it).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,16 +28,16 @@ cache=${VRAMGUARD_OLLAMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vramguard/ollama
 if [ $# -gt 0 ]; then
 	versions=("$@")
 else
-	IFS=',' read -r -a versions <<<"${VRAMGUARD_OLLAMA_VERSIONS:-0.6.5,0.17.4}"
+	IFS=',' read -r -a versions <<<"${VRAMGUARD_OLLAMA_VERSIONS:-0.6.5,0.17.4,0.24.0,0.34.4}"
 fi
 
 log() { printf 'install-ollama: %s\n' "$*" >&2; }
 
-# needs_shim VERSION: true for versions from 0.7 on.
+# needs_shim VERSION: true for versions 0.7 to 0.29 (vendored llama.cpp).
 needs_shim() {
 	local major minor
 	IFS=. read -r major minor _ <<<"$1"
-	[ "$major" -gt 0 ] || [ "$minor" -ge 7 ]
+	[ "$major" -eq 0 ] && [ "$minor" -ge 7 ] && [ "$minor" -lt 30 ]
 }
 
 install_packages() {

@@ -29,9 +29,11 @@ const (
 )
 
 // DefaultVersions are the Ollama versions tested when EnvVersions is unset:
-// the oldest supported release and the one whose api package the module
-// uses.
-const DefaultVersions = "0.6.5,0.17.4"
+// the oldest supported release (0.6.5), the last two with the runner built
+// into ollama itself (0.17.4, 0.24.0), and the newest served release
+// (0.34.4), which runs models in llama.cpp's llama-server: the tests give it
+// the stand-in of internal/standin (see UsesLlamaServer).
+const DefaultVersions = "0.6.5,0.17.4,0.24.0,0.34.4"
 
 // CustomVersion is the version label Versions reports when EnvBin or
 // EnvHost is set and EnvVersions is not: the server is whatever the user
@@ -80,14 +82,34 @@ func CacheDir() (string, error) {
 	return filepath.Join(d, "vramguard", "ollama"), nil
 }
 
+// majorMinor returns the first two numbers of a version such as "0.17.4".
+func majorMinor(v string) (major, minor int) {
+	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
+	major, _ = strconv.Atoi(parts[0])
+	if len(parts) > 1 {
+		minor, _ = strconv.Atoi(parts[1])
+	}
+	return major, minor
+}
+
 // needsShim reports whether building version v needs the system headers
 // and the miniaudio stand-in: module zips drop llama.cpp's vendor folder,
-// which v0.6.x did not yet use.
+// which v0.6.x did not yet use and v0.30.0 removed with the in-module
+// engines.
 func needsShim(v string) bool {
-	parts := strings.SplitN(v, ".", 3)
-	major, _ := strconv.Atoi(parts[0])
-	minor, _ := strconv.Atoi(parts[1])
-	return major > 0 || minor >= 7
+	major, minor := majorMinor(v)
+	return major == 0 && minor >= 7 && minor < 30
+}
+
+// UsesLlamaServer reports whether Ollama version v runs models in a separate
+// llama-server binary (v0.30.0 on) rather than in `ollama runner`. It is
+// false for CustomVersion, whose generation is unknown.
+func UsesLlamaServer(v string) bool {
+	if !versionRE.MatchString(strings.TrimPrefix(v, "v")) {
+		return false
+	}
+	major, minor := majorMinor(v)
+	return major > 0 || minor >= 30
 }
 
 // systemHeaders are the Debian nlohmann-json3-dev and libstb-dev headers

@@ -57,10 +57,22 @@ func TestBinaryLockAndCache(t *testing.T) {
 
 func TestNeedsShim(t *testing.T) {
 	for v, want := range map[string]bool{
-		"0.6.5": false, "0.6.9-rc1": false, "0.7.0": true, "0.17.4": true, "1.0.0": true,
+		"0.6.5": false, "0.6.9-rc1": false, "0.7.0": true, "0.17.4": true, "0.24.0": true,
+		"0.29.9": true, "0.30.0": false, "0.34.4": false, "1.0.0": false,
 	} {
 		if got := needsShim(v); got != want {
 			t.Errorf("needsShim(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+func TestUsesLlamaServer(t *testing.T) {
+	for v, want := range map[string]bool{
+		"0.6.5": false, "0.17.4": false, "0.24.0": false, "0.29.9-rc1": false,
+		"0.30.0": true, "v0.34.4": true, "1.2.3": true, CustomVersion: false, "": false,
+	} {
+		if got := UsesLlamaServer(v); got != want {
+			t.Errorf("UsesLlamaServer(%q) = %v, want %v", v, got, want)
 		}
 	}
 }

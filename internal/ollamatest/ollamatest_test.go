@@ -234,7 +234,7 @@ func TestVersions(t *testing.T) {
 		name, versions, bin string
 		want                []string
 	}{
-		{"default", "", "", []string{"0.6.5", "0.17.4"}},
+		{"default", "", "", []string{"0.6.5", "0.17.4", "0.24.0", "0.34.4"}},
 		{"list", " v0.6.5, 0.9.0,", "", []string{"0.6.5", "0.9.0"}},
 		{"binary", "", "/x/ollama", []string{ollamatest.CustomVersion}},
 		{"binary with list", "0.17.4", "/x/ollama", []string{"0.17.4"}},

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ollama/ollama/api"
+	"github.com/vramguard/vramguard/internal/standin"
 )
 
 // Options configures Start. The zero value starts the first of Versions().
@@ -66,6 +67,8 @@ type Server struct {
 	logPath         string
 	exited          chan struct{} // closed when the serve process has been reaped
 	launched, ready time.Time
+
+	standin bool // models run in the stand-in llama-server
 
 	stopOnce sync.Once
 	stopErr  error
@@ -121,6 +124,16 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		}
 		bin = path
 	}
+	// From v0.30 Ollama runs models in llama.cpp's llama-server, which
+	// cannot be built here: the stand-in takes its place.
+	var standinBin string
+	if UsesLlamaServer(version) {
+		p, err := StandinBinary(ctx)
+		if err != nil {
+			return nil, err
+		}
+		standinBin = p
+	}
 
 	removeStaleDirs()
 	dir, err := os.MkdirTemp("", tempPrefix)
@@ -135,7 +148,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	// binds it; try a few times.
 	var lastErr error
 	for range 3 {
-		s, err := launch(ctx, bin, version, dir, opts.Env, timeout)
+		s, err := launch(ctx, bin, version, dir, standinBin, opts.Env, timeout)
 		if err == nil {
 			s.timings = timings
 			s.timings.Start = s.ready.Sub(s.launched)
@@ -177,7 +190,7 @@ func removeStaleDirs() {
 }
 
 // launch starts one serve process and waits until it answers.
-func launch(ctx context.Context, bin, version, dir string, extraEnv []string, timeout time.Duration) (*Server, error) {
+func launch(ctx context.Context, bin, version, dir, standinBin string, extraEnv []string, timeout time.Duration) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -210,6 +223,14 @@ func launch(ctx context.Context, bin, version, dir string, extraEnv []string, ti
 		"OLLAMA_MODELS="+models,
 		"OLLAMA_NOPRUNE=1",
 	)
+	if standinBin != "" {
+		if err := installStandin(standinBin, dir); err != nil {
+			return nil, fmt.Errorf("ollamatest: install the stand-in llama-server: %w", err)
+		}
+		env = append(env,
+			standin.EnvControl+"="+filepath.Join(dir, knobsFile),
+			standin.EnvLog+"="+filepath.Join(dir, eventsFile))
+	}
 	env = append(env, extraEnv...)
 
 	cmd := exec.Command(bin, "serve")
@@ -232,6 +253,7 @@ func launch(ctx context.Context, bin, version, dir string, extraEnv []string, ti
 		logPath:  logPath,
 		exited:   make(chan struct{}),
 		launched: t0,
+		standin:  standinBin != "",
 	}
 	go func() {
 		defer close(s.exited)
@@ -357,8 +379,10 @@ func (s *Server) LogTail(n int) string {
 	return tail(b, n)
 }
 
-// RunnerPIDs returns the process IDs of the live `ollama runner` processes
-// of this server, in increasing order. It reads /proc, so it works only on
+// RunnerPIDs returns the process IDs of the live runner processes of this
+// server (`ollama runner --model ...`, or from v0.30 `llama-server --model
+// ...`), in increasing order; discovery processes without a model are not
+// runners. It reads /proc, so it works only on
 // Linux; for an external server it returns ErrExternal.
 func (s *Server) RunnerPIDs() ([]int, error) {
 	if s.external {
@@ -379,11 +403,17 @@ func (s *Server) RunnerPIDs() ([]int, error) {
 }
 
 // isRunner reports whether p is a live runner of this server: a child of
-// serve, or left in its process group after serve exited.
+// serve, or left in its process group after serve exited, that serves a
+// model.
 func (s *Server) isRunner(p proc) bool {
-	return p.pid != s.pid && (p.ppid == s.pid || p.pgid == s.pid) &&
-		p.state != 'Z' && p.state != 'X' &&
-		len(p.args) >= 2 && p.args[1] == "runner"
+	if p.pid == s.pid || (p.ppid != s.pid && p.pgid != s.pid) || p.state == 'Z' || p.state == 'X' || len(p.args) < 2 {
+		return false
+	}
+	isOllamaRunner := p.args[1] == "runner"
+	isLlamaServer := filepath.Base(p.args[0]) == standinName
+	return (isOllamaRunner || isLlamaServer) && slices.ContainsFunc(p.args, func(a string) bool {
+		return a == "--model" || strings.HasPrefix(a, "--model=")
+	})
 }
 
 // KillRunner kills the runner process pid with SIGKILL, as a crash would,
@@ -459,4 +489,19 @@ func (s *Server) kill() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Crash kills `ollama serve` alone with SIGKILL, as a crash would, and waits
+// until it is reaped; its runners are left to themselves (Stop still ends
+// them, through the process group). It returns ErrExternal for an external
+// server.
+func (s *Server) Crash() error {
+	if s.external {
+		return ErrExternal
+	}
+	if err := killProcess(s.pid); err != nil {
+		return fmt.Errorf("ollamatest: kill serve %d: %w", s.pid, err)
+	}
+	<-s.exited
+	return nil
 }
