@@ -3,8 +3,8 @@ package integration_test
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,27 +15,41 @@ import (
 	"github.com/vramguard/vramguard/internal/procs"
 )
 
-// watchProcs records, until stop is called, the distinct command lines of
-// the processes whose executable is one of exes (by base name) and whose
-// command line mentions one of marks: the runners and discovery processes
-// of a server starting up, seen as they run. It reads /proc every
-// millisecond; discovery processes live for tens of milliseconds.
-func watchProcs(t *testing.T, exes []string, marks []string) (stop func() [][]string) {
+// seenProc is a process the watcher saw.
+type seenProc struct {
+	pid  int
+	args []string
+}
+
+// watchProcs records, until stop is called, the distinct processes (PID
+// and command line) of Ollama's executables (ollama*, llama-server, by
+// /proc/<pid>/stat's name) whose command line mentions one of marks: the
+// runners and discovery processes of servers, seen as they run. It reads
+// /proc every 2 ms: a runner lives at least for its load (250 ms and up),
+// a discovery process for tens of milliseconds.
+func watchProcs(t *testing.T, marks ...string) (stop func() []seenProc) {
 	t.Helper()
 	var (
 		mu   sync.Mutex
-		seen [][]string
+		seen []seenProc
 	)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(time.Millisecond)
+		tick := time.NewTicker(2 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			ents, _ := os.ReadDir("/proc")
 			for _, e := range ents {
-				p, err := procs.Read("", atoi(e.Name()))
-				if err != nil || len(p.Args) == 0 || !slices.Contains(exes, filepath.Base(p.Args[0])) {
+				pid, err := strconv.Atoi(e.Name())
+				if err != nil {
+					continue
+				}
+				if st, err := procs.ReadStat("", pid); err != nil || !procs.MaybeOllama(st.Comm) {
+					continue
+				}
+				p, err := procs.Read("", pid)
+				if err != nil || len(p.Args) == 0 {
 					continue
 				}
 				cmd := strings.Join(p.Args, " ")
@@ -43,8 +57,8 @@ func watchProcs(t *testing.T, exes []string, marks []string) (stop func() [][]st
 					continue
 				}
 				mu.Lock()
-				if !slices.ContainsFunc(seen, func(a []string) bool { return slices.Equal(a, p.Args) }) {
-					seen = append(seen, p.Args)
+				if !slices.ContainsFunc(seen, func(q seenProc) bool { return q.pid == pid && slices.Equal(q.args, p.Args) }) {
+					seen = append(seen, seenProc{pid, p.Args})
 				}
 				mu.Unlock()
 			}
@@ -55,22 +69,28 @@ func watchProcs(t *testing.T, exes []string, marks []string) (stop func() [][]st
 			}
 		}
 	})
-	return func() [][]string {
+	return func() []seenProc {
 		close(done)
 		wg.Wait()
 		return seen
 	}
 }
 
-func atoi(s string) int {
-	n := 0
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			return -1
+// watchLoads counts the model loads of the servers of this machine from
+// now until the returned function is called: each runner process started
+// with --model is one load. It is the servers' own truth, independent of
+// the library's reading of load_duration.
+func watchLoads(t *testing.T) (stop func() int) {
+	stopProcs := watchProcs(t, "--model")
+	return func() int {
+		n := 0
+		for _, p := range stopProcs() {
+			if vramguard.ClassifyCommand(p.args) == vramguard.RoleOllamaRunner {
+				n++
+			}
 		}
-		n = n*10 + int(c-'0')
+		return n
 	}
-	return n
 }
 
 // TestRunnerProcessesClassified takes the command lines of every runner
@@ -90,8 +110,9 @@ func TestRunnerProcessesClassified(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := watchProcs(t, []string{filepath.Base(bin), "llama-server"},
-				[]string{"runner", "--list-devices", "--port", "--model"})
+			// This version's processes: its ollama binary, or the stand-in
+			// in a server folder of the harness.
+			stop := watchProcs(t, bin, "/build/lib/ollama/llama-server")
 			s := ollamatest.Require(t, v)
 			if err := ollamatest.RegisterModels(t.Context(), s); err != nil {
 				t.Fatal(err)
@@ -107,13 +128,14 @@ func TestRunnerProcessesClassified(t *testing.T) {
 			}
 
 			var runners, discovery int
-			for _, args := range seen {
+			for _, p := range seen {
+				args := p.args
 				role := vramguard.ClassifyCommand(args)
 				info := procs.Classify(args)
 				t.Logf("ollama %s: %s -> %v (%v)", v, strings.Join(args, " "), role, info.Generation)
 				switch {
-				case slices.Contains(args, "serve"):
-					t.Errorf("the watcher caught the server itself: %q", args)
+				case role == vramguard.RoleOllamaServer:
+					// The server itself (the watcher matches the binary).
 				case slices.Contains(args, "--model"):
 					runners++
 					if role != vramguard.RoleOllamaRunner {

@@ -38,15 +38,17 @@ func TestOriginalWorkflow(t *testing.T) {
 		t.Run("per-call", func(t *testing.T) {
 			c := newClient(t, s, vramguard.Options{})
 			start := time.Now()
-			loads, err := runWorkflow(t, t.Context(), vramguard.Guard{Client: c})
+			stop := watchLoads(t)
+			reported, err := runWorkflow(t, t.Context(), vramguard.Guard{Client: c})
+			loads := stop()
 			if err != nil {
 				t.Fatal(err)
 			}
 			requireEmpty(t, s, "before the diffusion step")
 			if loads != 5 {
-				t.Errorf("per-call mode: %d loads, want 5", loads)
+				t.Errorf("per-call mode: %d runner starts, want 5", loads)
 			}
-			t.Logf("per-call: %d loads, %v", loads, time.Since(start))
+			t.Logf("per-call: %d loads (%d reported as loads by load_duration), %v", loads, reported, time.Since(start))
 		})
 		t.Run("phase", func(t *testing.T) {
 			var hookLoads atomic.Int32
@@ -56,7 +58,9 @@ func TestOriginalWorkflow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			loads, err := runWorkflow(t, t.Context(), p.Guard())
+			stop := watchLoads(t)
+			reported, err := runWorkflow(t, t.Context(), p.Guard())
+			loads := stop()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,10 +72,18 @@ func TestOriginalWorkflow(t *testing.T) {
 				t.Fatal(err)
 			}
 			requireEmpty(t, s, "before the diffusion step")
-			if loads != 2 || hookLoads.Load() != 2 {
-				t.Errorf("phase mode: %d loads (%d hook calls), want 2", loads, hookLoads.Load())
+			// Loads are counted as the server's runner starts. The library
+			// tells a load from a reuse by load_duration, which a busy
+			// machine can push past DefaultLoadThreshold on a reuse (18 ms
+			// seen under a parallel build), never below it on a load: each
+			// load must reach the hook, a reuse may too.
+			if loads != 2 {
+				t.Errorf("phase mode: %d runner starts, want 2", loads)
 			}
-			t.Logf("phase: %d loads, %v, %d verified unloads", loads, time.Since(start), len(rep.Cleanup.Unloads))
+			if h := int(hookLoads.Load()); h < loads || h != reported {
+				t.Errorf("OnLoad called %d times for %d loads (%d generations reported Loaded)", h, loads, reported)
+			}
+			t.Logf("phase: %d loads (%d reported), %v, %d verified unloads", loads, reported, time.Since(start), len(rep.Cleanup.Unloads))
 		})
 	})
 }
