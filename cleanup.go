@@ -69,8 +69,16 @@ func (r *ReleaseReport) Freed() int64 {
 // debug.FreeOSMemory, and reports device memory before and after when a
 // VRAM reader is configured. It never fails for want of a GPU; it returns
 // the joined failures of release functions (KindInternal, a panic included)
-// and KindCanceled if ctx ends first.
+// and KindCanceled if ctx ends first. On a closed client it fails with
+// ErrClosed and runs nothing.
 func (c *OllamaClient) ReleaseVRAM(ctx context.Context) (*ReleaseReport, error) {
+	if err := c.checkOpen("release vram", ""); err != nil {
+		return nil, err
+	}
+	return c.releaseVRAM(ctx)
+}
+
+func (c *OllamaClient) releaseVRAM(ctx context.Context) (*ReleaseReport, error) {
 	const op = "release vram"
 	start := time.Now()
 	rep := &ReleaseReport{}
@@ -126,6 +134,10 @@ type CleanupOptions struct {
 	Release   bool     // run ReleaseVRAM after the unloads
 	// Timeout bounds the whole cleanup; zero means Options.CleanupTimeout.
 	Timeout time.Duration
+
+	// heldOK: a model another client's request holds ends its unload's
+	// wait early (a guard's after-use cleanup; see unloadModel).
+	heldOK bool
 }
 
 // CleanupReport says what Cleanup did.
@@ -141,7 +153,18 @@ type CleanupReport struct {
 // context.WithTimeout(context.WithoutCancel(ctx), timeout), so a cleanup
 // deferred by code whose context was already canceled still happens. The
 // error joins every failure; each is also passed to Hooks.OnCleanupFailed.
+// On a closed client it fails with ErrClosed and sends nothing (Close
+// itself unloads what the client left warm).
 func (c *OllamaClient) Cleanup(ctx context.Context, opts CleanupOptions) (*CleanupReport, error) {
+	if err := c.checkOpen("cleanup", ""); err != nil {
+		return nil, err
+	}
+	return c.cleanup(ctx, opts)
+}
+
+// cleanup is Cleanup for the library's own calls: the after-use cleanups
+// of guards, phases and CLI fallbacks that began before Close, and Close.
+func (c *OllamaClient) cleanup(ctx context.Context, opts CleanupOptions) (*CleanupReport, error) {
 	const op = "cleanup"
 	if opts.Timeout < 0 {
 		return nil, invalid(op, "", "negative timeout %v", opts.Timeout)
@@ -163,7 +186,7 @@ func (c *OllamaClient) Cleanup(ctx context.Context, opts CleanupOptions) (*Clean
 	var errs []error
 	models := slices.Clone(opts.Models)
 	if opts.AllModels {
-		ms, err := c.Running(ctx)
+		ms, err := c.running(ctx)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -174,14 +197,14 @@ func (c *OllamaClient) Cleanup(ctx context.Context, opts CleanupOptions) (*Clean
 		}
 	}
 	if len(models) > 0 {
-		reps, err := c.unloadMany(ctx, models)
+		reps, err := c.unloadMany(ctx, models, opts.heldOK)
 		rep.Unloads = reps
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if opts.Release {
-		rr, err := c.ReleaseVRAM(ctx)
+		rr, err := c.releaseVRAM(ctx)
 		rep.Release = rr
 		if err != nil {
 			errs = append(errs, err)
@@ -245,7 +268,7 @@ func (c *OllamaClient) CleanupAsync(ctx context.Context, opts CleanupOptions) *C
 				err = t.err
 			}
 		}()
-		t.report, t.err = c.Cleanup(ctx, opts)
+		t.report, t.err = c.cleanup(ctx, opts)
 		return t.err
 	})
 	return t

@@ -249,6 +249,9 @@ func (c *OllamaClient) begin(op, model string, ka KeepAlive) (end func(), err er
 		return nil, newError(op, model, KindUnavailable, ErrClosed)
 	}
 	c.inflight[key]++
+	if u := c.uses[key]; u != nil {
+		u.touched = true // a guarded use's request goes out
+	}
 	if !ka.IsUnload() {
 		c.warm[key] = struct{}{}
 	}
@@ -599,7 +602,17 @@ func (w *watchdog) release() {
 // Running lists the models the server has loaded (GET /api/ps). Ollama lists
 // a model until its runner is removed, which can be before the GPU has the
 // memory back, and still lists a runner that crashed.
+//
+// On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) Running(ctx context.Context) ([]api.ProcessModelResponse, error) {
+	if err := c.checkOpen("list running", ""); err != nil {
+		return nil, err
+	}
+	return c.running(ctx)
+}
+
+// running is Running for the library's own calls, which Close makes too.
+func (c *OllamaClient) running(ctx context.Context) ([]api.ProcessModelResponse, error) {
 	const op = "list running"
 	resp, err := c.api.ListRunning(ctx)
 	if err != nil {
@@ -612,9 +625,13 @@ func (c *OllamaClient) Running(ctx context.Context) ([]api.ProcessModelResponse,
 }
 
 // ListModels lists the models installed on the server (GET /api/tags),
-// with failures classified like every other call.
+// with failures classified like every other call. On a closed client it
+// fails with ErrClosed and sends nothing.
 func (c *OllamaClient) ListModels(ctx context.Context) ([]api.ListModelResponse, error) {
 	const op = "list models"
+	if err := c.checkOpen(op, ""); err != nil {
+		return nil, err
+	}
 	resp, err := c.api.List(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -625,7 +642,8 @@ func (c *OllamaClient) ListModels(ctx context.Context) ([]api.ListModelResponse,
 	return resp.Models, nil
 }
 
-// IsResident reports whether the server lists model as loaded.
+// IsResident reports whether the server lists model as loaded. On a closed
+// client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) IsResident(ctx context.Context, model string) (bool, error) {
 	if err := validModelName("is resident", model); err != nil {
 		return false, err
@@ -675,8 +693,9 @@ func (c *OllamaClient) Wait() error {
 	return errors.Join(perr, c.joinBackground())
 }
 
-// Close stops the client: new calls fail with ErrClosed (KindUnavailable),
-// phases not yet ended are ended (each within its own timeout), pending
+// Close stops the client: every later call of the client, and of its
+// guards, sessions and phases, fails with ErrClosed (KindUnavailable) and
+// sends nothing; phases not yet ended are ended (each within its own timeout), pending
 // CleanupAsync work is joined, and, unless Options.KeepModelsOnClose is
 // set, every model this client used with a keep-alive other than
 // KeepAliveUnload is unloaded, verified, within CleanupTimeout. It returns
@@ -698,7 +717,7 @@ func (c *OllamaClient) Close() error {
 	errs := []error{c.endPhases(true), c.joinBackground()}
 	if !c.opts.KeepModelsOnClose && len(warm) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.CleanupTimeout)
-		_, err := c.unloadMany(ctx, warm)
+		_, err := c.unloadMany(ctx, warm, false)
 		cancel()
 		if err != nil {
 			c.cleanupFailed(err)

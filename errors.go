@@ -27,6 +27,15 @@ const (
 	KindCanceled          // the caller's context was canceled or its deadline passed
 	KindInvalidInput      // the caller passed something the library refuses
 	KindInternal          // a panic or a failure in caller-supplied code (release functions, hooks)
+	// KindUnverified: the work succeeded or failed on its own terms, but
+	// the cleanup after it could not verify the model gone (still held by
+	// another client's request, past the unload timeout, the server gone).
+	// Guard.Run gives every after-use cleanup failure this kind, so that
+	// it never reads as a failure of the generation; the cleanup's own
+	// cause stays reachable (errors.Is(err, ErrStillResident),
+	// ErrHeldByOthers, ...). Not retryable: the generation need not run
+	// again.
+	KindUnverified
 )
 
 var kindNames = [...]string{
@@ -41,6 +50,7 @@ var kindNames = [...]string{
 	KindCanceled:     "canceled",
 	KindInvalidInput: "invalid input",
 	KindInternal:     "internal",
+	KindUnverified:   "cleanup unverified",
 }
 
 // String returns the kind's name, as used in error messages.
@@ -127,4 +137,64 @@ var (
 	ErrIncompleteStream  = errors.New("stream ended without done")
 	ErrClosed            = errors.New("client closed")
 	ErrStillResident     = errors.New("model still resident")
+	// ErrFallbackUnsupported: the request carries options that `ollama run`
+	// cannot apply, so the fallback was not tried (see Options.Fallback).
+	ErrFallbackUnsupported = errors.New("options the ollama CLI cannot carry")
+	// ErrHeldByOthers: the unload was sent, but a request that is not this
+	// client's still runs on the model, so the server keeps it until that
+	// request ends. A guard's cleanup reports it at once instead of
+	// waiting for another program's generation.
+	ErrHeldByOthers = errors.New("model held by another client's request")
+	// ErrSessionEnded: a Session was used after its Guard.Run returned.
+	ErrSessionEnded = errors.New("session used after its Run returned")
+	// ErrPhaseEnded: a Phase's guard or session was used after Phase.End.
+	ErrPhaseEnded = errors.New("phase has ended")
 )
+
+// unverified gives a cleanup failure KindUnverified. The failure's own
+// causes stay reachable through errors.Is and errors.As, but not its
+// kinds: a timeout of the cleanup must not read as KindTimeout, which
+// invites a retry of the work.
+func unverified(op, model string, err error) error {
+	for {
+		j, ok := err.(interface{ Unwrap() []error })
+		if !ok || len(j.Unwrap()) != 1 {
+			break
+		}
+		err = j.Unwrap()[0] // errors.Join of one error
+	}
+	switch e, ok := err.(*Error); {
+	case err == nil:
+		return nil
+	case ok && e.Kind == KindUnverified:
+		return err // already says so
+	}
+	return newError(op, model, KindUnverified, kindless{err})
+}
+
+// kindless hides the *Error values of a chain from errors.Is and
+// errors.As while keeping what they wrap: Unwrap returns the causes of
+// each *Error instead of the *Error itself.
+type kindless struct{ err error }
+
+func (k kindless) Error() string { return k.err.Error() }
+
+func (k kindless) Unwrap() []error {
+	var out []error
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *Error:
+			walk(e.Err)
+		case interface{ Unwrap() []error }:
+			for _, x := range e.Unwrap() {
+				walk(x)
+			}
+		default:
+			out = append(out, err)
+		}
+	}
+	walk(k.err)
+	return out
+}

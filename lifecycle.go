@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,6 +20,10 @@ const DefaultPhaseKeepAlive = 2 * time.Minute
 type use struct {
 	n          int
 	wantUnload bool // a user that left while others held the model wanted it unloaded
+	// touched: a generation on the model began during the uses (begin
+	// marks it). Uses refused before any request went out leave the
+	// model alone: their cleanup has nothing to unload.
+	touched bool
 }
 
 // acquire registers a guarded user of model. release returns whether the
@@ -44,7 +49,7 @@ func (c *OllamaClient) acquire(model string) (release func(wantUnload bool) (las
 			u.n--
 			u.wantUnload = u.wantUnload || wantUnload
 			if u.n == 0 {
-				last, unload = true, u.wantUnload
+				last, unload = true, u.wantUnload && u.touched
 				delete(c.uses, key)
 			}
 		})
@@ -66,8 +71,11 @@ func (c *OllamaClient) Users(model string) int {
 // nodes embed it; its fields are the node's lifecycle settings.
 //
 // The zero value (with Client set) unloads the model after use, verified,
-// synchronously: the original "Unload After Use" switch, on. A Guard is safe
-// for concurrent use as long as its fields are not changed meanwhile.
+// synchronously: the original "Unload After Use" switch, on. A use that
+// sent no request leaves the model alone, and a cleanup failure comes back
+// as KindUnverified, never as the kind of a failed generation (see Run).
+// A Guard is safe for concurrent use as long as its fields are not changed
+// meanwhile.
 type Guard struct {
 	// Client is required.
 	Client *OllamaClient
@@ -85,10 +93,13 @@ type Guard struct {
 	Phase *Phase
 }
 
-// Session is a guarded use of one model, valid inside Guard.Run.
+// Session is a guarded use of one model, valid inside Guard.Run: used
+// after Run returned it fails with ErrSessionEnded, and in a phase after
+// Phase.End with ErrPhaseEnded (both KindInvalidInput), sending nothing.
 type Session struct {
 	g     *Guard
 	model string
+	ended atomic.Bool
 }
 
 // Model returns the session's model.
@@ -116,6 +127,12 @@ func (s *Session) Generate(ctx context.Context, req *GenerateRequest, fn ChunkFu
 	if req == nil {
 		return nil, invalid("generate", s.model, "request is nil")
 	}
+	if s.ended.Load() {
+		return nil, newError("generate", s.model, KindInvalidInput, ErrSessionEnded)
+	}
+	if p := s.g.Phase; p != nil && p.isSealed() {
+		return nil, newError("phase "+p.name, s.model, KindInvalidInput, ErrPhaseEnded)
+	}
 	r := *req
 	if r.Model == "" {
 		r.Model = s.model
@@ -141,7 +158,18 @@ func (g *Guard) validate(op, model string) error {
 //
 // Uses of the same model through guards of one client are counted: the
 // unload runs when the last of them ends, never under another's in-flight
-// call. Run returns fn's error joined with any cleanup error.
+// call, and only if a generation on the model began during the uses (a
+// call refused before it reached the server leaves the model as it was).
+// A guard does not wait for other programs: when another client's request
+// holds the model, the unload is sent (the server unloads the model when
+// that request ends) and the cleanup reports ErrHeldByOthers.
+//
+// Run returns fn's error joined with the cleanup's. A cleanup failure
+// always has KindUnverified, whatever caused it (errors.Is still finds
+// its causes: ErrStillResident, ErrHeldByOthers, ...), so that it never
+// reads as a failure of fn's work: with a nil fn error, the work
+// succeeded. On a closed client Run fails with ErrClosed and calls
+// nothing.
 func (g *Guard) Run(ctx context.Context, model string, fn func(ctx context.Context, s *Session) error) (err error) {
 	const op = "guard"
 	if err := g.validate(op, model); err != nil {
@@ -149,6 +177,9 @@ func (g *Guard) Run(ctx context.Context, model string, fn func(ctx context.Conte
 	}
 	if fn == nil {
 		return invalid(op, model, "function is nil")
+	}
+	if err := g.Client.checkOpen(op, model); err != nil {
+		return err
 	}
 	if g.Phase != nil {
 		leave, err := g.Phase.enter(model)
@@ -161,14 +192,16 @@ func (g *Guard) Run(ctx context.Context, model string, fn func(ctx context.Conte
 	}
 	release := g.Client.acquire(model)
 	normal := false
+	s := &Session{g: g, model: model}
 	defer func() {
+		s.ended.Store(true)
 		wantUnload := g.Phase == nil && !g.KeepLoaded
 		last, unload := release(wantUnload)
 		if cerr := g.cleanup(ctx, model, last && unload, !normal); cerr != nil {
-			err = errors.Join(err, cerr)
+			err = errors.Join(err, unverified("guard cleanup", model, cerr))
 		}
 	}()
-	err = fn(ctx, &Session{g: g, model: model})
+	err = fn(ctx, s)
 	normal = true
 	return err
 }
@@ -191,7 +224,7 @@ func (g *Guard) Generate(ctx context.Context, req *GenerateRequest, fn ChunkFunc
 }
 
 func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking bool) error {
-	opts := CleanupOptions{Release: g.Release && g.Phase == nil}
+	opts := CleanupOptions{Release: g.Release && g.Phase == nil, heldOK: true}
 	if unload {
 		opts.Models = []string{model}
 	}
@@ -209,7 +242,8 @@ func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking boo
 			return nil
 		}
 	}
-	_, err := g.Client.Cleanup(ctx, opts)
+	// A use that began before Close still cleans up after itself.
+	_, err := g.Client.cleanup(ctx, opts)
 	return err
 }
 
@@ -244,8 +278,9 @@ type Phase struct {
 
 	mu     sync.Mutex
 	models []string // in order of first use
-	ended  bool
-	active int // guarded uses running; End waits for them
+	ended  bool     // End has begun: no new use
+	sealed bool     // End has stopped waiting for uses: no new generation
+	active int      // guarded uses running; End waits for them
 
 	endOnce sync.Once
 	endDone chan struct{}
@@ -351,7 +386,7 @@ func (p *Phase) enter(model string) (leave func(), err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ended {
-		return nil, newError("phase "+p.name, model, KindInvalidInput, errors.New("phase has ended"))
+		return nil, newError("phase "+p.name, model, KindInvalidInput, ErrPhaseEnded)
 	}
 	key := NormalizeModelName(model)
 	if !slices.ContainsFunc(p.models, func(m string) bool { return NormalizeModelName(m) == key }) {
@@ -368,6 +403,14 @@ func (p *Phase) enter(model string) (leave func(), err error) {
 	}, nil
 }
 
+// isSealed reports whether End has stopped waiting for the phase's uses:
+// from then on a generation would load a model behind End's unload.
+func (p *Phase) isSealed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sealed
+}
+
 // activeUses returns the number of guarded uses still running.
 func (p *Phase) activeUses() int {
 	p.mu.Lock()
@@ -382,9 +425,13 @@ func (p *Phase) Guard() Guard { return Guard{Client: p.c, Phase: p} }
 // every model the phase used (verified), runs ReleaseVRAM, and, with
 // NeedBytes set, calls EnsureFree so the next stage gets the memory it
 // needs. It runs detached from ctx's cancellation; the wait for uses, the
-// unloads and the hand-over are each bounded by the phase's Timeout. End is idempotent: later
-// calls wait for the first and return its result; calls to the phase's
-// guards after End fail with KindInvalidInput.
+// unloads and the hand-over are each bounded by the phase's Timeout. Unlike
+// a guard, End waits for other programs' requests on its models to end
+// (within that bound), since what it hands over is the memory. End is
+// idempotent: later calls wait for the first and return its result; the
+// phase's guards and sessions fail with ErrPhaseEnded (KindInvalidInput)
+// once End has begun, or, for uses already running, once it stopped waiting
+// for them.
 func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 	p.endOnce.Do(func() {
 		defer close(p.endDone)
@@ -415,16 +462,17 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		}
 		cancel()
 		p.mu.Lock()
+		p.sealed = true
 		models := slices.Clone(p.models)
 		p.mu.Unlock()
 
 		rep := &PhaseReport{Name: p.name, Models: models}
-		cr, err := p.c.Cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout})
+		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout})
 		rep.Cleanup = cr
 		errs = append(errs, err)
 		if p.opts.NeedBytes > 0 {
 			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-			er, eerr := p.c.EnsureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes})
+			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes})
 			cancel()
 			rep.Handover = er
 			errs = append(errs, eerr)

@@ -387,8 +387,9 @@ func TestWaitReturnsEachFailureOnce(t *testing.T) {
 	}
 }
 
-// TestAsyncGuardOnClosedClient: the cleanup runs synchronously instead of
-// being refused in silence.
+// TestAsyncGuardOnClosedClient: a guarded use that began before Close
+// still cleans up after itself, synchronously, instead of being refused in
+// silence.
 func TestAsyncGuardOnClosedClient(t *testing.T) {
 	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
@@ -397,14 +398,19 @@ func TestAsyncGuardOnClosedClient(t *testing.T) {
 	}
 	released := 0
 	c.RegisterRelease("r", func(context.Context) error { released++; return nil })
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
 	g := Guard{Client: c, Async: true, Release: true}
-	if err := g.Run(t.Context(), "a", func(context.Context, *Session) error { return nil }); err != nil {
+	if err := g.Run(t.Context(), "a", func(ctx context.Context, s *Session) error {
+		if _, err := s.Generate(ctx, &GenerateRequest{Prompt: "x"}, nil); err != nil {
+			return err
+		}
+		return c.Close() // closed while the use runs
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if released != 1 {
 		t.Fatalf("release ran %d times, want 1", released)
+	}
+	if s.Listed("a") {
+		t.Fatal("model resident after the guarded use")
 	}
 }

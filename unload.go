@@ -67,6 +67,10 @@ type UnloadReport struct {
 	// Verified is true when the model was seen absent (and, with
 	// VerifyVRAM, the device memory came back).
 	Verified bool
+	// HeldByOthers is true when the wait ended early because a request of
+	// another client still runs on the model (a guard's cleanup does not
+	// wait for it): the server unloads the model when that request ends.
+	HeldByOthers bool
 	// VRAMFreed is the rise in free device memory seen with VerifyVRAM.
 	VRAMFreed int64
 }
@@ -86,15 +90,31 @@ type UnloadReport struct {
 // this client loads are covered. The wait is bounded by ctx and
 // Options.UnloadTimeout: on expiry the error is KindTimeout (wrapping
 // ErrStillResident); when ctx is done, KindCanceled. A model the server does
-// not know is KindNotFound.
+// not know is KindNotFound. On a closed client it fails with ErrClosed and
+// sends nothing.
 func (c *OllamaClient) UnloadModel(ctx context.Context, model string) (*UnloadReport, error) {
 	if err := validModelName("unload", model); err != nil {
 		return nil, err
 	}
-	return c.unloadModel(ctx, model)
+	if err := c.checkOpen("unload", model); err != nil {
+		return nil, err
+	}
+	return c.unloadModel(ctx, model, false)
 }
 
-func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadReport, error) {
+// heldGrace is how long a model must stay listed with its expiry in the
+// past, with no generation of this client on it, before an unload that
+// need not wait for other clients gives up waiting: Ollama removes a model
+// nobody uses within milliseconds of the unload.
+func (c *OllamaClient) heldGrace() time.Duration {
+	return max(4*c.opts.PollInterval, 200*time.Millisecond)
+}
+
+// unloadModel unloads model, verified. With heldOK, a model that another
+// client's request keeps (listed, expired, no generation of ours on it)
+// ends the wait early with ErrHeldByOthers (KindUnverified): the unload
+// was sent and the server unloads the model when that request ends.
+func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK bool) (*UnloadReport, error) {
 	const op = "unload"
 	start := time.Now()
 	rep := &UnloadReport{Model: model}
@@ -145,6 +165,7 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadRe
 		lastSent = time.Now()
 	}
 	resendEvery := max(10*c.opts.PollInterval, 500*time.Millisecond)
+	var heldSince time.Time // when the model was first seen held by others
 
 	if rep.WasLoaded {
 		// Ollama stops the runner after it replied: a poll right now would
@@ -166,8 +187,22 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string) (*UnloadRe
 			c.log.Debug("poll failed", "model", model, "err", err)
 		} else {
 			entry := seen(ms)
-			if entry == nil && c.inFlight(model) == 0 {
+			ours := c.inFlight(model)
+			if entry == nil && ours == 0 {
 				break
+			}
+			if entry != nil && ours == 0 && time.Until(entry.ExpiresAt) <= 0 {
+				// Unloading, but another client's request holds it.
+				if heldSince.IsZero() {
+					heldSince = time.Now()
+				}
+				if heldOK && time.Since(heldSince) >= c.heldGrace() {
+					rep.HeldByOthers = true
+					rep.Elapsed = time.Since(start)
+					return rep, newError(op, model, KindUnverified, ErrHeldByOthers)
+				}
+			} else {
+				heldSince = time.Time{}
 			}
 			// Listed with a future expiry: our unload was lost (it came
 			// during a load) or a later request set a keep-alive again.
@@ -323,8 +358,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // UnloadAll unloads, concurrently and verified, every model the server
 // lists. Reports are sorted by model name; the error joins every failure.
+// On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
-	ms, err := c.Running(ctx)
+	if err := c.checkOpen("unload all", ""); err != nil {
+		return nil, err
+	}
+	ms, err := c.running(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -332,11 +371,12 @@ func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
 	for _, m := range ms {
 		names = append(names, m.Model)
 	}
-	return c.unloadMany(ctx, names)
+	return c.unloadMany(ctx, names, false)
 }
 
-// unloadMany unloads models concurrently and joins every failure.
-func (c *OllamaClient) unloadMany(ctx context.Context, models []string) ([]UnloadReport, error) {
+// unloadMany unloads models concurrently and joins every failure (heldOK
+// as for unloadModel).
+func (c *OllamaClient) unloadMany(ctx context.Context, models []string, heldOK bool) ([]UnloadReport, error) {
 	var (
 		mu      sync.Mutex
 		reports []UnloadReport
@@ -345,7 +385,7 @@ func (c *OllamaClient) unloadMany(ctx context.Context, models []string) ([]Unloa
 	)
 	for _, m := range models {
 		g.Go(func() error {
-			rep, err := c.unloadModel(ctx, m)
+			rep, err := c.unloadModel(ctx, m, heldOK)
 			mu.Lock()
 			defer mu.Unlock()
 			if rep != nil {

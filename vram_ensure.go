@@ -47,7 +47,18 @@ func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeB
 // cannot measure: it unloads every listed model, runs ReleaseVRAM and
 // reports Source "none". On failure the error is that of AwaitFree (an
 // *InsufficientVRAMError names who holds the memory) or of the unloads.
+//
+// On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
+	if err := c.checkOpen("ensure free", ""); err != nil {
+		return nil, err
+	}
+	return c.ensureFree(ctx, req)
+}
+
+// ensureFree is EnsureFree for the library's own calls (Phase.End, which
+// Close makes too).
+func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
 	const op = "ensure free"
 	start := time.Now()
 	if req.Bytes > maxBytes || req.Reserve > maxBytes {
@@ -80,20 +91,20 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 		}
 	}
 
-	running, err := c.Running(ctx)
+	running, err := c.running(ctx)
 	if err != nil {
 		return rep, err
 	}
 	victims := pickVictims(running, need, free, req.AllModels || c.opts.VRAM == nil)
 	var errs []error
 	if len(victims) > 0 {
-		reps, err := c.unloadMany(ctx, victims)
+		reps, err := c.unloadMany(ctx, victims, false)
 		rep.Evicted = reps
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	rr, err := c.ReleaseVRAM(ctx)
+	rr, err := c.releaseVRAM(ctx)
 	rep.Release = rr
 	if err != nil {
 		errs = append(errs, err)

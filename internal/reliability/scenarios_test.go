@@ -33,6 +33,8 @@ type scenario struct {
 	// cleanupKind is the kind of the guard's cleanup error; KindUnknown:
 	// the cleanup must succeed (verified eviction).
 	cleanupKind vramguard.Kind
+	// cleanupCause, optional, is an errors.Is target of the cleanup's error.
+	cleanupCause error
 	// bound is the upper bound of the time to a failed generation's result,
 	// measured from the moment the proxy acted out the fault (the server's
 	// own load and generation time before it are not the client's), or,
@@ -99,7 +101,7 @@ var scenarios = []scenario{
 			}
 			return faultproxy.Pass()
 		})
-	}, unloadTimeout: 500 * ms, cleanupKind: vramguard.KindTimeout, bound: slack},
+	}, unloadTimeout: 500 * ms, cleanupKind: vramguard.KindUnverified, cleanupCause: vramguard.ErrStillResident, bound: slack},
 	// One dropped connection during the cleanup: the unload is sent again
 	// within UnloadTimeout and the eviction verified.
 	{name: "first unload request reset", program: resetFirstUnload, bound: slack},
@@ -196,6 +198,8 @@ func runScenario(t *testing.T, b *backend, sc scenario) {
 		if cleanupErr != nil || hooks.evictionVerified.Load() != 1 {
 			t.Errorf("cleanup: %v, %d verified evictions; want one and no error", cleanupErr, hooks.evictionVerified.Load())
 		}
+	} else if sc.cleanupCause != nil && !errors.Is(cleanupErr, sc.cleanupCause) {
+		t.Errorf("cleanup error %v does not wrap %v", cleanupErr, sc.cleanupCause)
 	} else if vramguard.KindOf(cleanupErr) != sc.cleanupKind {
 		t.Errorf("cleanup error %v: kind %v, want %v", cleanupErr, vramguard.KindOf(cleanupErr), sc.cleanupKind)
 	}
