@@ -196,9 +196,15 @@ type Generation struct {
 	// duration the server reported reached Options.LoadThreshold.
 	Loaded bool
 	// Fallback reports that the subprocess fallback produced the text.
-	Fallback   bool
-	FirstChunk time.Duration // time to the first chunk
-	Elapsed    time.Duration
+	// Such a generation has no Metrics, and DoneReason "length" when the
+	// library stopped the CLI at num_predict (counted approximately, see
+	// Options.Fallback), "stop" otherwise.
+	Fallback bool
+	// DroppedOptions lists, sorted, the request options the fallback did
+	// not apply (only with Options.FallbackDropOptions); nil otherwise.
+	DroppedOptions []string
+	FirstChunk     time.Duration // time to the first chunk
+	Elapsed        time.Duration
 }
 
 func validModelName(op, model string) error {
@@ -309,17 +315,29 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	if !c.opts.Fallback || !KindOf(err).Retryable() || ctx.Err() != nil || (fn != nil && st.chunks > 0) {
 		return nil, err
 	}
+	e := err.(*Error)
+	// The CLI cannot carry most options: dropping a seed or a temperature
+	// silently would return a text the caller did not ask for.
+	_, dropped := cliOptions(req.Options)
+	if len(dropped) > 0 && !c.opts.FallbackDropOptions {
+		c.log.Debug("generation failed; the ollama CLI cannot carry its options", "model", req.Model, "options", dropped)
+		return nil, newError(op, req.Model, e.Kind, errors.Join(e.Err,
+			fmt.Errorf("fallback refused: %w: %s", ErrFallbackUnsupported, strings.Join(dropped, ", "))))
+	}
 	c.callHook(func() {
 		if c.opts.Hooks.OnFallback != nil {
 			c.opts.Hooks.OnFallback(req.Model, err)
 		}
 	})
 	c.log.Warn("generation failed; trying the ollama CLI", "model", req.Model, "err", err)
+	if len(dropped) > 0 {
+		c.log.Warn("the ollama CLI runs without options it cannot carry", "model", req.Model, "dropped", dropped)
+	}
 	gen, ferr := c.generateCLI(ctx, req, keepAlive, fn)
 	if ferr != nil {
-		e := err.(*Error)
 		return nil, newError(op, req.Model, e.Kind, errors.Join(e.Err, fmt.Errorf("fallback: %w", ferr)))
 	}
+	gen.DroppedOptions = dropped
 	return gen, nil
 }
 

@@ -3,14 +3,20 @@ package vramguard
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // generateCLI runs the generation through `ollama run MODEL --keepalive K
@@ -42,7 +48,7 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 	}()
 	if ka.IsUnload() {
 		// Whatever happened, leave nothing resident.
-		if _, uerr := c.Cleanup(ctx, CleanupOptions{Models: []string{req.Model}}); uerr != nil && err == nil {
+		if _, uerr := c.cleanup(ctx, CleanupOptions{Models: []string{req.Model}}); uerr != nil && err == nil {
 			err = uerr
 		}
 	}
@@ -84,26 +90,50 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		return nil, newError(op, req.Model, KindUnavailable, err)
 	}
 
+	limit, _ := cliOptions(req.Options)
+	tc := tokenCap{max: limit}
 	var text strings.Builder
 	var first time.Duration
 	var fnErr error
+	var pending []byte // an incomplete UTF-8 sequence at the end of the last read
 	chunks := 0
+	capped := false
 	buf := make([]byte, 4096)
 	for {
 		n, rerr := stdout.Read(buf)
 		if n > 0 {
-			if chunks == 0 {
-				first = time.Since(start)
+			if first == 0 {
+				first = max(time.Since(start), 1)
 			}
 			wd.chunk()
+		}
+		data := buf[:n]
+		if len(pending) > 0 {
+			data = append(pending, data...)
+		}
+		end := len(data)
+		if rerr == nil {
+			end = completeRunes(data) // a rune cut by the read waits for its rest
+		}
+		piece := string(data[:end])
+		pending = bytes.Clone(data[end:])
+		fit, full := tc.fit(piece)
+		if piece = piece[:fit]; piece != "" {
 			chunks++
-			piece := string(buf[:n])
 			text.WriteString(piece)
 			if fn != nil && fnErr == nil {
 				if fnErr = fn(Chunk{Text: piece, Index: chunks, Bytes: text.Len(), Elapsed: time.Since(start)}); fnErr != nil {
 					wd.abort(fnErr)
 				}
 			}
+		}
+		if full {
+			// The cap is reached: stop the CLI now. Its request to the
+			// server ends with it, so the server stops generating and
+			// drops its reference to the model.
+			capped = true
+			_ = cmd.Process.Kill()
+			break
 		}
 		if rerr != nil {
 			break
@@ -113,7 +143,7 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 	if err := wd.finish(op, req.Model, ctx, fnErr); err != nil {
 		return nil, err
 	}
-	if werr != nil {
+	if werr != nil && !capped {
 		msg := strings.TrimSpace(stderr.String())
 		var ee *exec.ExitError
 		if msg == "" || !errors.As(werr, &ee) {
@@ -127,15 +157,127 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 			return nil, newError(op, req.Model, KindCanceled, fmt.Errorf("chunk callback: %w", err))
 		}
 	}
+	reason := "stop"
+	if capped {
+		reason = "length"
+	}
 	return &Generation{
 		Model:      req.Model,
 		Text:       out,
-		DoneReason: "stop",
+		DoneReason: reason,
 		Chunks:     chunks,
 		Fallback:   true,
 		FirstChunk: first,
 		Elapsed:    time.Since(start),
 	}, nil
+}
+
+// cliOptions splits a request's options for the CLI fallback. `ollama run`
+// has no sampling flags on any version tested (v0.6.5 to v0.34.4 have
+// --format, --keepalive, --nowordwrap, --verbose, and from v0.17 --think
+// and --hidethinking; v0.17's --seed is for image models only), so the only
+// option it can honour is num_predict, which the library enforces on its
+// output: limit is that cap (0: none). dropped lists, sorted, every other
+// option, and num_predict itself when it is not a number. Options set to
+// nil are skipped, as the server skips them.
+func cliOptions(opts map[string]any) (limit int, dropped []string) {
+	for k, v := range opts {
+		if v == nil {
+			continue
+		}
+		if k == "num_predict" {
+			if n, ok := optionInt(v); ok {
+				limit = max(n, 0) // -1 (no limit) and -2 (fill the context): no cap
+				continue
+			}
+		}
+		dropped = append(dropped, k)
+	}
+	slices.Sort(dropped)
+	return limit, dropped
+}
+
+// optionInt reads an integer option as the server reads its JSON: any
+// number, truncated; anything else is not an integer.
+func optionInt(v any) (int, bool) {
+	if n, ok := v.(json.Number); ok {
+		f, err := n.Float64()
+		if err != nil {
+			return 0, false
+		}
+		v = f
+	}
+	var f float64
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		f = float64(rv.Int())
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		f = float64(rv.Uint())
+	case reflect.Float32, reflect.Float64:
+		f = rv.Float()
+	default:
+		return 0, false
+	}
+	switch {
+	case math.IsNaN(f):
+		return 0, false
+	case f >= math.MaxInt:
+		return math.MaxInt, true
+	case f <= math.MinInt:
+		return math.MinInt, true
+	}
+	return int(f), true
+}
+
+// tokenCap enforces num_predict on the CLI's output, which carries no token
+// counts. It counts approximate tokens: the larger of the words (runs of
+// non-space runes, as strings.Fields counts them) and the bytes divided by
+// 4, rounded up. A tokenizer gives at least one token per word and about
+// one per 4 bytes of English text, so the CLI is stopped near where the
+// server would have stopped, and never far past it: a capped text holds at
+// most max words and 4*max bytes (4 times the server's cut only for text
+// of one-byte tokens).
+type tokenCap struct {
+	max    int // 0: no cap
+	words  int
+	bytes  int
+	inWord bool
+}
+
+// fit counts s, rune by rune, and returns how many of its bytes fit under
+// the cap and whether the cap is reached (the next rune did not fit).
+func (c *tokenCap) fit(s string) (n int, full bool) {
+	if c.max <= 0 {
+		return len(s), false
+	}
+	for n < len(s) {
+		r, size := utf8.DecodeRuneInString(s[n:])
+		space := unicode.IsSpace(r)
+		words := c.words
+		if !space && !c.inWord {
+			words++
+		}
+		if max(words, (c.bytes+size+3)/4) > c.max {
+			return n, true
+		}
+		c.words, c.bytes, c.inWord = words, c.bytes+size, !space
+		n += size
+	}
+	return n, false
+}
+
+// completeRunes returns the length of the longest prefix of b that does
+// not end inside a UTF-8 sequence. Invalid bytes count as complete runes.
+func completeRunes(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if utf8.FullRune(b[i:]) {
+				return len(b)
+			}
+			return i
+		}
+	}
+	return len(b)
 }
 
 // lastLine returns the last non-empty line of s, without the CLI's spinner

@@ -1,13 +1,20 @@
 package vramguard
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vramguard/vramguard/internal/sim"
 )
@@ -134,4 +141,262 @@ func TestNoFallbackAfterChunksReachedTheCaller(t *testing.T) {
 	if err != nil || !gen.Fallback {
 		t.Fatalf("without a callback: %+v, %v", gen, err)
 	}
+}
+
+func TestFallbackOptions(t *testing.T) {
+	all := map[string]any{"num_predict": 4, "seed": 1, "temperature": 0.7, "top_p": 0.9}
+	tests := []struct {
+		name     string
+		options  map[string]any
+		drop     bool      // Options.FallbackDropOptions
+		fault    sim.Fault // the first attempt's failure
+		timeouts Timeouts  // of the request
+		wantKind Kind      // of the first failure, kept by a refusal
+		refused  string    // the option list a refusal names; "" when the CLI runs
+		dropped  []string  // Generation.DroppedOptions when it runs
+		wantText string    // of the CLI, which writes "one two three four five six"
+		reason   string    // Generation.DoneReason
+	}{
+		{name: "no options", fault: sim.Busy(), wantText: "one two three four five six", reason: "stop"},
+		{name: "empty options", options: map[string]any{}, fault: sim.Busy(), wantText: "one two three four five six", reason: "stop"},
+		{name: "options set to nil", options: map[string]any{"seed": nil}, fault: sim.Busy(),
+			wantText: "one two three four five six", reason: "stop"},
+		// 4 approximate tokens: 4 words, but bytes/4 stops it first, at 16 bytes.
+		{name: "num_predict is enforced", options: map[string]any{"num_predict": 4}, fault: sim.Busy(),
+			wantText: "one two three fo", reason: "length"},
+		{name: "num_predict from JSON", options: map[string]any{"num_predict": json.Number("2")}, fault: sim.Busy(),
+			wantText: "one two ", reason: "length"},
+		{name: "num_predict above the output", options: map[string]any{"num_predict": 100}, fault: sim.Busy(),
+			wantText: "one two three four five six", reason: "stop"},
+		{name: "num_predict -1 is no cap", options: map[string]any{"num_predict": -1}, fault: sim.Busy(),
+			wantText: "one two three four five six", reason: "stop"},
+		{name: "sampling options refused", options: all, fault: sim.Busy(), wantKind: KindTransient,
+			refused: "seed, temperature, top_p"},
+		{name: "refusal keeps a timeout's kind", options: all, fault: sim.Stall(5 * time.Second),
+			timeouts: Timeouts{FirstChunk: 50 * time.Millisecond}, wantKind: KindTimeout, refused: "seed, temperature, top_p"},
+		{name: "num_predict that is not a number", options: map[string]any{"num_predict": "4"}, fault: sim.Busy(),
+			wantKind: KindTransient, refused: "num_predict"},
+		{name: "dropped on request", options: all, drop: true, fault: sim.Busy(),
+			dropped: []string{"seed", "temperature", "top_p"}, wantText: "one two three fo", reason: "length"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			cli, argsFile := fakeCLI(t, `printf 'one two three four five six'`)
+			var fellBack atomic.Int32
+			var logs bytes.Buffer
+			c := newTestClient(t, s, Options{Fallback: true, FallbackDropOptions: tt.drop, CLIPath: cli,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+				Hooks:  Hooks{OnFallback: func(string, error) { fellBack.Add(1) }}})
+			if err := s.FailNext("tiny", tt.fault); err != nil {
+				t.Fatal(err)
+			}
+			var streamed strings.Builder
+			gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Options: tt.options, Timeouts: tt.timeouts},
+				KeepAliveUnload, func(ch Chunk) error { streamed.WriteString(ch.Text); return nil })
+			_, statErr := os.Stat(argsFile)
+			if tt.refused != "" {
+				if !errors.Is(err, ErrFallbackUnsupported) || KindOf(err) != tt.wantKind {
+					t.Fatalf("got %+v, %v (kind %v); want ErrFallbackUnsupported with kind %v", gen, err, KindOf(err), tt.wantKind)
+				}
+				if !strings.Contains(err.Error(), "cannot carry: "+tt.refused+"\n") && !strings.HasSuffix(err.Error(), "cannot carry: "+tt.refused) {
+					t.Errorf("error %q does not name exactly %s", err, tt.refused)
+				}
+				if statErr == nil || fellBack.Load() != 0 {
+					t.Errorf("the CLI ran (hook called %d times)", fellBack.Load())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if statErr != nil || !gen.Fallback || fellBack.Load() != 1 {
+				t.Fatalf("the CLI did not run: %+v", gen)
+			}
+			if gen.Text != tt.wantText || streamed.String() != tt.wantText || gen.DoneReason != tt.reason {
+				t.Errorf("text %q (streamed %q), reason %q; want %q, %q", gen.Text, streamed.String(), gen.DoneReason, tt.wantText, tt.reason)
+			}
+			if !slices.Equal(gen.DroppedOptions, tt.dropped) || (tt.dropped == nil && gen.DroppedOptions != nil) {
+				t.Errorf("DroppedOptions %q, want %q", gen.DroppedOptions, tt.dropped)
+			}
+			warned := strings.Contains(logs.String(), `level=WARN msg="the ollama CLI runs without options it cannot carry"`)
+			if warned != (tt.dropped != nil) {
+				t.Errorf("warning about dropped options logged: %v; want %v (logs %q)", warned, tt.dropped != nil, logs.String())
+			}
+			if s.Listed("tiny") {
+				t.Error("model resident after the fallback")
+			}
+		})
+	}
+}
+
+// TestFallbackCapKillsTheCLI: a CLI that writes without end is killed as
+// soon as its text reaches num_predict; without the cap it would run until
+// the total timeout.
+func TestFallbackCapKillsTheCLI(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	cli, _ := fakeCLI(t, `echo $$ > `+pidFile+`; while :; do printf 'tok '; done`)
+	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
+	if err := s.FailNext("tiny", sim.Busy()); err != nil {
+		t.Fatal(err)
+	}
+	const limit = 50
+	var reached time.Time // when the last text chunk, the one at the cap, arrived
+	gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x",
+		Options: map[string]any{"num_predict": limit}, Timeouts: Timeouts{Total: 30 * time.Second}}, KeepAliveUnload,
+		func(ch Chunk) error {
+			if !ch.Done {
+				reached = time.Now()
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(reached); d > 2*time.Second {
+		t.Errorf("returned %v after the cap was reached", d)
+	}
+	// "tok " is 4 bytes: bytes/4 and the words reach 50 together.
+	if want := strings.Repeat("tok ", limit); gen.Text != want || gen.DoneReason != "length" {
+		t.Errorf("text %q, reason %q; want %d words, reason length", gen.Text, gen.DoneReason, limit)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := os.FindProcess(pid); err == nil {
+		if err := p.Signal(syscall.Signal(0)); err == nil {
+			t.Errorf("the CLI (pid %d) still runs", pid)
+		}
+	}
+}
+
+// TestFallbackSplitRunes: a rune cut by the pipe reaches the callback whole.
+func TestFallbackSplitRunes(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	cli, _ := fakeCLI(t, `printf 'a \342'; sleep 0.2; printf '\202\254 b'`)
+	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
+	if err := s.FailNext("tiny", sim.Busy()); err != nil {
+		t.Fatal(err)
+	}
+	var pieces []string
+	gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload,
+		func(ch Chunk) error { pieces = append(pieces, ch.Text); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pieces {
+		if !utf8.ValidString(p) {
+			t.Errorf("chunk %q is not valid UTF-8 (chunks %q)", p, pieces)
+		}
+	}
+	if gen.Text != "a € b" {
+		t.Errorf("text %q", gen.Text)
+	}
+}
+
+func TestTokenCap(t *testing.T) {
+	tests := []struct {
+		name   string
+		max    int
+		pieces []string // fed in order
+		want   string   // what fits
+		full   bool
+	}{
+		{name: "no cap", max: 0, pieces: []string{"a b c d e f g"}, want: "a b c d e f g"},
+		{name: "words count", max: 3, pieces: []string{"a b c d"}, want: "a b c ", full: true},
+		{name: "bytes/4 count", max: 2, pieces: []string{"abcdefghij"}, want: "abcdefgh", full: true},
+		{name: "across pieces", max: 2, pieces: []string{"a", " b", " c"}, want: "a b ", full: true},
+		{name: "a word split over pieces is one word", max: 2, pieces: []string{"ab", "c d"}, want: "abc d"},
+		{name: "unicode spaces separate words", max: 2, pieces: []string{"a\u00a0b\u3000c"}, want: "a\u00a0b\u3000", full: true},
+		{name: "runes are not cut", max: 1, pieces: []string{"é€x"}, want: "é", full: true},
+		{name: "invalid bytes count one each", max: 1, pieces: []string{"\xff\xfe\xfd\xfc\xfb"}, want: "\xff\xfe\xfd\xfc", full: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tc := tokenCap{max: tt.max}
+			var got strings.Builder
+			var full bool
+			for _, p := range tt.pieces {
+				var n int
+				n, full = tc.fit(p)
+				got.WriteString(p[:n])
+				if full {
+					break
+				}
+			}
+			if got.String() != tt.want || full != tt.full {
+				t.Errorf("fit %q, full %v; want %q, %v", got.String(), full, tt.want, tt.full)
+			}
+		})
+	}
+}
+
+func TestCompleteRunes(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int
+	}{
+		{"", 0}, {"abc", 3}, {"a\xe2\x82", 1}, {"a\xe2\x82\xac", 4}, {"\xf0\x9f\x98", 0},
+		{"a\xff", 2}, {"\x82\x82\x82\x82", 4},
+	} {
+		if got := completeRunes([]byte(tt.in)); got != tt.want {
+			t.Errorf("completeRunes(%q) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}
+
+// FuzzTokenCap: whatever the CLI writes and however the pipe splits it,
+// the text kept is a prefix of the output, cut between runes, with at most
+// max words and 4*max bytes, and only a rune that would pass the cap
+// stops it.
+func FuzzTokenCap(f *testing.F) {
+	f.Add("one two three four five", uint8(3), uint8(4))
+	f.Add("é€\xff  x\u00a0y", uint8(2), uint8(1))
+	f.Fuzz(func(t *testing.T, out string, max, split uint8) {
+		if max == 0 {
+			return
+		}
+		tc := tokenCap{max: int(max)}
+		var kept strings.Builder
+		full := false
+		rest := []byte(out)
+		var pending []byte
+		for len(rest) > 0 && !full {
+			k := min(int(split)+1, len(rest))
+			data := append(pending, rest[:k]...)
+			rest = rest[k:]
+			end := len(data)
+			if len(rest) > 0 {
+				end = completeRunes(data)
+			}
+			piece := string(data[:end])
+			pending = bytes.Clone(data[end:])
+			var n int
+			n, full = tc.fit(piece)
+			kept.WriteString(piece[:n])
+		}
+		got := kept.String()
+		if !strings.HasPrefix(out, got) {
+			t.Fatalf("kept %q is not a prefix of %q", got, out)
+		}
+		if w := len(strings.Fields(got)); w > int(max) || len(got) > 4*int(max) {
+			t.Fatalf("kept %q: %d words, %d bytes over a cap of %d", got, w, len(got), max)
+		}
+		if !full && got != out {
+			t.Fatalf("kept %q of %q without reaching the cap", got, out)
+		}
+		if full {
+			_, size := utf8.DecodeRuneInString(out[len(got):])
+			next := out[:len(got)+size]
+			if len(strings.Fields(next)) <= int(max) && (len(next)+3)/4 <= int(max) {
+				t.Fatalf("stopped at %q although %q fits", got, next)
+			}
+		}
+	})
 }

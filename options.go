@@ -97,8 +97,19 @@ type Options struct {
 	KeepModelsOnClose bool
 
 	// Fallback enables the subprocess fallback (`ollama run`) after a
-	// timeout or transient failure.
+	// timeout or transient failure. The CLI has no sampling flags, so it
+	// honours only GenerateRequest.Think and the num_predict option, which
+	// the library enforces by stopping the CLI before its text exceeds
+	// num_predict approximate tokens (the larger of its words and its
+	// bytes/4: at most num_predict words and 4*num_predict bytes). A
+	// request with any other option is not retried through the CLI: it
+	// fails with its first error's kind, joined with ErrFallbackUnsupported
+	// naming the options, unless FallbackDropOptions is set.
 	Fallback bool
+	// FallbackDropOptions lets the fallback run without the options the
+	// CLI cannot carry (seed, temperature, top_p, stop, ...): the result
+	// lists them in Generation.DroppedOptions and a warning is logged.
+	FallbackDropOptions bool
 	// CLIPath is the ollama binary for the fallback; empty: "ollama" on PATH.
 	CLIPath string
 
