@@ -401,7 +401,13 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 	}
 
 	st.start = wd.start
-	err := c.api.Generate(wd.ctx, ar, func(r api.GenerateResponse) error {
+	// The client's own reader when it owns the HTTP client (ndjson.go):
+	// no line limit for the done line's context array, no 8 MiB buffer.
+	generate, own := c.api.Generate, c.readsOwnStream()
+	if own {
+		generate = c.generateNDJSON
+	}
+	err := generate(wd.ctx, ar, func(r api.GenerateResponse) error {
 		elapsed := time.Since(st.start) // one clock read per chunk
 		if st.chunks == 0 {
 			st.firstChunk = elapsed
@@ -432,14 +438,24 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 	if werr := wd.finish(op, req.Model, ctx, st.fnErr); werr != nil {
 		return nil, werr
 	}
+	var cut *replyCut
 	switch {
-	case err != nil && !st.done && isPartialLine(err):
+	case errors.As(err, &cut) && !st.done:
+		// Our reader: the body ended or broke inside the stream.
+		return nil, newError(op, req.Model, KindTransient,
+			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
+	case errors.As(err, &cut):
+		return nil, newError(op, req.Model, KindTransient, err)
+	case errors.Is(err, errMalformedLine) || errors.Is(err, ErrReplyTooLarge):
+		// A line that the same request would get again: not retryable.
+		return nil, newError(op, req.Model, KindServer, err)
+	case !own && err != nil && !st.done && isPartialLine(err):
 		// The connection was cut inside a line: the api client hands the
 		// partial line over as an error text. It is a cut stream, not a
 		// server's verdict.
 		return nil, newError(op, req.Model, KindTransient,
 			fmt.Errorf("%w after %d chunks: partial line %.40q", ErrIncompleteStream, st.chunks, err.Error()))
-	case err != nil && !st.done && isCutStream(err):
+	case !own && err != nil && !st.done && isCutStream(err):
 		// From Ollama v0.30 the api client returns the reader's error when
 		// the stream breaks (v0.17 returned nil): a cut stream either way.
 		return nil, newError(op, req.Model, KindTransient,

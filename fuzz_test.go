@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -20,10 +21,11 @@ import (
 )
 
 // Fuzz targets for every parser of untrusted text in this package. The
-// NDJSON stream handling is fed through the real api.Client with a
-// transport that answers with the fuzzer's bytes, so the api client's own
-// scanner (8 MiB lines, {"error"} lines, status errors) is part of what is
-// fuzzed.
+// NDJSON stream handling is fed through GenerateStreaming with a transport
+// that answers with the fuzzer's bytes, so the client's own reply reader
+// (ndjson.go: lines of any length, context arrays, {"error"} lines, status
+// errors) is part of what is fuzzed; FuzzStreamMatchesAPI (ndjson_test.go)
+// compares it with api.Client.Generate on the same bytes.
 
 // bodyTransport answers every request with status and body, whose read
 // ends with tail (nil: a clean end).
@@ -57,11 +59,23 @@ type errReader struct{ err error }
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // streamFromBody runs GenerateStreaming against a server that answers
-// with status and body.
+// with status and body, through the client's own reply reader (the client
+// owns its HTTP client).
 func streamFromBody(status int, body []byte, tail error) (*Generation, []Chunk, error) {
+	hc := &http.Client{Transport: &bodyTransport{status: status, body: body, tail: tail}}
+	return streamWith(Options{Host: "http://fuzz.invalid:11434", HTTPClient: hc, KeepModelsOnClose: true})
+}
+
+// streamFromBodyAPI is streamFromBody through api.Client.Generate
+// (Options.API).
+func streamFromBodyAPI(status int, body []byte, tail error) (*Generation, []Chunk, error) {
 	u, _ := url.Parse("http://fuzz.invalid:11434")
 	hc := &http.Client{Transport: &bodyTransport{status: status, body: body, tail: tail}}
-	c, err := NewClient(Options{API: api.NewClient(u, hc), KeepModelsOnClose: true})
+	return streamWith(Options{API: api.NewClient(u, hc), KeepModelsOnClose: true})
+}
+
+func streamWith(opts Options) (*Generation, []Chunk, error) {
+	c, err := NewClient(opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -75,11 +89,11 @@ func streamFromBody(status int, body []byte, tail error) (*Generation, []Chunk, 
 	return gen, chunks, err
 }
 
-// hasDoneLine reports whether body holds, within the api client's 8 MiB
-// line limit, a line that decodes as a done:true reply.
+// hasDoneLine reports whether body holds a line that decodes as a
+// done:true reply.
 func hasDoneLine(body []byte) bool {
 	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(nil, 8*1000*1000)
+	sc.Buffer(nil, len(body)+1)
 	for sc.Scan() {
 		var r api.GenerateResponse
 		if json.Unmarshal(sc.Bytes(), &r) == nil && r.Done {
@@ -185,16 +199,47 @@ func slicesContainsDone(chunks []Chunk) bool {
 	return false
 }
 
-// TestStreamHugeLine: a line over the api client's 8 MiB buffer ends the
-// scan; without a done line before it, the call is an incomplete stream.
+// TestStreamHugeLine: a line over 8 MiB. api.Client.Generate gives up on
+// it (bufio.ErrTooLong), which the library used to report as a transient
+// incomplete stream whatever the line held (issue #14, item 3): a finished
+// generation whose done line carried a long context array, and garbage
+// that the same request would get again, both became retryable failures.
+// With the client's own reader, a line that is long because of its context
+// array is read, and a long line that is not a reply is KindServer, not
+// retryable. Through Options.API the api client's limit remains, and so
+// does the transient incomplete stream: the documented limit of that path.
 func TestStreamHugeLine(t *testing.T) {
-	huge := append(bytes.Repeat([]byte{'x'}, 9<<20), '\n')
-	body := append([]byte(`{"response":"a"}`+"\n"), huge...)
-	body = append(body, `{"done":true}`+"\n"...)
-	_, _, err := streamFromBody(200, body, nil)
-	if !errors.Is(err, KindTransient) || !errors.Is(err, ErrIncompleteStream) {
-		t.Fatalf("got %v, want a transient incomplete stream", err)
+	garbage := append(bytes.Repeat([]byte{'x'}, 9<<20), '\n')
+	withGarbage := append([]byte(`{"response":"a"}`+"\n"), garbage...)
+	withGarbage = append(withGarbage, `{"done":true}`+"\n"...)
+
+	var done bytes.Buffer
+	done.WriteString(`{"response":"a"}` + "\n" + `{"response":"","done":true,"done_reason":"stop","context":[`)
+	for i := range 2_000_000 { // 9 MB of token ids
+		fmt.Fprintf(&done, "%d,", 10000+i%90000)
 	}
+	done.WriteString(`1],"eval_count":1}` + "\n")
+
+	t.Run("garbage", func(t *testing.T) {
+		_, _, err := streamFromBody(200, withGarbage, nil)
+		if !errors.Is(err, KindServer) || !errors.Is(err, errMalformedLine) || KindOf(err).Retryable() {
+			t.Fatalf("got %v, want a KindServer malformed line, not retryable", err)
+		}
+	})
+	t.Run("context", func(t *testing.T) {
+		gen, _, err := streamFromBody(200, done.Bytes(), nil)
+		if err != nil || gen.Text != "a" || gen.Metrics.EvalCount != 1 || gen.DoneReason != "stop" {
+			t.Fatalf("got %+v, %v; want the generation", gen, err)
+		}
+	})
+	t.Run("api client", func(t *testing.T) {
+		for _, body := range [][]byte{withGarbage, done.Bytes()} {
+			_, _, err := streamFromBodyAPI(200, body, nil)
+			if !errors.Is(err, KindTransient) || !errors.Is(err, ErrIncompleteStream) {
+				t.Fatalf("got %v, want a transient incomplete stream", err)
+			}
+		}
+	})
 }
 
 // TestStreamCutMidLine is the regression case of the stream fuzzer's

@@ -72,6 +72,16 @@ type Options struct {
 	Host string
 	// API is a ready client to use as is. Host and HTTPClient are then
 	// ignored, except that Host, when set, is still passed to the CLI fallback.
+	//
+	// Without API the client reads generations' replies itself, with no
+	// line limit for the context array of the done line and a cap of
+	// 64 MiB on any other line (ErrReplyTooLarge). With API, generations
+	// go through api.Client.Generate and keep its limits: a reply line
+	// over 8 MiB ends the stream, so a prompt of a few MB, whose done
+	// line carries a context array of tens of MB, fails as a KindTransient
+	// ErrIncompleteStream although the server finished; and each
+	// generation allocates an 8 MiB line buffer. The same holds when the
+	// api client signs requests (host ollama.com, or OLLAMA_AUTH set).
 	API *api.Client
 	// HTTPClient is used with Host. Nil: a client with no overall timeout
 	// (generations are bounded by Timeouts instead).
