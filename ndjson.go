@@ -87,24 +87,11 @@ func (c *OllamaClient) readsOwnStream() bool {
 // a line too long to keep wraps ErrReplyTooLarge, and lines of any length
 // are read when what makes them long is the context array.
 func (c *OllamaClient) generateNDJSON(ctx context.Context, req *api.GenerateRequest, fn api.GenerateResponseFunc) error {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.JoinPath("/api/generate").String(), bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "application/x-ndjson")
-	resp, err := c.hc.Do(hreq)
+	resp, err := c.postGenerate(ctx, req, "application/x-ndjson")
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= http.StatusBadRequest {
-		return replyStatusError(resp)
-	}
 	rr := newReplyReader(resp.Body, replyBufferSize, maxReplyLine)
 	for {
 		r, err := rr.next()
@@ -118,6 +105,31 @@ func (c *OllamaClient) generateNDJSON(ctx context.Context, req *api.GenerateRequ
 			return err
 		}
 	}
+}
+
+// postGenerate sends req to /api/generate through the client's own HTTP
+// client. A status of 400 and up comes back as the error the api client
+// would return (replyStatusError), with the body closed.
+func (c *OllamaClient) postGenerate(ctx context.Context, req *api.GenerateRequest, accept string) (*http.Response, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.JoinPath("/api/generate").String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", accept)
+	resp, err := c.hc.Do(hreq)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= http.StatusBadRequest {
+		defer resp.Body.Close()
+		return nil, replyStatusError(resp)
+	}
+	return resp, nil
 }
 
 // replyStatusError is the error api.Client.Generate returns for a status

@@ -1,13 +1,10 @@
 package vramguard
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -263,32 +260,12 @@ func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
 	if c.hc == nil {
 		return c.api.Generate(ctx, req, func(api.GenerateResponse) error { return nil })
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.JoinPath("/api/generate").String(), bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "application/json")
-	resp, err := c.hc.Do(hreq)
+	resp, err := c.postGenerate(ctx, req, "application/json")
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode >= http.StatusBadRequest {
-		se := api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status, ErrorMessage: string(data)}
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(data, &e) == nil && e.Error != "" {
-			se.ErrorMessage = e.Error
-		}
-		return se
-	}
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	return err
 }
 
