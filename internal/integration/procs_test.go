@@ -17,8 +17,8 @@ import (
 
 // seenProc is a process the watcher saw.
 type seenProc struct {
-	pid  int
-	args []string
+	pid, ppid int
+	args      []string
 }
 
 // watchProcs records, until stop is called, the distinct processes (PID
@@ -45,7 +45,8 @@ func watchProcs(t *testing.T, marks ...string) (stop func() []seenProc) {
 				if err != nil {
 					continue
 				}
-				if st, err := procs.ReadStat("", pid); err != nil || !procs.MaybeOllama(st.Comm) {
+				st, err := procs.ReadStat("", pid)
+				if err != nil || !procs.MaybeOllama(st.Comm) {
 					continue
 				}
 				p, err := procs.Read("", pid)
@@ -58,7 +59,7 @@ func watchProcs(t *testing.T, marks ...string) (stop func() []seenProc) {
 				}
 				mu.Lock()
 				if !slices.ContainsFunc(seen, func(q seenProc) bool { return q.pid == pid && slices.Equal(q.args, p.Args) }) {
-					seen = append(seen, seenProc{pid, p.Args})
+					seen = append(seen, seenProc{pid, st.PPID, p.Args})
 				}
 				mu.Unlock()
 			}
@@ -76,16 +77,16 @@ func watchProcs(t *testing.T, marks ...string) (stop func() []seenProc) {
 	}
 }
 
-// watchLoads counts the model loads of the servers of this machine from
-// now until the returned function is called: each runner process started
-// with --model is one load. It is the servers' own truth, independent of
-// the library's reading of load_duration.
-func watchLoads(t *testing.T) (stop func() int) {
+// watchLoads counts the model loads of server s from now until the
+// returned function is called: each runner process s starts with --model
+// is one load. It is the server's own truth, independent of the library's
+// reading of load_duration.
+func watchLoads(t *testing.T, s *ollamatest.Server) (stop func() int) {
 	stopProcs := watchProcs(t, "--model")
 	return func() int {
 		n := 0
 		for _, p := range stopProcs() {
-			if vramguard.ClassifyCommand(p.args) == vramguard.RoleOllamaRunner {
+			if p.ppid == s.PID() && vramguard.ClassifyCommand(p.args) == vramguard.RoleOllamaRunner {
 				n++
 			}
 		}
@@ -129,6 +130,9 @@ func TestRunnerProcessesClassified(t *testing.T) {
 
 			var runners, discovery int
 			for _, p := range seen {
+				if p.ppid != s.PID() {
+					continue // another server's (tests of other packages may run)
+				}
 				args := p.args
 				role := vramguard.ClassifyCommand(args)
 				info := procs.Classify(args)
