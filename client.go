@@ -42,6 +42,9 @@ type OllamaClient struct {
 	hc   *http.Client
 	opts Options
 	log  *slog.Logger
+	// procRoot is the procfs root UnloadModel reads runners from; "" is
+	// /proc (tests point it at a fake tree).
+	procRoot string
 
 	mu       sync.Mutex
 	closed   bool

@@ -13,8 +13,10 @@
 // failures as [*Error] values whose [Kind] says what happened: a stream that
 // ends without the server's done:true is never a success.
 // [OllamaClient.UnloadModel] returns only when the server no longer lists the
-// model, re-sending the unload when Ollama lost it (it does when the unload
-// arrives during a load). [OllamaClient.Cleanup] and
+// model and, on a server on this machine, no runner process serves its
+// weights (a load another program started shows only there), re-sending the
+// unload when Ollama lost it (it does when the unload arrives during a load);
+// [UnloadReport.Checked] names the checks made. [OllamaClient.Cleanup] and
 // [OllamaClient.CleanupAsync] unload and release memory under a detached,
 // bounded context; [OllamaClient.Close] joins every cleanup still running.
 //

@@ -170,6 +170,12 @@ func (c *OllamaClient) modelBlob(ctx context.Context, op, model string) (string,
 // writes it: comment lines, then `FROM <path>` (Ollama's Model.String); ""
 // when the first command is not a FROM naming a blob.
 func blobFromModelfile(mf string) string {
+	return procs.BlobOf(modelfileFrom(mf))
+}
+
+// modelfileFrom returns the argument of a modelfile's FROM line when it is
+// the first command; "" otherwise.
+func modelfileFrom(mf string) string {
 	for line := range strings.Lines(mf) {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -179,7 +185,7 @@ func blobFromModelfile(mf string) string {
 		if !ok || !strings.EqualFold(cmd, "FROM") {
 			return ""
 		}
-		return procs.BlobOf(strings.Trim(strings.TrimSpace(arg), `"`))
+		return strings.Trim(strings.TrimSpace(arg), `"`)
 	}
 	return ""
 }

@@ -70,25 +70,97 @@ type UnloadReport struct {
 	HeldByOthers bool
 	// VRAMFreed is the rise in free device memory seen with VerifyVRAM.
 	VRAMFreed int64
+	// Checked names the checks Verified rests on (none when not
+	// Verified). CheckPS always; a
+	// server on this machine adds CheckRunnerProcesses, and VerifyVRAM
+	// with a model that was loaded adds CheckDeviceMemory. For a remote
+	// server (or one whose processes cannot be seen) Verified means only
+	// that /api/ps stopped listing the model: a load another program
+	// started there just before the unload is not seen, and the model may
+	// appear afterwards.
+	Checked Checks
+	// NoRunnerCheck says why CheckRunnerProcesses is missing from Checked
+	// ("remote server", the failure to read procfs or to resolve the
+	// model's weights blob); "" when the check was made.
+	NoRunnerCheck string
+	// RunnerSeen is true when a runner process for the model's weights was
+	// seen while /api/ps did not list the model: a load (another
+	// program's, or one of this client) was in progress, and the wait went
+	// on until it ended and the model was unloaded.
+	RunnerSeen bool
 }
 
-// UnloadModel unloads model and returns only once the server no longer
-// lists it (GET /api/ps), or with an error.
+// Checks is a set of the checks an unload was verified with.
+type Checks uint8
+
+// The checks.
+const (
+	// CheckPS: the server's /api/ps stopped listing the model.
+	CheckPS Checks = 1 << iota
+	// CheckRunnerProcesses: no runner process of a live Ollama server on
+	// this machine serves the model's weights blob, across a settle window
+	// after the last unload request (a runner appears some 20 ms after
+	// the request that loads it).
+	CheckRunnerProcesses
+	// CheckDeviceMemory: the GPU reported the model's memory back
+	// (Options.VerifyVRAM).
+	CheckDeviceMemory
+)
+
+// Has reports whether every check in x is in c.
+func (c Checks) Has(x Checks) bool { return c&x == x }
+
+// String names the checks, joined with "+": "ps+runner-processes"; "none"
+// for the empty set.
+func (c Checks) String() string {
+	var names []string
+	for _, k := range []struct {
+		c    Checks
+		name string
+	}{{CheckPS, "ps"}, {CheckRunnerProcesses, "runner-processes"}, {CheckDeviceMemory, "device-memory"}} {
+		if c.Has(k.c) {
+			names = append(names, k.name)
+			c &^= k.c
+		}
+	}
+	if c != 0 {
+		names = append(names, fmt.Sprintf("Checks(%#x)", uint8(c)))
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, "+")
+}
+
+// UnloadModel unloads model and returns only once it is gone, or with an
+// error. Gone means: the server no longer lists it (GET /api/ps) and, for a
+// server on this machine (a loopback, "localhost" or unspecified host
+// address, with procfs readable), no runner process of a live Ollama server
+// serves the model's weights blob, across a settle window of at least
+// 50 ms after the last unload request. UnloadReport.Checked names the
+// checks made.
 //
 // Ollama's "unload" reply is sent before the runner is stopped and an unload
-// that arrives while the model is still loading is lost (Ollama 0.17), so
-// the reply is not trusted: while the model is listed with an expiry in the
-// future, or while a generation of this client on it is still running (it
-// may be loading), the unload is sent again. A model listed with an expiry in
-// the past is waiting for in-flight requests; UnloadModel waits for them.
-// With Options.VerifyVRAM it then waits for the GPU to report the memory
-// free. A load started by another process is not listed by Ollama until it
-// has finished, so an unload racing it cannot be seen from here; the models
-// this client loads are covered. The wait is bounded by ctx and
-// Options.UnloadTimeout: on expiry the error is KindTimeout (wrapping
-// ErrStillResident); when ctx is done, KindCanceled. A model the server does
-// not know is KindNotFound. On a closed client it fails with ErrClosed and
-// sends nothing.
+// that arrives while the model is still loading is lost (Ollama 0.17 to
+// 0.34), so the reply is not trusted: while the model is listed with an
+// expiry in the future, or while a generation of this client on it is
+// still running (it may be loading), the unload is sent again. A model
+// listed with an expiry in the past is waiting for in-flight requests;
+// UnloadModel waits for them, including a generation of this client (it
+// is not canceled: it belongs to the caller). With Options.VerifyVRAM it
+// then waits for the GPU to report the memory free.
+//
+// Ollama lists nothing in /api/ps while a model loads. On a local server a
+// load another program started shows as its runner process, and
+// UnloadModel waits for the load to end and unloads the model then. On a
+// remote server it cannot be seen: Verified then rests on /api/ps alone,
+// and a model whose load another program started just before the unload
+// may appear afterwards.
+//
+// The wait is bounded by ctx and Options.UnloadTimeout: on expiry the error
+// is KindTimeout (wrapping ErrStillResident); when ctx is done,
+// KindCanceled. A model the server does not know is KindNotFound. On a
+// closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) UnloadModel(ctx context.Context, model string) (*UnloadReport, error) {
 	if err := validModelName("unload", model); err != nil {
 		return nil, err
@@ -161,14 +233,27 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 		rep.Attempts++
 		lastSent = time.Now()
 	}
+	// The process check, on a local server: resolved once, after the
+	// unload went out, so a model the server does not know fails above.
+	checks := CheckPS // what the verdict will rest on
+	runners, why := c.watchRunners(wctx, model)
+	if wctx.Err() != nil {
+		return fail(context.Cause(wctx))
+	}
+	if runners == nil {
+		rep.NoRunnerCheck = why
+		c.log.Debug("unload verified by /api/ps only", "model", model, "why", why)
+	}
 	resendEvery := max(10*c.opts.PollInterval, 500*time.Millisecond)
 	var heldSince time.Time // when the model was first seen held by others
+	var goneAt time.Time    // when the model was seen gone before the settle window ended
 
 	if rep.WasLoaded {
 		// Ollama stops the runner after it replied: a poll right now would
 		// still list the model. (It would also land in the window where
-		// /api/ps can crash the server; see the README.)
-		if err := sleepCtx(wctx, c.opts.PollInterval); err != nil {
+		// /api/ps can crash the server; see the README.) The time the
+		// process check's set-up took counts.
+		if err := sleepCtx(wctx, c.opts.PollInterval-time.Since(lastSent)); err != nil {
 			return fail(err)
 		}
 	}
@@ -185,8 +270,35 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 		} else {
 			entry := seen(ms)
 			ours := c.inFlight(model)
+			loading := false // a runner serves the model, which /api/ps does not list
 			if entry == nil && ours == 0 {
-				break
+				if runners == nil {
+					break
+				}
+				n, err := runners.live()
+				switch {
+				case err != nil:
+					// procfs went away (or was never there): /api/ps alone.
+					rep.NoRunnerCheck = fmt.Sprintf("runner processes: %v", err)
+					runners = nil
+					c.log.Debug("unload verified by /api/ps only", "model", model, "why", rep.NoRunnerCheck)
+					goneAt = time.Time{}
+				case n > 0:
+					rep.RunnerSeen, loading = true, true
+					goneAt = time.Time{}
+				case time.Since(lastSent) >= unloadSettle:
+					// Gone at a poll late enough after the last unload
+					// that a load begun before it would have its runner
+					// by now.
+					checks |= CheckRunnerProcesses
+				default:
+					goneAt = time.Now() // poll again when the window ends
+				}
+				if runners == nil || checks.Has(CheckRunnerProcesses) {
+					break
+				}
+			} else {
+				goneAt = time.Time{}
 			}
 			if entry != nil && ours == 0 && time.Until(entry.ExpiresAt) <= 0 {
 				// Unloading, but another client's request holds it.
@@ -205,8 +317,12 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 			// during a load) or a later request set a keep-alive again.
 			// Not listed but one of our generations runs: it may be loading,
 			// and an unload now would be lost; resend when it shows up.
+			// A runner no listing names: a load in progress, which drops
+			// an unload, or a model listed under another name that shares
+			// the weights (Ollama keys runners by weights file): resend
+			// now and then, as for a listed model.
 			lost := entry != nil && time.Until(entry.ExpiresAt) > 0
-			if lost || (entry != nil && time.Since(lastSent) >= resendEvery) {
+			if lost || ((entry != nil || loading) && time.Since(lastSent) >= resendEvery) {
 				if err := c.sendUnload(wctx, model); err != nil {
 					if wctx.Err() != nil {
 						return fail(err)
@@ -218,7 +334,12 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 				}
 			}
 		}
-		if err := sleepCtx(wctx, c.opts.PollInterval); err != nil {
+		wait := c.opts.PollInterval
+		if !goneAt.IsZero() {
+			// Only the settle window is left: poll again at its end.
+			wait = min(wait, max(time.Until(lastSent.Add(unloadSettle)), 0))
+		}
+		if err := sleepCtx(wctx, wait); err != nil {
 			return fail(err)
 		}
 	}
@@ -229,7 +350,9 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 		if err != nil {
 			return fail(err)
 		}
+		checks |= CheckDeviceMemory
 	}
+	rep.Checked = checks
 	rep.Verified = true
 	rep.Elapsed = time.Since(start)
 

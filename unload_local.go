@@ -1,0 +1,106 @@
+package vramguard
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/procs"
+)
+
+// unloadSettle is how long after the last unload request the model must
+// still be absent, from /api/ps and the process table, before an unload on
+// a local server is verified. Ollama starts the runner some 20 ms after
+// the request that loads a model (and lists nothing in /api/ps until the
+// load ends), so a load that began just before the unload shows only then.
+const unloadSettle = 50 * time.Millisecond
+
+// isLocalHost reports whether the server at host (a URL as the client
+// keeps it, or host[:port]) runs on this machine: its host is "localhost"
+// (or a name under .localhost), a loopback address, or the unspecified
+// address (0.0.0.0, ::), which connects to this machine. Names are not
+// resolved: any other name counts as remote.
+func isLocalHost(host string) bool {
+	if host == "" {
+		return false
+	}
+	name := host
+	if strings.Contains(host, "://") {
+		u, err := url.Parse(host)
+		if err != nil {
+			return false
+		}
+		name = u.Hostname()
+	} else if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.TrimSuffix(strings.ToLower(strings.Trim(name, "[]")), ".")
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return true
+	}
+	if i := strings.IndexByte(name, '%'); i >= 0 { // fe80::1%eth0
+		name = name[:i]
+	}
+	ip := net.ParseIP(name)
+	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
+}
+
+// runnerWatch looks for the runner processes of one model's weights on
+// this machine, for one unloadModel call.
+type runnerWatch struct {
+	root string // procfs root, "" for /proc
+	blob string // "sha256:<hex>"
+	path string // the weights file as the server names it; "" if unknown
+}
+
+// watchRunners prepares the process check of an unload of model, or says
+// why there is none.
+func (c *OllamaClient) watchRunners(ctx context.Context, model string) (*runnerWatch, string) {
+	if !isLocalHost(c.host) {
+		return nil, "remote server"
+	}
+	resp, err := c.api.Show(ctx, &api.ShowRequest{Model: model})
+	if err != nil {
+		return nil, fmt.Sprintf("model blob: %v", err)
+	}
+	path := modelfileFrom(resp.Modelfile)
+	blob := procs.BlobOf(path)
+	if blob == "" {
+		return nil, "model blob: the model has no weights file of its own"
+	}
+	w := &runnerWatch{root: c.procRoot, blob: blob}
+	if filepath.IsAbs(path) {
+		w.path = filepath.Clean(path)
+	}
+	return w, ""
+}
+
+// live counts the runners serving the model's weights whose parent is a
+// live Ollama server (an orphan of a dead server, or a runner whose parent
+// cannot be checked, is no load in progress that an unload could reach).
+// When the server names its weights file by absolute path, a runner of
+// another server on this machine, with its own models folder, does not
+// count.
+func (w *runnerWatch) live() (int, error) {
+	rs, err := procs.RunnersFor(w.root, w.blob)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range rs {
+		if r.ServerPID == 0 {
+			continue
+		}
+		if w.path != "" && filepath.IsAbs(r.ModelPath) && filepath.Clean(r.ModelPath) != w.path {
+			continue
+		}
+		n++
+	}
+	return n, nil
+}

@@ -1,0 +1,232 @@
+package vramguard
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/sim"
+)
+
+func TestIsLocalHost(t *testing.T) {
+	tests := []struct {
+		host string
+		want bool
+	}{
+		{"http://127.0.0.1:11434", true},
+		{"http://127.8.9.10:1", true},
+		{"http://localhost:11434", true},
+		{"http://LOCALHOST:11434", true},
+		{"http://ollama.localhost:11434", true},
+		{"http://[::1]:11434", true},
+		{"http://0.0.0.0:11434", true},
+		{"http://[::]:11434", true},
+		{"https://localhost:443/prefix", true},
+		{"127.0.0.1:11434", true},
+		{"localhost", true},
+		{"::1", true},
+		{"http://[fe80::1%25eth0]:11434", false},
+		{"http://10.0.0.5:11434", false},
+		{"http://192.168.1.20:11434", false},
+		{"http://gpu-box:11434", false},
+		{"http://localhost.example.com:11434", false},
+		{"http://[2001:db8::1]:11434", false},
+		{"", false},
+	}
+	for _, tt := range tests {
+		if got := isLocalHost(tt.host); got != tt.want {
+			t.Errorf("isLocalHost(%q) = %v, want %v", tt.host, got, tt.want)
+		}
+	}
+}
+
+func TestChecksString(t *testing.T) {
+	tests := []struct {
+		c    Checks
+		want string
+	}{
+		{0, "none"},
+		{CheckPS, "ps"},
+		{CheckPS | CheckRunnerProcesses, "ps+runner-processes"},
+		{CheckPS | CheckRunnerProcesses | CheckDeviceMemory, "ps+runner-processes+device-memory"},
+		{CheckPS | CheckDeviceMemory, "ps+device-memory"},
+		{CheckPS | 0x80, "ps+Checks(0x80)"},
+	}
+	for _, tt := range tests {
+		if got := tt.c.String(); got != tt.want {
+			t.Errorf("Checks(%#x).String() = %q, want %q", uint8(tt.c), got, tt.want)
+		}
+	}
+	if !(CheckPS | CheckRunnerProcesses).Has(CheckPS) || CheckPS.Has(CheckPS|CheckDeviceMemory) {
+		t.Error("Has is wrong")
+	}
+}
+
+// fakeProcs is a fake procfs tree for the process check.
+type fakeProcs struct {
+	t    *testing.T
+	root string
+}
+
+func newFakeProcs(t *testing.T) *fakeProcs {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "self"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return &fakeProcs{t, root}
+}
+
+func (f *fakeProcs) add(pid, ppid int, comm string, args ...string) {
+	f.t.Helper()
+	dir := filepath.Join(f.root, strconv.Itoa(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+	stat := fmt.Sprintf("%d (%s) S %d %d %d 0 -1 4194560\n", pid, comm, ppid, pid, pid)
+	if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cmdline"), []byte(strings.Join(args, "\x00")+"\x00"), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fakeProcs) remove(pid int) {
+	if err := os.RemoveAll(filepath.Join(f.root, strconv.Itoa(pid))); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// blobFile returns the weights path the simulator names for model.
+func blobFile(t *testing.T, c *OllamaClient, model string) string {
+	t.Helper()
+	blob, err := c.ModelBlob(t.Context(), model)
+	if err != nil || blob == "" {
+		t.Fatalf("ModelBlob(%s) = %q, %v", model, blob, err)
+	}
+	return sim.ModelsDir + "/blobs/" + strings.Replace(blob, ":", "-", 1)
+}
+
+// A load another program started: /api/ps lists nothing, but a runner of
+// a live server serves the model's weights. The unload is verified only
+// once that runner is gone.
+func TestUnloadWaitsForOthersRunner(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: 1 << 30})
+	c := newTestClient(t, s, Options{})
+	procs := newFakeProcs(t)
+	c.procRoot = procs.root
+	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", blobFile(t, c, "tiny"), "--port", "40000")
+
+	type result struct {
+		rep *UnloadReport
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := c.UnloadModel(context.WithoutCancel(t.Context()), "tiny")
+		done <- result{rep, err, time.Now()}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("UnloadModel returned while a runner serves the model: %+v, %v", r.rep, r.err)
+	case <-time.After(700 * time.Millisecond):
+	}
+	gone := time.Now()
+	procs.remove(101)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.at.Before(gone) {
+		t.Errorf("verified before the runner went")
+	}
+	rep := r.rep
+	if !rep.Verified || !rep.RunnerSeen || rep.Checked != CheckPS|CheckRunnerProcesses || rep.NoRunnerCheck != "" {
+		t.Errorf("report %+v", rep)
+	}
+	// Resent while the runner stayed (every 500 ms): a load drops an unload.
+	if rep.Attempts < 2 {
+		t.Errorf("%d unload requests, want a resend while the runner stayed", rep.Attempts)
+	}
+}
+
+// Runners that no unload could reach, or of another server, do not hold
+// the unload: an orphan of a dead server, one whose parent is not a
+// server, one of another models folder, one of other weights.
+func TestUnloadIgnoresOtherRunners(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: 1 << 30}, sim.ModelConfig{Name: "other", Size: 1 << 30})
+	c := newTestClient(t, s, Options{})
+	procs := newFakeProcs(t)
+	c.procRoot = procs.root
+	file := blobFile(t, c, "tiny")
+	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	procs.add(101, 1, "ollama", "/usr/bin/ollama", "runner", "--model", file)   // orphan
+	procs.add(102, 200, "ollama", "/usr/bin/ollama", "runner", "--model", file) // parent gone
+	procs.add(103, 100, "ollama", "/usr/bin/ollama", "runner", "--model", "/srv/other/blobs/"+filepath.Base(file))
+	procs.add(104, 100, "ollama", "/usr/bin/ollama", "runner", "--model", blobFile(t, c, "other"))
+	procs.add(1, 0, "systemd", "/sbin/init")
+	rep, err := c.UnloadModel(t.Context(), "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Verified || rep.RunnerSeen || rep.Checked != CheckPS|CheckRunnerProcesses {
+		t.Errorf("report %+v", rep)
+	}
+	if rep.Elapsed < unloadSettle {
+		t.Errorf("verified in %v, within the settle window of %v", rep.Elapsed, unloadSettle)
+	}
+}
+
+// Where the process check cannot be made, the report says so and Verified
+// rests on /api/ps alone.
+func TestUnloadReportNamesChecks(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: 1 << 30})
+	t.Run("local", func(t *testing.T) {
+		c := newTestClient(t, s, Options{})
+		c.procRoot = newFakeProcs(t).root
+		rep, err := c.UnloadModel(t.Context(), "tiny")
+		if err != nil || !rep.Verified || rep.Checked != CheckPS|CheckRunnerProcesses || rep.NoRunnerCheck != "" {
+			t.Errorf("report %+v, err %v", rep, err)
+		}
+	})
+	t.Run("no procfs", func(t *testing.T) {
+		c := newTestClient(t, s, Options{})
+		c.procRoot = filepath.Join(t.TempDir(), "missing")
+		rep, err := c.UnloadModel(t.Context(), "tiny")
+		if err != nil || !rep.Verified || rep.Checked != CheckPS || !strings.HasPrefix(rep.NoRunnerCheck, "runner processes:") {
+			t.Errorf("report %+v, err %v", rep, err)
+		}
+	})
+	t.Run("remote", func(t *testing.T) {
+		// A caller's own api.Client and no host: the server may be
+		// anywhere.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		t.Cleanup(tr.CloseIdleConnections)
+		c, err := NewClient(Options{API: api.NewClient(s.URL(), &http.Client{Transport: tr}), PollInterval: 5 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		rep, err := c.UnloadModel(t.Context(), "tiny")
+		if err != nil || !rep.Verified || rep.Checked != CheckPS || rep.NoRunnerCheck != "remote server" {
+			t.Errorf("report %+v, err %v", rep, err)
+		}
+	})
+	t.Run("failed", func(t *testing.T) {
+		c := newTestClient(t, s, Options{})
+		rep, err := c.UnloadModel(t.Context(), "missing")
+		if err == nil || rep.Verified || rep.Checked != 0 {
+			t.Errorf("report %+v, err %v", rep, err)
+		}
+	})
+}
