@@ -159,11 +159,23 @@ func (c *OllamaClient) ModelBlob(ctx context.Context, model string) (string, err
 }
 
 func (c *OllamaClient) modelBlob(ctx context.Context, op, model string) (string, error) {
-	resp, err := c.api.Show(ctx, &api.ShowRequest{Model: model})
+	_, blob, err := c.modelWeights(ctx, model)
 	if err != nil {
 		return "", c.callError(ctx, op, model, err)
 	}
-	return blobFromModelfile(resp.Modelfile), nil
+	return blob, nil
+}
+
+// modelWeights returns the weights file of model as the server names it
+// (the FROM line of /api/show's modelfile) and its blob digest ("" when it
+// is not a blob). Errors are the api client's, unclassified.
+func (c *OllamaClient) modelWeights(ctx context.Context, model string) (path, blob string, err error) {
+	resp, err := c.api.Show(ctx, &api.ShowRequest{Model: model})
+	if err != nil {
+		return "", "", err
+	}
+	path = modelfileFrom(resp.Modelfile)
+	return path, procs.BlobOf(path), nil
 }
 
 // blobFromModelfile returns the weights blob of a modelfile as /api/show

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ollama/ollama/api"
-
 	"github.com/vramguard/vramguard/internal/procs"
 )
 
@@ -65,12 +63,10 @@ func (c *OllamaClient) watchRunners(ctx context.Context, model string) (*runnerW
 	if !isLocalHost(c.host) {
 		return nil, "remote server"
 	}
-	resp, err := c.api.Show(ctx, &api.ShowRequest{Model: model})
+	path, blob, err := c.modelWeights(ctx, model)
 	if err != nil {
 		return nil, fmt.Sprintf("model blob: %v", err)
 	}
-	path := modelfileFrom(resp.Modelfile)
-	blob := procs.BlobOf(path)
 	if blob == "" {
 		return nil, "model blob: the model has no weights file of its own"
 	}

@@ -197,6 +197,30 @@ const schemaGrammar = `root ::= "{" space "}" space
 space ::= | " " | "\n" [ \t]{0,20}
 `
 
+// begin plans a completion or chat generation, or answers the request
+// itself: with an error (the prompt does not fit), or by hanging until the
+// client goes away (Hang "completion"). ok is false when it answered.
+func (r *runner) begin(w http.ResponseWriter, req *http.Request, k Knobs, prompt []int, nPredict int, seed int64, stops []string) (p plan, ok bool) {
+	p, e := r.plan(k, prompt, nPredict, seed, stops)
+	if e != nil {
+		writeError(w, *e)
+		return p, false
+	}
+	if k.Hang == HangCompletion {
+		r.hang(req.Context())
+		return p, false
+	}
+	return p, true
+}
+
+// seedOf is a request's seed, or the default when it sends none.
+func seedOf(p *int64) int64 {
+	if p == nil {
+		return defaultSeed
+	}
+	return *p
+}
+
 func (r *runner) completion(w http.ResponseWriter, req *http.Request) {
 	k := r.knobs.current()
 	var body completionRequest
@@ -209,18 +233,9 @@ func (r *runner) completion(w http.ResponseWriter, req *http.Request) {
 		writeError(w, *badRequest(err.Error()))
 		return
 	}
-	nPredict := firstSet(-1, body.NPredict, body.MaxTokens)
-	seed := int64(defaultSeed)
-	if body.Seed != nil {
-		seed = *body.Seed
-	}
-	p, e := r.plan(k, prompt, nPredict, seed, body.Stop)
-	if e != nil {
-		writeError(w, *e)
-		return
-	}
-	if k.Hang == HangCompletion {
-		r.hang(req.Context())
+	nPredict, seed := firstSet(-1, body.NPredict, body.MaxTokens), seedOf(body.Seed)
+	p, ok := r.begin(w, req, k, prompt, nPredict, seed, body.Stop)
+	if !ok {
 		return
 	}
 
@@ -371,18 +386,8 @@ func (r *runner) chat(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	prompt := tokenize(body.prompt(), true)
-	nPredict := firstSet(-1, body.NPredict, body.MaxCompletionTokens, body.MaxTokens)
-	seed := int64(defaultSeed)
-	if body.Seed != nil {
-		seed = *body.Seed
-	}
-	p, e := r.plan(k, prompt, nPredict, seed, body.stops())
-	if e != nil {
-		writeError(w, *e)
-		return
-	}
-	if k.Hang == HangCompletion {
-		r.hang(req.Context())
+	p, ok := r.begin(w, req, k, prompt, firstSet(-1, body.NPredict, body.MaxCompletionTokens, body.MaxTokens), seedOf(body.Seed), body.stops())
+	if !ok {
 		return
 	}
 
