@@ -41,9 +41,10 @@ test-nocgo:
 	CGO_ENABLED=0 $(GO) test -count=1 $(UNIT_PKGS)
 
 ## test-integration: against real Ollama servers (built on first use, cached);
-## one package at a time, since each runs one server per version
+## one package at a time, since each runs one server per version; the
+## race tests of #13 run side by side on servers of their own (-parallel)
 test-integration:
-	$(GO) test -race -count=1 -v -p 1 -timeout 40m $(REAL_PKGS)
+	$(GO) test -race -count=1 -v -p 1 -parallel 4 -timeout 40m $(REAL_PKGS)
 
 ## fuzz-short: every fuzz target for $(FUZZTIME)
 fuzz-short:

@@ -130,14 +130,14 @@ func runRelease(ctx context.Context, fn ReleaseFunc) (err error) {
 // report; set Models, AllModels and/or Release.
 type CleanupOptions struct {
 	Models    []string // unload these, verified
-	AllModels bool     // unload every model the server lists, verified
+	AllModels bool     // unload every model the server lists, and those this client is loading, verified
 	Release   bool     // run ReleaseVRAM after the unloads
 	// Timeout bounds the whole cleanup; zero means Options.CleanupTimeout.
 	Timeout time.Duration
 
-	// heldOK: a model another client's request holds ends its unload's
-	// wait early (a guard's after-use cleanup; see unloadModel).
-	heldOK bool
+	// mode: how the unloads treat requests the caller did not send (the
+	// library's own cleanups; see unloadMode).
+	mode unloadMode
 }
 
 // CleanupReport says what Cleanup did.
@@ -190,14 +190,21 @@ func (c *OllamaClient) cleanup(ctx context.Context, opts CleanupOptions) (*Clean
 		if err != nil {
 			errs = append(errs, err)
 		}
+		names := make([]string, 0, len(ms))
 		for _, m := range ms {
-			if !slices.ContainsFunc(models, func(x string) bool { return NormalizeModelName(x) == NormalizeModelName(m.Model) }) {
-				models = append(models, m.Model)
+			names = append(names, m.Model)
+		}
+		if !opts.mode.keepLoads {
+			names = append(names, c.loadingModels()...)
+		}
+		for _, m := range names {
+			if !slices.ContainsFunc(models, func(x string) bool { return NormalizeModelName(x) == NormalizeModelName(m) }) {
+				models = append(models, m)
 			}
 		}
 	}
 	if len(models) > 0 {
-		reps, err := c.unloadMany(ctx, models, opts.heldOK)
+		reps, err := c.unloadMany(ctx, models, opts.mode)
 		rep.Unloads = reps
 		if err != nil {
 			errs = append(errs, err)

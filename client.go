@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,10 +49,10 @@ type OllamaClient struct {
 
 	mu       sync.Mutex
 	closed   bool
-	inflight map[string]int      // normalized model -> generations running in this client
-	warm     map[string]struct{} // models used with a keep-alive other than unload
-	uses     map[string]*use     // normalized model -> guarded users (lifecycle.go)
-	phases   map[*Phase]struct{} // phases not yet ended
+	inflight map[string]map[*flight]struct{} // normalized model -> generations running in this client
+	warm     map[string]struct{}             // models used with a keep-alive other than unload
+	uses     map[string]*use                 // normalized model -> guarded users (lifecycle.go)
+	phases   map[*Phase]struct{}             // phases not yet ended
 	releases []namedRelease
 	nextID   int
 
@@ -73,7 +74,7 @@ func NewClient(opts Options) (*OllamaClient, error) {
 	c := &OllamaClient{
 		opts:     opts,
 		log:      opts.Logger,
-		inflight: make(map[string]int),
+		inflight: make(map[string]map[*flight]struct{}),
 		warm:     make(map[string]struct{}),
 	}
 	c.idle = sync.NewCond(&c.mu)
@@ -249,24 +250,42 @@ func (r *GenerateRequest) validate(op string) error {
 	return nil
 }
 
+// flight is one generation of this client, from begin to its end.
+type flight struct {
+	// cancel cuts the request with a cause; nil when the request cannot
+	// be cut from outside.
+	cancel context.CancelCauseFunc
+	// streaming is set at the first chunk: the model is loaded by then,
+	// and an unload no longer cancels the request (see cancelLoads).
+	streaming atomic.Bool
+	// cut is set, under the client's lock, once an unload canceled it.
+	cut bool
+}
+
 // begin registers a generation on model; the returned func ends it.
-func (c *OllamaClient) begin(op, model string, ka KeepAlive) (end func(), err error) {
+// cancel, when not nil, lets an unload of the model cut the request
+// while it is still loading.
+func (c *OllamaClient) begin(op, model string, ka KeepAlive, cancel context.CancelCauseFunc) (f *flight, end func(), err error) {
 	key := NormalizeModelName(model)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, newError(op, model, KindUnavailable, ErrClosed)
+		return nil, nil, newError(op, model, KindUnavailable, ErrClosed)
 	}
-	c.inflight[key]++
+	f = &flight{cancel: cancel}
+	if c.inflight[key] == nil {
+		c.inflight[key] = make(map[*flight]struct{})
+	}
+	c.inflight[key][f] = struct{}{}
 	if u := c.uses[key]; u != nil {
 		u.touched = true // a guarded use's request goes out
 	}
 	if !ka.IsUnload() {
 		c.warm[key] = struct{}{}
 	}
-	return func() {
+	return f, func() {
 		c.mu.Lock()
-		if c.inflight[key]--; c.inflight[key] <= 0 {
+		if delete(c.inflight[key], f); len(c.inflight[key]) == 0 {
 			delete(c.inflight, key)
 		}
 		c.mu.Unlock()
@@ -276,7 +295,44 @@ func (c *OllamaClient) begin(op, model string, ka KeepAlive) (end func(), err er
 func (c *OllamaClient) inFlight(model string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.inflight[NormalizeModelName(model)]
+	return len(c.inflight[NormalizeModelName(model)])
+}
+
+// loadingModels returns the models on which this client has a generation
+// with no chunk yet (which /api/ps does not list while it loads).
+func (c *OllamaClient) loadingModels() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ms []string
+	for m, fs := range c.inflight {
+		for f := range fs {
+			if !f.streaming.Load() {
+				ms = append(ms, m)
+				break
+			}
+		}
+	}
+	slices.Sort(ms)
+	return ms
+}
+
+// cancelLoads cuts this client's generations on model that have not
+// received a chunk yet (they may be loading it: an unload that arrives
+// during a load is dropped, and canceling the request that caused the
+// load aborts it) with cause ErrUnloadedWhileLoading. It returns how many
+// it cut; a generation is cut once.
+func (c *OllamaClient) cancelLoads(model string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for f := range c.inflight[NormalizeModelName(model)] {
+		if f.cancel != nil && !f.cut && !f.streaming.Load() {
+			f.cut = true
+			f.cancel(ErrUnloadedWhileLoading)
+			n++
+		}
+	}
+	return n
 }
 
 // GenerateStreaming runs one generation, streaming chunks to fn (which may
@@ -300,14 +356,18 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	if err := keepAlive.validate(); err != nil {
 		return nil, newError(op, req.Model, KindInvalidInput, err)
 	}
-	end, err := c.begin(op, req.Model, keepAlive)
+	// An unload of the model by this client cuts the request while it
+	// has no chunk yet (cancelLoads).
+	fctx, fcancel := context.WithCancelCause(ctx)
+	defer fcancel(nil)
+	f, end, err := c.begin(op, req.Model, keepAlive, fcancel)
 	if err != nil {
 		return nil, err
 	}
-	st := &streamState{}
+	st := &streamState{flight: f}
 	gen, err := func() (*Generation, error) {
 		defer end() // also when fn panics: a dead generation must not block unloads
-		return c.stream(ctx, req, keepAlive, fn, st)
+		return c.stream(fctx, req, keepAlive, fn, st)
 	}()
 	if err == nil {
 		c.reportLoad(gen)
@@ -381,6 +441,7 @@ type streamState struct {
 	last       api.GenerateResponse // the done line's fields
 	firstChunk time.Duration
 	fnErr      error
+	flight     *flight // marked streaming at the first chunk; nil for none
 }
 
 // stream runs the generation; st, zero on entry, is left with what it
@@ -414,6 +475,9 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		elapsed := time.Since(st.start) // one clock read per chunk
 		if st.chunks == 0 {
 			st.firstChunk = elapsed
+			if st.flight != nil {
+				st.flight.streaming.Store(true)
+			}
 		}
 		wd.chunkAt(elapsed)
 		st.chunks++
@@ -754,7 +818,7 @@ func (c *OllamaClient) Close() error {
 	errs := []error{c.endPhases(true), c.joinBackground()}
 	if !c.opts.KeepModelsOnClose && len(warm) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.CleanupTimeout)
-		_, err := c.unloadMany(ctx, warm, false)
+		_, err := c.unloadMany(ctx, warm, unloadMode{keepLoads: true})
 		cancel()
 		if err != nil {
 			c.cleanupFailed(err)

@@ -16,7 +16,9 @@
 // model and, on a server on this machine, no runner process serves its
 // weights (a load another program started shows only there), re-sending the
 // unload when Ollama lost it (it does when the unload arrives during a load);
-// [UnloadReport.Checked] names the checks made. [OllamaClient.Cleanup] and
+// [UnloadReport.Checked] names the checks made. A load this client started
+// is canceled rather than raced ([ErrUnloadedWhileLoading]); on a remote
+// server, [Options.SettleWindow] watches /api/ps for longer than a load. [OllamaClient.Cleanup] and
 // [OllamaClient.CleanupAsync] unload and release memory under a detached,
 // bounded context; [OllamaClient.Close] joins every cleanup still running.
 //

@@ -145,6 +145,12 @@ var (
 	// request ends. A guard's cleanup reports it at once instead of
 	// waiting for another program's generation.
 	ErrHeldByOthers = errors.New("model held by another client's request")
+	// ErrUnloadedWhileLoading: a generation of this client was cut before
+	// its first chunk because the caller unloaded its model (UnloadModel,
+	// UnloadAll, Cleanup, CleanupAsync or EnsureFree). The generation
+	// fails with KindCanceled: the unload wins over a load it would
+	// otherwise race.
+	ErrUnloadedWhileLoading = errors.New("unloaded while the request was loading the model")
 	// ErrSessionEnded: a Session was used after its Guard.Run returned.
 	ErrSessionEnded = errors.New("session used after its Run returned")
 	// ErrPhaseEnded: a Phase's guard or session was used after Phase.End.

@@ -38,17 +38,19 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 	if ka.mode == keepAliveServer {
 		ka = KeepAliveUnload
 	}
-	end, err := c.begin(op, req.Model, ka)
+	fctx, fcancel := context.WithCancelCause(ctx)
+	defer fcancel(nil)
+	f, end, err := c.begin(op, req.Model, ka, fcancel)
 	if err != nil {
 		return nil, err
 	}
 	gen, err := func() (*Generation, error) {
 		defer end()
-		return c.runCLI(ctx, path, req, ka, fn)
+		return c.runCLI(fctx, path, req, ka, fn, f)
 	}()
 	if ka.IsUnload() {
 		// Whatever happened, leave nothing resident.
-		if _, uerr := c.cleanup(ctx, CleanupOptions{Models: []string{req.Model}}); uerr != nil && err == nil {
+		if _, uerr := c.cleanup(ctx, CleanupOptions{Models: []string{req.Model}, mode: unloadMode{keepLoads: true}}); uerr != nil && err == nil {
 			err = uerr
 		}
 	}
@@ -58,7 +60,8 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 	return gen, nil
 }
 
-func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error) {
+// runCLI runs the CLI; f is marked streaming at its first output.
+func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateRequest, ka KeepAlive, fn ChunkFunc, f *flight) (*Generation, error) {
 	const op = "generate (cli)"
 	t := req.Timeouts.or(c.opts.Timeouts)
 	wd := newWatchdog(ctx, t)
@@ -104,6 +107,7 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		if n > 0 {
 			if first == 0 {
 				first = max(time.Since(start), 1)
+				f.streaming.Store(true)
 			}
 			wd.chunk()
 		}

@@ -224,7 +224,7 @@ func (g *Guard) Generate(ctx context.Context, req *GenerateRequest, fn ChunkFunc
 }
 
 func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking bool) error {
-	opts := CleanupOptions{Release: g.Release && g.Phase == nil, heldOK: true}
+	opts := CleanupOptions{Release: g.Release && g.Phase == nil, mode: unloadMode{heldOK: true, keepLoads: true}}
 	if unload {
 		opts.Models = []string{model}
 	}
@@ -467,7 +467,7 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		p.mu.Unlock()
 
 		rep := &PhaseReport{Name: p.name, Models: models}
-		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout})
+		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout, mode: unloadMode{keepLoads: true}})
 		rep.Cleanup = cr
 		errs = append(errs, err)
 		if p.opts.NeedBytes > 0 {

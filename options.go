@@ -1,6 +1,7 @@
 package vramguard
 
 import (
+	"cmp"
 	"log/slog"
 	"net/http"
 	"time"
@@ -95,6 +96,14 @@ type Options struct {
 	UnloadTimeout time.Duration
 	// PollInterval is how often /api/ps is polled while verifying an unload.
 	PollInterval time.Duration
+	// SettleWindow, when positive, makes an unload that cannot check
+	// runner processes (a remote server, no procfs; see UnloadModel) wait
+	// until /api/ps has not listed the model across that span, sending the
+	// unload again whenever the model appears. Set it longer than a load
+	// of your models takes: a load another program started just before
+	// the unload then shows within it. Verified adds CheckSettled. Zero:
+	// one absent poll is enough.
+	SettleWindow time.Duration
 	// CleanupTimeout bounds Cleanup, CleanupAsync and Close, which run
 	// detached from the caller's cancellation.
 	CleanupTimeout time.Duration
@@ -141,8 +150,11 @@ func (o Options) validate() error {
 	if err := o.Timeouts.validate(op); err != nil {
 		return err
 	}
-	if o.UnloadTimeout < 0 || o.PollInterval < 0 || o.CleanupTimeout < 0 || o.LoadThreshold < 0 {
-		return invalid(op, "", "negative unload, poll, cleanup or load-threshold duration")
+	if o.UnloadTimeout < 0 || o.PollInterval < 0 || o.SettleWindow < 0 || o.CleanupTimeout < 0 || o.LoadThreshold < 0 {
+		return invalid(op, "", "negative unload, poll, settle, cleanup or load-threshold duration")
+	}
+	if ut := cmp.Or(o.UnloadTimeout, DefaultUnloadTimeout); o.SettleWindow >= ut {
+		return invalid(op, "", "settle window %v is not shorter than the unload timeout %v", o.SettleWindow, ut)
 	}
 	if o.VerifyVRAM && o.VRAM == nil {
 		return invalid(op, "", "VerifyVRAM needs a VRAM reader")

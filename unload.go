@@ -88,6 +88,12 @@ type UnloadReport struct {
 	// program's, or one of this client) was in progress, and the wait went
 	// on until it ended and the model was unloaded.
 	RunnerSeen bool
+	// CanceledLoads counts this client's generations on the model that
+	// the unload cut because they had no chunk yet (they fail with
+	// ErrUnloadedWhileLoading). Only the caller's own unloads cut them:
+	// UnloadModel, UnloadAll, Cleanup, CleanupAsync and EnsureFree; a
+	// guard's cleanup, Phase.End and Close wait for them instead.
+	CanceledLoads int
 }
 
 // Checks is a set of the checks an unload was verified with.
@@ -105,6 +111,9 @@ const (
 	// CheckDeviceMemory: the GPU reported the model's memory back
 	// (Options.VerifyVRAM).
 	CheckDeviceMemory
+	// CheckSettled: without the process check, /api/ps did not list the
+	// model across Options.SettleWindow.
+	CheckSettled
 )
 
 // Has reports whether every check in x is in c.
@@ -117,7 +126,7 @@ func (c Checks) String() string {
 	for _, k := range []struct {
 		c    Checks
 		name string
-	}{{CheckPS, "ps"}, {CheckRunnerProcesses, "runner-processes"}, {CheckDeviceMemory, "device-memory"}} {
+	}{{CheckPS, "ps"}, {CheckRunnerProcesses, "runner-processes"}, {CheckDeviceMemory, "device-memory"}, {CheckSettled, "settled"}} {
 		if c.Has(k.c) {
 			names = append(names, k.name)
 			c &^= k.c
@@ -150,12 +159,16 @@ func (c Checks) String() string {
 // is not canceled: it belongs to the caller). With Options.VerifyVRAM it
 // then waits for the GPU to report the memory free.
 //
-// Ollama lists nothing in /api/ps while a model loads. On a local server a
-// load another program started shows as its runner process, and
-// UnloadModel waits for the load to end and unloads the model then. On a
-// remote server it cannot be seen: Verified then rests on /api/ps alone,
-// and a model whose load another program started just before the unload
-// may appear afterwards.
+// Ollama lists nothing in /api/ps while a model loads. A load this client
+// started (a generation with no chunk yet) is canceled, which aborts it on
+// the server; the generation fails with KindCanceled wrapping
+// ErrUnloadedWhileLoading (UnloadReport.CanceledLoads counts them). On a
+// local server a load another program started shows as its runner
+// process, and UnloadModel waits for the load to end and unloads the model
+// then. On a remote server it cannot be seen: Verified then rests on
+// /api/ps alone, and a model whose load another program started just
+// before the unload may appear afterwards, unless Options.SettleWindow
+// makes the unload watch /api/ps for longer than a load takes.
 //
 // The wait is bounded by ctx and Options.UnloadTimeout: on expiry the error
 // is KindTimeout (wrapping ErrStillResident); when ctx is done,
@@ -168,7 +181,20 @@ func (c *OllamaClient) UnloadModel(ctx context.Context, model string) (*UnloadRe
 	if err := c.checkOpen("unload", model); err != nil {
 		return nil, err
 	}
-	return c.unloadModel(ctx, model, false)
+	return c.unloadModel(ctx, model, unloadMode{})
+}
+
+// unloadMode says how an unload treats requests it did not send. The zero
+// value is that of the caller's own unloads.
+type unloadMode struct {
+	// heldOK: a model another client's request holds (listed, expiry
+	// past, no generation of ours on it) ends the wait early with
+	// ErrHeldByOthers (a guard's after-use cleanup).
+	heldOK bool
+	// keepLoads: this client's generations still loading the model are
+	// waited for, not canceled (the library's own cleanups: a guard's,
+	// Phase.End, the CLI fallback's and Close's, which do not own them).
+	keepLoads bool
 }
 
 // heldGrace is how long a model must stay listed with its expiry in the
@@ -179,11 +205,11 @@ func (c *OllamaClient) heldGrace() time.Duration {
 	return max(4*c.opts.PollInterval, 200*time.Millisecond)
 }
 
-// unloadModel unloads model, verified. With heldOK, a model that another
-// client's request keeps (listed, expired, no generation of ours on it)
-// ends the wait early with ErrHeldByOthers (KindUnverified): the unload
-// was sent and the server unloads the model when that request ends.
-func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK bool) (*UnloadReport, error) {
+// unloadModel unloads model, verified. With mode.heldOK, a model that
+// another client's request keeps (listed, expired, no generation of ours
+// on it) ends the wait early with ErrHeldByOthers (KindUnverified): the
+// unload was sent and the server unloads the model when that request ends.
+func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloadMode) (*UnloadReport, error) {
 	const op = "unload"
 	start := time.Now()
 	rep := &UnloadReport{Model: model}
@@ -221,6 +247,14 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 		rep.Polls++
 		seen(ms)
 	}
+	// Our own loads are cut before the unload goes out: the server aborts
+	// a load whose request is gone, and drops an unload sent during one.
+	cut := func() {
+		if !mode.keepLoads {
+			rep.CanceledLoads += c.cancelLoads(model)
+		}
+	}
+	cut()
 	var lastSent time.Time
 	if err := c.sendUnload(wctx, model); err != nil {
 		// A reset or a busy server: the loop below resends as soon as it
@@ -242,11 +276,12 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 	}
 	if runners == nil {
 		rep.NoRunnerCheck = why
-		c.log.Debug("unload verified by /api/ps only", "model", model, "why", why)
+		c.log.Debug("unload verified by /api/ps only", "model", model, "why", why, "settle", c.opts.SettleWindow)
 	}
 	resendEvery := max(10*c.opts.PollInterval, 500*time.Millisecond)
-	var heldSince time.Time // when the model was first seen held by others
-	var goneAt time.Time    // when the model was seen gone before the settle window ended
+	var heldSince time.Time   // when the model was first seen held by others
+	var goneAt time.Time      // when the model was seen gone before the settle window ended
+	var absentSince time.Time // without the process check: first absent poll of the current run
 
 	if rep.WasLoaded {
 		// Ollama stops the runner after it replied: a poll right now would
@@ -269,16 +304,29 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 			c.log.Debug("poll failed", "model", model, "err", err)
 		} else {
 			entry := seen(ms)
+			cut() // a generation of ours that began since
 			ours := c.inFlight(model)
 			loading := false // a runner serves the model, which /api/ps does not list
-			if entry == nil && ours == 0 {
-				if runners == nil {
+			if entry == nil && ours == 0 && runners == nil {
+				if c.opts.SettleWindow <= 0 {
 					break
 				}
+				// Absent across the window, re-sent whenever it appeared:
+				// a load that began before the last unload would have
+				// shown by now.
+				if absentSince.IsZero() {
+					absentSince = time.Now()
+				}
+				if time.Since(absentSince) >= c.opts.SettleWindow {
+					checks |= CheckSettled
+					break
+				}
+			} else if entry == nil && ours == 0 {
 				n, err := runners.live()
 				switch {
 				case err != nil:
-					// procfs went away (or was never there): /api/ps alone.
+					// procfs went away (or was never there): /api/ps alone,
+					// with the settle window if one is set.
 					rep.NoRunnerCheck = fmt.Sprintf("runner processes: %v", err)
 					runners = nil
 					c.log.Debug("unload verified by /api/ps only", "model", model, "why", rep.NoRunnerCheck)
@@ -294,18 +342,19 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, heldOK boo
 				default:
 					goneAt = time.Now() // poll again when the window ends
 				}
-				if runners == nil || checks.Has(CheckRunnerProcesses) {
+				if checks.Has(CheckRunnerProcesses) || (runners == nil && c.opts.SettleWindow <= 0) {
 					break
 				}
 			} else {
 				goneAt = time.Time{}
+				absentSince = time.Time{}
 			}
 			if entry != nil && ours == 0 && time.Until(entry.ExpiresAt) <= 0 {
 				// Unloading, but another client's request holds it.
 				if heldSince.IsZero() {
 					heldSince = time.Now()
 				}
-				if heldOK && time.Since(heldSince) >= c.heldGrace() {
+				if mode.heldOK && time.Since(heldSince) >= c.heldGrace() {
 					rep.HeldByOthers = true
 					rep.Elapsed = time.Since(start)
 					return rep, newError(op, model, KindUnverified, ErrHeldByOthers)
@@ -457,7 +506,10 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // UnloadAll unloads, concurrently and verified, every model the server
-// lists. Reports are sorted by model name; the error joins every failure.
+// lists and every model a generation of this client is loading (which the
+// server does not list yet; the generation is canceled, as by
+// UnloadModel). Reports are sorted by model name; the error joins every
+// failure.
 // On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
 	if err := c.checkOpen("unload all", ""); err != nil {
@@ -471,12 +523,18 @@ func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
 	for _, m := range ms {
 		names = append(names, m.Model)
 	}
-	return c.unloadMany(ctx, names, false)
+	// Models this client is loading are not listed yet.
+	for _, m := range c.loadingModels() {
+		if findRunning(ms, m) == nil {
+			names = append(names, m)
+		}
+	}
+	return c.unloadMany(ctx, names, unloadMode{})
 }
 
-// unloadMany unloads models concurrently and joins every failure (heldOK
+// unloadMany unloads models concurrently and joins every failure (mode
 // as for unloadModel).
-func (c *OllamaClient) unloadMany(ctx context.Context, models []string, heldOK bool) ([]UnloadReport, error) {
+func (c *OllamaClient) unloadMany(ctx context.Context, models []string, mode unloadMode) ([]UnloadReport, error) {
 	var (
 		mu      sync.Mutex
 		reports []UnloadReport
@@ -485,7 +543,7 @@ func (c *OllamaClient) unloadMany(ctx context.Context, models []string, heldOK b
 	)
 	for _, m := range models {
 		g.Go(func() error {
-			rep, err := c.unloadModel(ctx, m, heldOK)
+			rep, err := c.unloadModel(ctx, m, mode)
 			mu.Lock()
 			defer mu.Unlock()
 			if rep != nil {

@@ -98,7 +98,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	victims := pickVictims(running, need, free, req.AllModels || c.opts.VRAM == nil)
 	var errs []error
 	if len(victims) > 0 {
-		reps, err := c.unloadMany(ctx, victims, false)
+		reps, err := c.unloadMany(ctx, victims, unloadMode{})
 		rep.Evicted = reps
 		if err != nil {
 			errs = append(errs, err)

@@ -3,11 +3,14 @@ package integration_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptrace"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +18,6 @@ import (
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/ollamatest"
 	"github.com/vramguard/vramguard/internal/procs"
-	"github.com/vramguard/vramguard/internal/standin"
 )
 
 // Issue #13: another program starts loading a model just before or while
@@ -24,14 +26,10 @@ import (
 // alone reports the model gone and it appears a moment later. A verified
 // unload must leave it absent, from /api/ps and from the process table.
 func TestUnloadSeesOthersLoad(t *testing.T) {
-	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+	eachVersionAlone(t, func(t *testing.T, s *ollamatest.Server) {
 		// Offsets into the other program's load at which UnloadModel is
-		// called: the real runners load tiny-a in about 300 ms.
-		offsets := []time.Duration{0, 100 * time.Millisecond}
-		if s.UsesStandin() {
-			setKnobs(t, s, standin.Knobs{LoadMS: 2000})
-			offsets = []time.Duration{0, 200 * time.Millisecond, 1000 * time.Millisecond, 1800 * time.Millisecond}
-		}
+		// called, and how long the model must then stay absent.
+		offsets, watch := raceOffsets(t, s)
 		c := newClient(t, s, vramguard.Options{})
 		blob, err := c.ModelBlob(t.Context(), modelA)
 		if err != nil || blob == "" {
@@ -54,7 +52,7 @@ func TestUnloadSeesOthersLoad(t *testing.T) {
 				t.Cleanup(func() { cleanUp(t, s, c, done, blob) })
 				<-wrote
 				time.Sleep(off)
-				unloadAndWatch(t, s, c, modelA, blob)
+				unloadAndWatch(t, s, c, modelA, blob, watch)
 			})
 		}
 		t.Run("ollama run", func(t *testing.T) {
@@ -94,7 +92,7 @@ func TestUnloadSeesOthersLoad(t *testing.T) {
 				}
 				time.Sleep(2 * time.Millisecond)
 			}
-			unloadAndWatch(t, s, c, short, blob)
+			unloadAndWatch(t, s, c, short, blob, watch)
 			select {
 			case <-exited:
 				if waitErr != nil {
@@ -107,10 +105,9 @@ func TestUnloadSeesOthersLoad(t *testing.T) {
 	})
 }
 
-// unloadAndWatch unloads modelA, requires a verified report, and then
-// requires the model to stay absent for 3 s: from /api/ps and, for a server
-// this test started, from its runner processes.
-func unloadAndWatch(t *testing.T, s *ollamatest.Server, c *vramguard.OllamaClient, model, blob string) {
+// unloadAndWatch unloads model, requires a verified report, and then
+// requires the model to stay absent for watch (watchAbsent).
+func unloadAndWatch(t *testing.T, s *ollamatest.Server, c *vramguard.OllamaClient, model, blob string, watch time.Duration) {
 	t.Helper()
 	rep, err := c.UnloadModel(t.Context(), model)
 	if err != nil {
@@ -123,16 +120,7 @@ func unloadAndWatch(t *testing.T, s *ollamatest.Server, c *vramguard.OllamaClien
 	if !s.External() && !rep.Checked.Has(vramguard.CheckRunnerProcesses) {
 		t.Errorf("verified on a local server without the process check: checked %v (%s)", rep.Checked, rep.NoRunnerCheck)
 	}
-	verified := time.Now()
-	for time.Since(verified) < 3*time.Second {
-		if ms := running(t, s); len(ms) != 0 {
-			t.Fatalf("%v after a verified unload (%+v), /api/ps lists %v", time.Since(verified).Round(time.Millisecond), rep, ms)
-		}
-		if rs := serverRunners(t, s, blob); len(rs) != 0 {
-			t.Fatalf("%v after a verified unload (%+v), runner %d serves %s", time.Since(verified).Round(time.Millisecond), rep, rs[0].PID, modelA)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	watchAbsent(t, s, blob, watch)
 }
 
 // cleanUp waits for the other program's request and leaves nothing
@@ -174,4 +162,136 @@ func serverRunners(t *testing.T, s *ollamatest.Server, blob string) []procs.Runn
 		}
 	}
 	return out
+}
+
+// Issue #13: an unload of a model whose load this client started cuts that
+// load instead of racing it. The generation fails with
+// ErrUnloadedWhileLoading; a server that aborts a load whose request went
+// (v0.17.4 and later) stops the runner well before the load would have
+// ended (v0.6.5 finishes the load and then applies the unload); and the
+// unload is verified at the first /api/ps poll after the runner is gone
+// and the settle window has passed.
+func TestUnloadCutsOwnLoad(t *testing.T) {
+	eachVersionAlone(t, func(t *testing.T, s *ollamatest.Server) {
+		_, watch := raceOffsets(t, s) // a 2 s load on the stand-in
+		var (
+			mu      sync.Mutex
+			cut     time.Time   // the first unload request, sent right after the cut
+			replied time.Time   // the latest reply to /api/generate (the unload's reply, here)
+			polls   []time.Time // when each /api/ps request went out
+		)
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		t.Cleanup(tr.CloseIdleConnections)
+		c := newClient(t, s, vramguard.Options{
+			HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.URL.Path == "/api/ps" {
+					mu.Lock()
+					polls = append(polls, time.Now())
+					mu.Unlock()
+				}
+				resp, err := tr.RoundTrip(r)
+				if r.URL.Path == "/api/generate" && err == nil {
+					mu.Lock()
+					replied = time.Now()
+					mu.Unlock()
+				}
+				return resp, err
+			})},
+			Hooks: vramguard.Hooks{OnUnloadRequested: func(string) {
+				mu.Lock()
+				defer mu.Unlock()
+				if cut.IsZero() {
+					cut = time.Now()
+				}
+			}},
+		})
+		blob, err := c.ModelBlob(t.Context(), modelA)
+		if err != nil || blob == "" {
+			t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
+		}
+		// The baseline: a whole load, in this run.
+		g, err := c.GenerateStreaming(t.Context(), req(modelA, 1), vramguard.KeepAliveUnload, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		load := g.Metrics.LoadDuration
+		if _, err := waitGone(t, s, blob, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+
+		gen := make(chan error, 1)
+		go func() {
+			_, err := c.GenerateStreaming(context.WithoutCancel(t.Context()), req(modelA, 4), vramguard.KeepAliveFor(time.Hour), nil)
+			gen <- err
+		}()
+		// Unload once the load has its runner.
+		if err := waitFor(20*time.Second, func() bool { return len(serverRunners(t, s, blob)) > 0 }); err != nil {
+			t.Fatalf("no runner for %s: %v", modelA, err)
+		}
+		type result struct {
+			rep *vramguard.UnloadReport
+			err error
+			at  time.Time
+		}
+		unloaded := make(chan result, 1)
+		go func() {
+			rep, err := c.UnloadModel(t.Context(), modelA)
+			unloaded <- result{rep, err, time.Now()}
+		}()
+		// The moment the runner is gone and the model unlisted.
+		var goneAt time.Time
+		if err := waitFor(20*time.Second, func() bool {
+			return len(serverRunners(t, s, blob)) == 0 && len(running(t, s)) == 0
+		}); err != nil {
+			t.Fatalf("%s still loaded or listed: %v", modelA, err)
+		}
+		goneAt = time.Now()
+		r := <-unloaded
+		if r.err != nil || !r.rep.Verified || r.rep.CanceledLoads != 1 {
+			t.Fatalf("UnloadModel: %+v, %v; want verified with one canceled load", r.rep, r.err)
+		}
+		if err := <-gen; !errors.Is(err, vramguard.ErrUnloadedWhileLoading) || !errors.Is(err, vramguard.KindCanceled) {
+			t.Errorf("the loading generation returned %v, want KindCanceled wrapping ErrUnloadedWhileLoading", err)
+		}
+		mu.Lock()
+		took := goneAt.Sub(cut)
+		// Polls after the runner went and the settle window (50 ms after
+		// the last unload's reply; v0.6.5 replies once the load it waited
+		// for has ended) passed: the first must verify.
+		from := goneAt
+		if w := replied.Add(50 * time.Millisecond); w.After(from) {
+			from = w
+		}
+		late := 0
+		for _, p := range polls {
+			if p.After(from) && p.Before(r.at) {
+				late++
+			}
+		}
+		mu.Unlock()
+		t.Logf("load %v; gone %v after the cut; unload: %d attempts, %d polls in %v, %d after the runner went and the window passed; checked %v",
+			load.Round(time.Millisecond), took.Round(time.Millisecond), r.rep.Attempts, r.rep.Polls, r.rep.Elapsed, late, r.rep.Checked)
+		if late > 1 {
+			t.Errorf("%d /api/ps polls after the runner went and the settle window passed, want the first to verify", late)
+		}
+		if s.Version() != "0.6.5" && took > load/2 {
+			t.Errorf("the runner went %v after the cut: the load (%v) was not aborted", took, load)
+		}
+		watchAbsent(t, s, blob, watch)
+	})
+}
+
+// roundTripFunc is an http.RoundTripper made of a func.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// waitFor polls cond every 2 ms until it holds, or fails after limit.
+func waitFor(limit time.Duration, cond func() bool) error {
+	for deadline := time.Now().Add(limit); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %v", limit)
+		}
+	}
+	return nil
 }

@@ -29,9 +29,23 @@ const (
 // eachVersion runs fn as a subtest per server version, on a server with both
 // models registered.
 func eachVersion(t *testing.T, fn func(t *testing.T, s *ollamatest.Server)) {
+	versions(t, pool.Require, fn)
+}
+
+// eachVersionAlone is eachVersion on servers of the test's own, and runs
+// the test in parallel with the other tests that use it (after the
+// package's sequential tests). It is for the long race tests of issue #13,
+// which spend most of their time watching that a model stays absent: on
+// servers of their own, each one's watches overlap the others' work.
+func eachVersionAlone(t *testing.T, fn func(t *testing.T, s *ollamatest.Server)) {
+	t.Parallel()
+	versions(t, ollamatest.Require, fn)
+}
+
+func versions(t *testing.T, require func(testing.TB, string) *ollamatest.Server, fn func(t *testing.T, s *ollamatest.Server)) {
 	for _, v := range ollamatest.Versions() {
 		t.Run("ollama-"+v, func(t *testing.T) {
-			s := pool.Require(t, v)
+			s := require(t, v)
 			if err := ollamatest.RegisterModels(t.Context(), s); err != nil {
 				t.Fatalf("register models: %v", err)
 			}
