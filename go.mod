@@ -3,7 +3,7 @@ module github.com/vramguard/vramguard
 go 1.26.0
 
 require (
-	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/NVIDIA/go-nvml v0.13.0-1 // v0.13.1-0 and later: cgo deprecation warnings on importers' first build (see Makefile)
 	github.com/ollama/ollama v0.34.4
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.17.0
