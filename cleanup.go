@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -20,22 +21,39 @@ type namedRelease struct {
 	fn   ReleaseFunc
 }
 
+// releaseList holds the functions ReleaseVRAM runs, in registration order.
+type releaseList struct {
+	mu     sync.Mutex
+	nextID int
+	fns    []namedRelease
+}
+
+func (l *releaseList) add(name string, fn ReleaseFunc) (remove func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.nextID++
+	id := l.nextID
+	l.fns = append(l.fns, namedRelease{id: id, name: name, fn: fn})
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.fns = slices.DeleteFunc(l.fns, func(r namedRelease) bool { return r.id == id })
+	}
+}
+
+func (l *releaseList) list() []namedRelease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.fns)
+}
+
 // RegisterRelease adds fn to the functions ReleaseVRAM runs, in registration
 // order. The returned func removes it; calling it twice is harmless.
 func (c *OllamaClient) RegisterRelease(name string, fn ReleaseFunc) (unregister func()) {
 	if fn == nil {
 		return func() {}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.nextID++
-	id := c.nextID
-	c.releases = append(c.releases, namedRelease{id: id, name: name, fn: fn})
-	return func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.releases = slices.DeleteFunc(c.releases, func(r namedRelease) bool { return r.id == id })
-	}
+	return c.releases.add(name, fn)
 }
 
 // ReleaseReport says what ReleaseVRAM did. Before and After are nil without
@@ -95,9 +113,7 @@ func (c *OllamaClient) releaseVRAM(ctx context.Context) (*ReleaseReport, error) 
 	}
 	rep.Before = snap()
 
-	c.mu.Lock()
-	fns := slices.Clone(c.releases)
-	c.mu.Unlock()
+	fns := c.releases.list()
 
 	var errs []error
 	for _, r := range fns {
@@ -195,7 +211,7 @@ func (c *OllamaClient) cleanup(ctx context.Context, opts CleanupOptions) (*Clean
 			names = append(names, m.Model)
 		}
 		if !opts.mode.keepLoads {
-			names = append(names, c.loadingModels()...)
+			names = append(names, c.book.loadingModels()...)
 		}
 		for _, m := range names {
 			if !slices.ContainsFunc(models, func(x string) bool { return NormalizeModelName(x) == NormalizeModelName(m) }) {
@@ -229,7 +245,7 @@ func (c *OllamaClient) cleanupFailed(err error) {
 	c.log.Warn("cleanup failed", "err", err)
 	c.callHook(func() {
 		if c.opts.Hooks.OnCleanupFailed != nil {
-			c.opts.Hooks.OnCleanupFailed(err)
+			c.opts.Hooks.OnCleanupFailed(ModelEvent{Err: err})
 		}
 	})
 }
@@ -259,14 +275,15 @@ func (t *CleanupTask) Wait() (*CleanupReport, error) {
 func (c *OllamaClient) CleanupAsync(ctx context.Context, opts CleanupOptions) *CleanupTask {
 	t := &CleanupTask{done: make(chan struct{})}
 	ctx = context.WithoutCancel(ctx)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	closed := func() *CleanupTask {
 		t.err = newError("cleanup", "", KindUnavailable, ErrClosed)
 		close(t.done)
 		return t
 	}
-	c.goLocked(func() (err error) {
+	if c.book.isClosed() {
+		return closed()
+	}
+	started := c.tasks.start(func() (err error) {
 		defer close(t.done)
 		defer func() {
 			if r := recover(); r != nil {
@@ -278,5 +295,8 @@ func (c *OllamaClient) CleanupAsync(ctx context.Context, opts CleanupOptions) *C
 		t.report, t.err = c.cleanup(ctx, opts)
 		return t.err
 	})
+	if !started {
+		return closed()
+	}
 	return t
 }

@@ -13,10 +13,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -47,21 +45,11 @@ type OllamaClient struct {
 	// /proc (tests point it at a fake tree).
 	procRoot string
 
-	mu       sync.Mutex
-	closed   bool
-	inflight map[string]map[*flight]struct{} // normalized model -> generations running in this client
-	warm     map[string]struct{}             // models used with a keep-alive other than unload
-	uses     map[string]*use                 // normalized model -> guarded users (lifecycle.go)
-	phases   map[*Phase]struct{}             // phases not yet ended
-	releases []namedRelease
-	nextID   int
-
-	// Background work (CleanupAsync, phases ended by their context):
-	// pending counts it, idle is signalled when pending drops to zero, and
-	// bgErrs collects failures until Wait or Close takes them.
-	pending int
-	idle    *sync.Cond
-	bgErrs  []error
+	book     *book       // models in flight, in use, warm; phases; closed (book.go)
+	tasks    tasks       // background work and its joining (tasks.go)
+	releases releaseList // ReleaseVRAM's functions (cleanup.go)
+	ps       *poller     // the /api/ps requests unloads share (poller.go)
+	closing  closeState  // Close and Shutdown (client.go)
 }
 
 // NewClient validates opts and returns a client. It does not contact the
@@ -72,12 +60,10 @@ func NewClient(opts Options) (*OllamaClient, error) {
 	}
 	opts.setDefaults()
 	c := &OllamaClient{
-		opts:     opts,
-		log:      opts.Logger,
-		inflight: make(map[string]map[*flight]struct{}),
-		warm:     make(map[string]struct{}),
+		opts: opts,
+		log:  opts.Logger,
+		book: newBook(),
 	}
-	c.idle = sync.NewCond(&c.mu)
 	host := opts.Host
 	if host == "" && opts.API == nil {
 		getenv := opts.Getenv
@@ -95,6 +81,7 @@ func NewClient(opts Options) (*OllamaClient, error) {
 			}
 			c.host = u.String()
 		}
+		c.ps = newPoller(c.api, opts)
 		return c, nil
 	}
 	if host == "" {
@@ -111,6 +98,7 @@ func NewClient(opts Options) (*OllamaClient, error) {
 	c.host = u.String()
 	c.base, c.hc = u, hc
 	c.api = api.NewClient(u, hc)
+	c.ps = newPoller(c.api, opts)
 	return c, nil
 }
 
@@ -250,91 +238,6 @@ func (r *GenerateRequest) validate(op string) error {
 	return nil
 }
 
-// flight is one generation of this client, from begin to its end.
-type flight struct {
-	// cancel cuts the request with a cause; nil when the request cannot
-	// be cut from outside.
-	cancel context.CancelCauseFunc
-	// streaming is set at the first chunk: the model is loaded by then,
-	// and an unload no longer cancels the request (see cancelLoads).
-	streaming atomic.Bool
-	// cut is set, under the client's lock, once an unload canceled it.
-	cut bool
-}
-
-// begin registers a generation on model; the returned func ends it.
-// cancel, when not nil, lets an unload of the model cut the request
-// while it is still loading.
-func (c *OllamaClient) begin(op, model string, ka KeepAlive, cancel context.CancelCauseFunc) (f *flight, end func(), err error) {
-	key := NormalizeModelName(model)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, nil, newError(op, model, KindUnavailable, ErrClosed)
-	}
-	f = &flight{cancel: cancel}
-	if c.inflight[key] == nil {
-		c.inflight[key] = make(map[*flight]struct{})
-	}
-	c.inflight[key][f] = struct{}{}
-	if u := c.uses[key]; u != nil {
-		u.touched = true // a guarded use's request goes out
-	}
-	if !ka.IsUnload() {
-		c.warm[key] = struct{}{}
-	}
-	return f, func() {
-		c.mu.Lock()
-		if delete(c.inflight[key], f); len(c.inflight[key]) == 0 {
-			delete(c.inflight, key)
-		}
-		c.mu.Unlock()
-	}, nil
-}
-
-func (c *OllamaClient) inFlight(model string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.inflight[NormalizeModelName(model)])
-}
-
-// loadingModels returns the models on which this client has a generation
-// with no chunk yet (which /api/ps does not list while it loads).
-func (c *OllamaClient) loadingModels() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var ms []string
-	for m, fs := range c.inflight {
-		for f := range fs {
-			if !f.streaming.Load() {
-				ms = append(ms, m)
-				break
-			}
-		}
-	}
-	slices.Sort(ms)
-	return ms
-}
-
-// cancelLoads cuts this client's generations on model that have not
-// received a chunk yet (they may be loading it: an unload that arrives
-// during a load is dropped, and canceling the request that caused the
-// load aborts it) with cause ErrUnloadedWhileLoading. It returns how many
-// it cut; a generation is cut once.
-func (c *OllamaClient) cancelLoads(model string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for f := range c.inflight[NormalizeModelName(model)] {
-		if f.cancel != nil && !f.cut && !f.streaming.Load() {
-			f.cut = true
-			f.cancel(ErrUnloadedWhileLoading)
-			n++
-		}
-	}
-	return n
-}
-
 // GenerateStreaming runs one generation, streaming chunks to fn (which may
 // be nil), and returns the whole text.
 //
@@ -360,7 +263,7 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	// has no chunk yet (cancelLoads).
 	fctx, fcancel := context.WithCancelCause(ctx)
 	defer fcancel(nil)
-	f, end, err := c.begin(op, req.Model, keepAlive, fcancel)
+	f, end, err := c.book.begin(op, req.Model, keepAlive, fcancel)
 	if err != nil {
 		return nil, err
 	}
@@ -389,7 +292,7 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	}
 	c.callHook(func() {
 		if c.opts.Hooks.OnFallback != nil {
-			c.opts.Hooks.OnFallback(req.Model, err)
+			c.opts.Hooks.OnFallback(ModelEvent{Model: req.Model, Err: err})
 		}
 	})
 	c.log.Warn("generation failed; trying the ollama CLI", "model", req.Model, "err", err)
@@ -409,14 +312,14 @@ func (c *OllamaClient) reportLoad(gen *Generation) {
 		c.log.Debug("model loaded", "model", gen.Model, "load", gen.Metrics.LoadDuration)
 		c.callHook(func() {
 			if c.opts.Hooks.OnLoad != nil {
-				c.opts.Hooks.OnLoad(LoadEvent{Model: gen.Model, LoadDuration: gen.Metrics.LoadDuration})
+				c.opts.Hooks.OnLoad(ModelEvent{Model: gen.Model, LoadDuration: gen.Metrics.LoadDuration})
 			}
 		})
 		return
 	}
 	c.callHook(func() {
 		if c.opts.Hooks.OnReuse != nil {
-			c.opts.Hooks.OnReuse(gen.Model)
+			c.opts.Hooks.OnReuse(ModelEvent{Model: gen.Model})
 		}
 	})
 }
@@ -612,94 +515,6 @@ func validOption(v any, depth int) error {
 	return nil
 }
 
-// watchdog enforces the timeouts of one generation on its context: Total
-// through a deadline, FirstChunk and Idle through one timer, armed for
-// FirstChunk, then for Idle at the first chunk, and re-armed by itself when
-// it fires while chunks are still coming. Each cancels ctx with its
-// own cause, which cancels the HTTP request (or kills the CLI).
-type watchdog struct {
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	noTotal context.CancelFunc
-	timer   *time.Timer
-	idle    time.Duration
-	start   time.Time
-	// last is the time of the latest chunk in ns since start; 0 before the
-	// first. Chunks only store it: the timer re-arms itself when it fires
-	// early, so a chunk costs no timer operation.
-	last atomic.Int64
-	// stopped keeps fire from re-arming the timer after finish or release.
-	stopped atomic.Bool
-}
-
-func newWatchdog(parent context.Context, t Timeouts) *watchdog {
-	w := &watchdog{idle: t.Idle, start: time.Now()}
-	ctx, cancel := context.WithCancelCause(parent)
-	w.ctx, w.noTotal = context.WithTimeoutCause(ctx, t.Total, ErrTotalTimeout)
-	w.cancel = cancel
-	w.timer = time.AfterFunc(t.FirstChunk, w.fire)
-	return w
-}
-
-// fire runs when the timer expires: before the first chunk that is the
-// first-chunk timeout; after it, the idle timeout unless a chunk came since,
-// in which case the timer is re-armed for the rest of the idle period.
-func (w *watchdog) fire() {
-	if w.stopped.Load() {
-		return
-	}
-	last := w.last.Load()
-	if last == 0 {
-		w.cancel(ErrFirstChunkTimeout)
-		return
-	}
-	if left := w.idle - (time.Since(w.start) - time.Duration(last)); left > 0 {
-		w.timer.Reset(left)
-		return
-	}
-	w.cancel(ErrIdleTimeout)
-}
-
-// chunk records progress now.
-func (w *watchdog) chunk() { w.chunkAt(time.Since(w.start)) }
-
-// chunkAt records progress at elapsed since the watchdog started.
-func (w *watchdog) chunkAt(elapsed time.Duration) {
-	first := w.last.Load() == 0
-	w.last.Store(max(int64(elapsed), 1))
-	if first {
-		w.timer.Reset(w.idle) // from the first-chunk to the idle period
-	}
-}
-
-// abort cancels the request because the caller's callback failed.
-func (w *watchdog) abort(err error) { w.cancel(err) }
-
-// finish stops the timer and returns the error of a call that was cut:
-// by the chunk callback (fnErr), by the caller's parent context, or by one
-// of the timeouts; nil when none of these happened.
-func (w *watchdog) finish(op, model string, parent context.Context, fnErr error) error {
-	w.stopped.Store(true)
-	w.timer.Stop()
-	switch {
-	case fnErr != nil:
-		return newError(op, model, KindCanceled, fmt.Errorf("chunk callback: %w", fnErr))
-	case parent.Err() != nil:
-		return newError(op, model, KindCanceled, context.Cause(parent))
-	case w.ctx.Err() != nil:
-		return newError(op, model, KindTimeout, context.Cause(w.ctx))
-	}
-	return nil
-}
-
-// release frees the contexts; call it when the request is over.
-func (w *watchdog) release() {
-	w.stopped.Store(true)
-	w.timer.Stop()
-	w.noTotal()
-	w.cancel(nil)
-}
-
 // Running lists the models the server has loaded (GET /api/ps). Ollama lists
 // a model until its runner is removed, which can be before the GPU has the
 // memory back, and still lists a runner that crashed.
@@ -713,9 +528,15 @@ func (c *OllamaClient) Running(ctx context.Context) ([]api.ProcessModelResponse,
 }
 
 // running is Running for the library's own calls, which Close makes too.
+// Its listing is one sent at or after the call, shared with the unloads
+// in progress (poller.go).
 func (c *OllamaClient) running(ctx context.Context) ([]api.ProcessModelResponse, error) {
 	const op = "list running"
-	resp, err := c.api.ListRunning(ctx)
+	l, err := c.ps.get(ctx, time.Now())
+	if err == nil {
+		err = l.err
+	}
+	resp := l.resp
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, newError(op, "", KindCanceled, context.Cause(ctx))
@@ -756,66 +577,71 @@ func (c *OllamaClient) IsResident(ctx context.Context, model string) (bool, erro
 	return findRunning(ms, model) != nil, nil
 }
 
-// goLocked runs fn in a goroutine owned by the client; c.mu must be held.
-// A failure of fn is kept for the next Wait or Close.
-func (c *OllamaClient) goLocked(fn func() error) {
-	c.pending++
-	go func() {
-		err := fn()
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if err != nil {
-			c.bgErrs = append(c.bgErrs, err)
-		}
-		if c.pending--; c.pending == 0 {
-			c.idle.Broadcast()
-		}
-	}()
-}
-
-// joinBackground waits until no background work is left and returns, and
-// forgets, the failures collected since the last call.
-func (c *OllamaClient) joinBackground() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for c.pending > 0 {
-		c.idle.Wait()
-	}
-	errs := c.bgErrs
-	c.bgErrs = nil
-	return errors.Join(errs...)
-}
-
 // Wait blocks until every cleanup started by CleanupAsync has ended,
 // including the ends of phases whose context was canceled, and returns the
 // failures among them that no earlier Wait returned.
 func (c *OllamaClient) Wait() error {
 	perr := c.endPhases(false)
-	return errors.Join(perr, c.joinBackground())
+	return errors.Join(perr, c.tasks.join(context.Background(), false))
 }
 
-// Close stops the client: every later call of the client, and of its
-// guards, sessions and phases, fails with ErrClosed (KindUnavailable) and
-// sends nothing; phases not yet ended are ended (each within its own timeout), pending
-// CleanupAsync work is joined, and, unless Options.KeepModelsOnClose is
-// set, every model this client used with a keep-alive other than
-// KeepAliveUnload is unloaded, verified, within CleanupTimeout. It returns
-// every failure not yet returned by Wait, joined. Close is idempotent:
-// later calls return nil.
-func (c *OllamaClient) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	warm := make([]string, 0, len(c.warm))
-	for m := range c.warm {
-		warm = append(warm, m)
-	}
-	c.mu.Unlock()
+// closeState is the one Close (or Shutdown) of a client: the first call
+// runs it; every call waits for it.
+type closeState struct {
+	once sync.Once
+	done chan struct{}
+	mu   sync.Mutex
+	err  error // until a call returns it
+}
 
-	errs := []error{c.endPhases(true), c.joinBackground()}
+// Shutdown stops the client, as net/http's Server.Shutdown does: every
+// later call of the client, and of its guards, sessions and phases, fails
+// with ErrClosed (KindUnavailable) and sends nothing; phases not yet ended
+// are ended (each within its own timeout); pending CleanupAsync work is
+// joined; and, unless Options.KeepModelsOnClose is set, every model this
+// client used with a keep-alive other than KeepAliveUnload is unloaded,
+// verified, within CleanupTimeout. It returns every failure not yet
+// returned by Wait, joined.
+//
+// If ctx is done first, Shutdown returns a KindCanceled error wrapping
+// context.Cause(ctx) while the work goes on in the background; a later
+// Shutdown or Close waits for it and returns its failures. Once a call has
+// returned them, later calls return nil.
+func (c *OllamaClient) Shutdown(ctx context.Context) error {
+	cs := &c.closing
+	cs.once.Do(func() {
+		cs.done = make(chan struct{})
+		go func() {
+			err := c.shutdown()
+			cs.mu.Lock()
+			cs.err = err
+			cs.mu.Unlock()
+			close(cs.done)
+		}()
+	})
+	select {
+	case <-cs.done:
+	case <-ctx.Done():
+		select {
+		case <-cs.done: // both ready: the result wins
+		default:
+			return newError("close", "", KindCanceled, context.Cause(ctx))
+		}
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	err := cs.err
+	cs.err = nil
+	return err
+}
+
+// Close is Shutdown without a deadline of the caller's (each step is
+// bounded by its own timeout).
+func (c *OllamaClient) Close() error { return c.Shutdown(context.Background()) }
+
+func (c *OllamaClient) shutdown() error {
+	warm, _ := c.book.close()
+	errs := []error{c.endPhases(true), c.tasks.join(context.Background(), true)}
 	if !c.opts.KeepModelsOnClose && len(warm) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.CleanupTimeout)
 		_, err := c.unloadMany(ctx, warm, unloadMode{keepLoads: true})

@@ -311,7 +311,7 @@ func TestUnloadLostDuringLoadIsResent(t *testing.T) {
 	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: 300 * time.Millisecond})
 	var sent atomic.Int32
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond,
-		Hooks: Hooks{OnUnloadRequested: func(string) { sent.Add(1) }}})
+		Hooks: Hooks{OnUnloadRequested: func(ModelEvent) { sent.Add(1) }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +479,7 @@ func (panicReader) Snapshot(context.Context) (*VRAMSnapshot, error) { panic("dri
 func TestCleanupAsyncRecoversPanic(t *testing.T) {
 	s := newSim(t, sim.Config{})
 	var failed atomic.Int32
-	c, err := NewClient(Options{Host: s.URL().String(), VRAM: panicReader{}, Hooks: Hooks{OnCleanupFailed: func(error) { failed.Add(1) }}})
+	c, err := NewClient(Options{Host: s.URL().String(), VRAM: panicReader{}, Hooks: Hooks{OnCleanupFailed: func(ModelEvent) { failed.Add(1) }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -675,5 +675,43 @@ func TestClassifyTransportErrors(t *testing.T) {
 		if got := classify(tt.err); got != tt.want {
 			t.Errorf("classify(%v) = %v, want %v", tt.err, got, tt.want)
 		}
+	}
+}
+
+// Shutdown is bounded by its context, as net/http's is: when ctx ends
+// first it returns KindCanceled while the work goes on; a later Close
+// waits for that work and returns its result, and the client refuses
+// calls from the start.
+func TestShutdownBoundedByContext(t *testing.T) {
+	const unloadDelay = time.Second
+	s := newSim(t, sim.Config{UnloadDelay: unloadDelay}, sim.ModelConfig{Name: "tiny"})
+	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveFor(time.Hour), nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = c.Shutdown(ctx)
+	if took := time.Since(start); !errors.Is(err, KindCanceled) || !errors.Is(err, context.DeadlineExceeded) || took > unloadDelay/2 {
+		t.Fatalf("Shutdown with a 20 ms context: %v after %v; want KindCanceled well before the %v unload", err, took, unloadDelay)
+	}
+	if _, err := c.Running(t.Context()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Running during the shutdown: %v, want ErrClosed", err)
+	}
+	if !s.Listed("tiny") {
+		t.Fatal("the model is gone already: the test's unload delay is too short to see the bound")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close after the canceled Shutdown: %v", err)
+	}
+	if s.Listed("tiny") {
+		t.Error("Close returned before the shutdown's unload was verified")
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
 	}
 }

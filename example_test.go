@@ -223,7 +223,7 @@ func ExampleOllamaClient_StartPhase() {
 	ctx := context.Background()
 
 	// The prompt stage: three steps on one model load it once.
-	phase, err := c.StartPhase(ctx, "prompts", vramguard.PhaseOptions{KeepAlive: 2 * time.Minute})
+	phase, err := c.StartPhase(ctx, "prompts", vramguard.PhaseOptions{KeepAlive: vramguard.KeepAliveFor(2 * time.Minute)})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 	}
 	fctx, fcancel := context.WithCancelCause(ctx)
 	defer fcancel(nil)
-	f, end, err := c.begin(op, req.Model, ka, fcancel)
+	f, end, err := c.book.begin(op, req.Model, ka, fcancel)
 	if err != nil {
 		return nil, err
 	}

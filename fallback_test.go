@@ -39,7 +39,7 @@ func TestFallbackAfterTransientFailure(t *testing.T) {
 	cli, argsFile := fakeCLI(t, `printf 'from the cli: '; cat; printf '\n'`)
 	var fellBack atomic.Int32
 	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli,
-		Hooks: Hooks{OnFallback: func(string, error) { fellBack.Add(1) }}})
+		Hooks: Hooks{OnFallback: func(ModelEvent) { fellBack.Add(1) }}})
 	if err := s.FailNext("tiny", sim.Busy()); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestFallbackOptions(t *testing.T) {
 			var logs bytes.Buffer
 			c := newTestClient(t, s, Options{Fallback: true, FallbackDropOptions: tt.drop, CLIPath: cli,
 				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-				Hooks:  Hooks{OnFallback: func(string, error) { fellBack.Add(1) }}})
+				Hooks:  Hooks{OnFallback: func(ModelEvent) { fellBack.Add(1) }}})
 			if err := s.FailNext("tiny", tt.fault); err != nil {
 				t.Fatal(err)
 			}

@@ -16,56 +16,8 @@ import (
 // process dies before the phase ends.
 const DefaultPhaseKeepAlive = 2 * time.Minute
 
-// use counts the guarded users of one model in one client.
-type use struct {
-	n          int
-	wantUnload bool // a user that left while others held the model wanted it unloaded
-	// touched: a generation on the model began during the uses (begin
-	// marks it). Uses refused before any request went out leave the
-	// model alone: their cleanup has nothing to unload.
-	touched bool
-}
-
-// acquire registers a guarded user of model. release returns whether the
-// caller was the last user and whether an earlier user asked for an unload.
-func (c *OllamaClient) acquire(model string) (release func(wantUnload bool) (last, unload bool)) {
-	key := NormalizeModelName(model)
-	c.mu.Lock()
-	if c.uses == nil {
-		c.uses = make(map[string]*use)
-	}
-	u := c.uses[key]
-	if u == nil {
-		u = &use{}
-		c.uses[key] = u
-	}
-	u.n++
-	c.mu.Unlock()
-	var once sync.Once
-	return func(wantUnload bool) (last, unload bool) {
-		once.Do(func() {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			u.n--
-			u.wantUnload = u.wantUnload || wantUnload
-			if u.n == 0 {
-				last, unload = true, u.wantUnload && u.touched
-				delete(c.uses, key)
-			}
-		})
-		return last, unload
-	}
-}
-
 // Users returns how many guarded uses of model are running in this client.
-func (c *OllamaClient) Users(model string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if u := c.uses[NormalizeModelName(model)]; u != nil {
-		return u.n
-	}
-	return 0
-}
+func (c *OllamaClient) Users(model string) int { return c.book.users(model) }
 
 // Guard runs LLM work on one model and always cleans up after it. Prompt
 // nodes embed it; its fields are the node's lifecycle settings.
@@ -76,6 +28,13 @@ func (c *OllamaClient) Users(model string) int {
 // as KindUnverified, never as the kind of a failed generation (see Run).
 // A Guard is safe for concurrent use as long as its fields are not changed
 // meanwhile.
+//
+// Its fields combine into eight behaviours: without Phase, unload or not
+// (KeepLoaded), release or not (Release), synchronously or not (Async),
+// except KeepLoaded with Async and no Release, where there is nothing to
+// run in the background; with Phase, none of the other three. The
+// combinations that would be ignored fail with KindInvalidInput, sending
+// nothing.
 type Guard struct {
 	// Client is required.
 	Client *OllamaClient
@@ -147,6 +106,14 @@ func (g *Guard) validate(op, model string) error {
 	if g == nil || g.Client == nil {
 		return invalid(op, model, "guard has no client")
 	}
+	// The eight combinations that mean something; the other eight would
+	// be silently ignored.
+	switch {
+	case g.Phase != nil && (g.KeepLoaded || g.Async || g.Release):
+		return invalid(op, model, "a phase's guard leaves the keep-alive and the cleanup to Phase.End: KeepLoaded, Async and Release do not apply")
+	case g.KeepLoaded && g.Async && !g.Release:
+		return invalid(op, model, "Async with KeepLoaded and no Release: there is no cleanup to run in the background")
+	}
 	return validModelName(op, model)
 }
 
@@ -190,7 +157,7 @@ func (g *Guard) Run(ctx context.Context, model string, fn func(ctx context.Conte
 		// cleanup included.
 		defer leave()
 	}
-	release := g.Client.acquire(model)
+	release := g.Client.book.acquire(model)
 	normal := false
 	s := &Session{g: g, model: model}
 	defer func() {
@@ -250,9 +217,10 @@ func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking boo
 // PhaseOptions configures a Phase. The zero value keeps models warm for
 // DefaultPhaseKeepAlive and ends with a verified unload and ReleaseVRAM.
 type PhaseOptions struct {
-	// KeepAlive is sent by the phase's generations; zero means
-	// DefaultPhaseKeepAlive; negative is invalid.
-	KeepAlive time.Duration
+	// KeepAlive is sent by the phase's generations. The zero value
+	// (KeepAliveUnload, which would reload the model at every step) means
+	// KeepAliveFor(DefaultPhaseKeepAlive).
+	KeepAlive KeepAlive
 	// NeedBytes, when non-zero, makes End hand over a GPU with that many
 	// bytes free on Device (through EnsureFree), failing otherwise.
 	NeedBytes uint64
@@ -277,10 +245,11 @@ type Phase struct {
 	ctxDone   <-chan struct{} // the StartPhase context's Done, to end it from Wait
 
 	mu     sync.Mutex
-	models []string // in order of first use
-	ended  bool     // End has begun: no new use
-	sealed bool     // End has stopped waiting for uses: no new generation
-	active int      // guarded uses running; End waits for them
+	models []string      // in order of first use
+	ended  bool          // End has begun: no new use
+	sealed bool          // End has stopped waiting for uses: no new generation
+	active int           // guarded uses running; End waits for them
+	idle   chan struct{} // closed when active drops to zero after End began
 
 	endOnce sync.Once
 	endDone chan struct{}
@@ -294,7 +263,7 @@ type PhaseReport struct {
 	Models   []string // models used, in order of first use
 	Cleanup  *CleanupReport
 	Handover *EnsureReport // nil unless NeedBytes was set
-	Duration time.Duration // from StartPhase to the end of End
+	Elapsed  time.Duration // from StartPhase to the end of End
 }
 
 // StartPhase begins a phase. If ctx is canceled before End is called, the
@@ -302,69 +271,49 @@ type PhaseReport struct {
 // Close).
 func (c *OllamaClient) StartPhase(ctx context.Context, name string, opts PhaseOptions) (*Phase, error) {
 	const op = "start phase"
-	if opts.KeepAlive < 0 || opts.Timeout < 0 {
-		return nil, invalid(op, "", "negative keep-alive or timeout")
+	if opts.Timeout < 0 {
+		return nil, invalid(op, "", "negative timeout")
 	}
 	if opts.NeedBytes > maxBytes {
 		return nil, invalid(op, "", "need %d bytes: more than %d", opts.NeedBytes, uint64(maxBytes))
 	}
 	ka := opts.KeepAlive
-	if ka == 0 {
-		ka = DefaultPhaseKeepAlive
+	if ka.IsUnload() {
+		ka = KeepAliveFor(DefaultPhaseKeepAlive)
 	}
 	p := &Phase{
 		c:         c,
 		name:      name,
 		opts:      opts,
-		keepAlive: KeepAliveFor(ka),
+		keepAlive: ka,
 		started:   time.Now(),
 		endDone:   make(chan struct{}),
 		ctxDone:   ctx.Done(),
 	}
-	// Checked, registered and armed under one lock: Close cannot slip in
-	// between, and the callback (which takes the lock) cannot run before
-	// stopAfter is set.
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, newError(op, "", KindUnavailable, ErrClosed)
-	}
-	if c.phases == nil {
-		c.phases = make(map[*Phase]struct{})
-	}
-	c.phases[p] = struct{}{}
-	p.stopAfter = context.AfterFunc(ctx, func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.closed {
-			return // Close ends every phase itself
-		}
-		c.goLocked(func() error {
-			_, err := p.End(context.WithoutCancel(ctx))
-			return err
+	// Checked, registered and armed under the book's lock: Close cannot
+	// slip in between, and the callback cannot run before stopAfter is set.
+	err := c.book.addPhase(op, p, func() {
+		p.stopAfter = context.AfterFunc(ctx, func() {
+			if c.book.isClosed() {
+				return // Close ends every phase itself
+			}
+			c.tasks.start(func() error {
+				_, err := p.End(context.WithoutCancel(ctx))
+				return err
+			})
 		})
 	})
+	if err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
 // endPhases ends the live phases: all of them, or only those whose
 // context is done. It returns their joined errors.
 func (c *OllamaClient) endPhases(all bool) error {
-	c.mu.Lock()
-	var ps []*Phase
-	for p := range c.phases {
-		select {
-		case <-p.ctxDone:
-			ps = append(ps, p)
-		default:
-			if all {
-				ps = append(ps, p)
-			}
-		}
-	}
-	c.mu.Unlock()
 	var errs []error
-	for _, p := range ps {
+	for _, p := range c.book.livePhases(all) {
 		_, err := p.End(context.Background())
 		errs = append(errs, err)
 	}
@@ -397,7 +346,10 @@ func (p *Phase) enter(model string) (leave func(), err error) {
 	return func() {
 		once.Do(func() {
 			p.mu.Lock()
-			p.active--
+			if p.active--; p.active == 0 && p.idle != nil {
+				close(p.idle)
+				p.idle = nil
+			}
 			p.mu.Unlock()
 		})
 	}, nil
@@ -409,6 +361,20 @@ func (p *Phase) isSealed() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.sealed
+}
+
+// waitIdle returns a channel closed when the phase's last running use
+// ends, or nil when none runs.
+func (p *Phase) waitIdle() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.active == 0 {
+		return nil
+	}
+	if p.idle == nil {
+		p.idle = make(chan struct{})
+	}
+	return p.idle
 }
 
 // activeUses returns the number of guarded uses still running.
@@ -435,11 +401,9 @@ func (p *Phase) Guard() Guard { return Guard{Client: p.c, Phase: p} }
 func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 	p.endOnce.Do(func() {
 		defer close(p.endDone)
-		p.c.mu.Lock()
-		stop := p.stopAfter
-		delete(p.c.phases, p)
-		p.c.mu.Unlock()
-		stop()
+		if stop := p.c.book.removePhase(p); stop != nil {
+			stop()
+		}
 		p.mu.Lock()
 		p.ended = true // no new use from here on
 		p.mu.Unlock()
@@ -453,11 +417,12 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		// the unload was verified.
 		var errs []error
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		for p.activeUses() > 0 {
-			if err := sleepCtx(wctx, p.c.opts.PollInterval); err != nil {
+		if idle := p.waitIdle(); idle != nil {
+			select {
+			case <-idle:
+			case <-wctx.Done():
 				errs = append(errs, newError("phase "+p.name, "", KindTimeout,
-					fmt.Errorf("%d uses still running: %w", p.activeUses(), err)))
-				break
+					fmt.Errorf("%d uses still running: %w", p.activeUses(), context.Cause(wctx))))
 			}
 		}
 		cancel()
@@ -477,9 +442,9 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 			rep.Handover = er
 			errs = append(errs, eerr)
 		}
-		rep.Duration = time.Since(p.started)
+		rep.Elapsed = time.Since(p.started)
 		p.report, p.err = rep, errors.Join(errs...)
-		p.c.log.Debug("phase ended", "phase", p.name, "models", models, "duration", rep.Duration, "err", p.err)
+		p.c.log.Debug("phase ended", "phase", p.name, "models", models, "elapsed", rep.Elapsed, "err", p.err)
 	})
 	<-p.endDone
 	return p.report, p.err

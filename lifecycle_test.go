@@ -130,9 +130,10 @@ func TestConcurrentGuardsNeverUnloadInUse(t *testing.T) {
 	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 4, TokenLatency: time.Millisecond, LoadLatency: 5 * time.Millisecond})
 	var c *OllamaClient
 	var violations, unloads atomic.Int32
-	c = newTestClient(t, s, Options{Hooks: Hooks{OnUnloadRequested: func(m string) {
+	c = newTestClient(t, s, Options{Hooks: Hooks{OnUnloadRequested: func(e ModelEvent) {
+		m := e.Model
 		unloads.Add(1)
-		if n, f := c.Users(m), c.inFlight(m); n != 0 || f != 0 {
+		if n, f := c.Users(m), c.book.inFlight(m); n != 0 || f != 0 {
 			violations.Add(1)
 			t.Errorf("unload of %s requested with %d users and %d in-flight generations", m, n, f)
 		}
@@ -210,7 +211,7 @@ func TestPhaseAvoidsReloads(t *testing.T) {
 		s := newSim(t, sim.Config{}, models...)
 		c := newTestClient(t, s, Options{})
 		var loads atomic.Int32
-		c.opts.Hooks.OnLoad = func(LoadEvent) { loads.Add(1) }
+		c.opts.Hooks.OnLoad = func(ModelEvent) { loads.Add(1) }
 		p, err := c.StartPhase(t.Context(), "prompts", PhaseOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -250,7 +251,7 @@ func TestPhaseEndsWhenContextCanceled(t *testing.T) {
 	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
 	c := newTestClient(t, s, Options{})
 	ctx, cancel := context.WithCancel(t.Context())
-	p, err := c.StartPhase(ctx, "prompts", PhaseOptions{KeepAlive: time.Hour})
+	p, err := c.StartPhase(ctx, "prompts", PhaseOptions{KeepAlive: KeepAliveFor(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,8 +293,8 @@ func TestPhaseHandover(t *testing.T) {
 	if rep.Handover == nil || rep.Handover.FreeAfter < 12<<30 {
 		t.Fatalf("handover %+v", rep.Handover)
 	}
-	if _, err := c.StartPhase(t.Context(), "x", PhaseOptions{KeepAlive: -1}); !errors.Is(err, KindInvalidInput) {
-		t.Errorf("negative keep-alive: %v", err)
+	if _, err := c.StartPhase(t.Context(), "x", PhaseOptions{Timeout: -1}); !errors.Is(err, KindInvalidInput) {
+		t.Errorf("negative timeout: %v", err)
 	}
 }
 
@@ -412,5 +413,51 @@ func TestAsyncGuardOnClosedClient(t *testing.T) {
 	}
 	if s.Listed("a") {
 		t.Fatal("model resident after the guarded use")
+	}
+}
+
+// Of the sixteen combinations of a Guard's policy fields, the eight that
+// mean something run; the eight whose fields would be ignored fail with
+// KindInvalidInput and send nothing.
+func TestGuardPolicyCombinations(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	c := newTestClient(t, s, Options{})
+	p, err := c.StartPhase(t.Context(), "p", PhaseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	valid := 0
+	for i := range 16 {
+		g := Guard{Client: c, KeepLoaded: i&1 != 0, Async: i&2 != 0, Release: i&4 != 0}
+		if i&8 != 0 {
+			g.Phase = p
+		}
+		want := !(g.KeepLoaded && g.Async && !g.Release)
+		if g.Phase != nil {
+			want = !g.KeepLoaded && !g.Async && !g.Release
+		}
+		before := s.Requests("tiny")
+		_, err := g.Generate(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, nil)
+		name := fmt.Sprintf("KeepLoaded=%v Async=%v Release=%v Phase=%v", g.KeepLoaded, g.Async, g.Release, g.Phase != nil)
+		switch {
+		case want && err != nil:
+			t.Errorf("%s: %v", name, err)
+		case !want && !errors.Is(err, KindInvalidInput):
+			t.Errorf("%s: %v, want KindInvalidInput", name, err)
+		case !want && s.Requests("tiny") != before:
+			t.Errorf("%s: refused, but sent a request", name)
+		}
+		if want {
+			valid++
+		}
+		if err := c.Wait(); err != nil { // an async cleanup ends before the next case counts requests
+			t.Fatal(err)
+		}
+	}
+	if valid != 8 {
+		t.Errorf("%d valid combinations, want 8", valid)
+	}
+	if _, err := p.End(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 }

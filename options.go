@@ -189,27 +189,30 @@ func (o *Options) setDefaults() {
 // They run synchronously on the goroutine that caused the event and must
 // not block; a panicking hook is recovered and logged.
 type Hooks struct {
-	// OnLoad: a generation loaded its model (the server reported a load duration).
-	OnLoad func(LoadEvent)
-	// OnReuse: a generation found its model already loaded.
-	OnReuse func(model string)
-	// OnUnloadRequested: an unload request is about to be sent.
-	OnUnloadRequested func(model string)
+	// OnLoad: a generation loaded its model (Model, LoadDuration).
+	OnLoad func(ModelEvent)
+	// OnReuse: a generation found its model already loaded (Model).
+	OnReuse func(ModelEvent)
+	// OnUnloadRequested: an unload request is about to be sent (Model).
+	OnUnloadRequested func(ModelEvent)
 	// OnEvictionVerified: UnloadModel saw the model gone (and, with
 	// VerifyVRAM, the memory back).
 	OnEvictionVerified func(UnloadReport)
-	// OnCleanupFailed: Cleanup, CleanupAsync or Close failed.
-	OnCleanupFailed func(error)
-	// OnFallback: the subprocess fallback is about to run after err.
-	OnFallback func(model string, err error)
+	// OnCleanupFailed: Cleanup, CleanupAsync or Close failed (Err).
+	OnCleanupFailed func(ModelEvent)
+	// OnFallback: the subprocess fallback is about to run after a failed
+	// generation (Model, Err).
+	OnFallback func(ModelEvent)
 	// OnVRAMWait: a wait for free device memory ended (see EnsureFree).
 	OnVRAMWait func(VRAMWaitEvent)
 }
 
-// LoadEvent describes a model load caused by a generation.
-type LoadEvent struct {
+// ModelEvent is what a hook is told about a model; each hook says which
+// fields it sets.
+type ModelEvent struct {
 	Model        string
-	LoadDuration time.Duration
+	LoadDuration time.Duration // OnLoad: the load_duration the server reported
+	Err          error         // OnFallback: the failure; OnCleanupFailed: the cleanup's
 }
 
 // VRAMWaitEvent describes a finished wait for free device memory.

@@ -205,9 +205,7 @@ func modelfileFrom(mf string) string {
 // checkOpen fails with ErrClosed once Close has begun, so that a closed
 // client sends nothing.
 func (c *OllamaClient) checkOpen(op, model string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	if c.book.isClosed() {
 		return newError(op, model, KindUnavailable, ErrClosed)
 	}
 	return nil

@@ -58,7 +58,7 @@ type UnloadReport struct {
 	Size      int64 // bytes, as last listed by the server
 	SizeVRAM  int64 // Ollama's estimate of its VRAM share
 	Attempts  int   // unload requests sent
-	Polls     int   // /api/ps requests made
+	Polls     int   // /api/ps listings read (concurrent unloads of a client share them)
 	// Elapsed is the time from the first request to verified absence.
 	Elapsed time.Duration
 	// Verified is true when the model was seen absent (and, with
@@ -243,15 +243,17 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 		}
 		return entry
 	}
-	if ms, err := c.api.ListRunning(wctx); err == nil {
+	// A listing of the last interval will do (the poller shares them
+	// among concurrent unloads).
+	if l, err := c.ps.get(wctx, start.Add(-c.opts.PollInterval)); err == nil && l.err == nil {
 		rep.Polls++
-		seen(ms)
+		seen(l.resp)
 	}
 	// Our own loads are cut before the unload goes out: the server aborts
 	// a load whose request is gone, and drops an unload sent during one.
 	cut := func() {
 		if !mode.keepLoads {
-			rep.CanceledLoads += c.cancelLoads(model)
+			rep.CanceledLoads += c.book.cancelLoads(model)
 		}
 	}
 	cut()
@@ -293,7 +295,16 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 		}
 	}
 	for {
-		ms, err := c.api.ListRunning(wctx)
+		// Our generations are counted before the listing's request goes
+		// out (it may be another unload's, sent later): one that ends
+		// after the count and makes the model resident is in both.
+		cut() // a generation of ours that began since
+		ours := c.book.inFlight(model)
+		l, err := c.ps.get(wctx, time.Now())
+		if err == nil {
+			err = l.err
+		}
+		ms := l.resp
 		rep.Polls++
 		if err != nil {
 			if wctx.Err() != nil {
@@ -304,8 +315,6 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 			c.log.Debug("poll failed", "model", model, "err", err)
 		} else {
 			entry := seen(ms)
-			cut() // a generation of ours that began since
-			ours := c.inFlight(model)
 			loading := false // a runner serves the model, which /api/ps does not list
 			if entry == nil && ours == 0 && runners == nil {
 				if c.opts.SettleWindow <= 0 {
@@ -405,9 +414,7 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 	rep.Verified = true
 	rep.Elapsed = time.Since(start)
 
-	c.mu.Lock()
-	delete(c.warm, NormalizeModelName(model))
-	c.mu.Unlock()
+	c.book.forget(model)
 	c.log.Debug("eviction verified", "model", model, "was_loaded", rep.WasLoaded,
 		"attempts", rep.Attempts, "elapsed", rep.Elapsed)
 	c.callHook(func() {
@@ -424,7 +431,7 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
 	c.callHook(func() {
 		if c.opts.Hooks.OnUnloadRequested != nil {
-			c.opts.Hooks.OnUnloadRequested(model)
+			c.opts.Hooks.OnUnloadRequested(ModelEvent{Model: model})
 		}
 	})
 	stream := false
@@ -524,7 +531,7 @@ func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
 		names = append(names, m.Model)
 	}
 	// Models this client is loading are not listed yet.
-	for _, m := range c.loadingModels() {
+	for _, m := range c.book.loadingModels() {
 		if findRunning(ms, m) == nil {
 			names = append(names, m)
 		}

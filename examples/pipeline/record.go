@@ -69,8 +69,8 @@ func (r *recorder) event(kind, model string) {
 
 func (r *recorder) hooks() vramguard.Hooks {
 	return vramguard.Hooks{
-		OnLoad:             func(e vramguard.LoadEvent) { r.event("load", e.Model) },
-		OnUnloadRequested:  func(m string) { r.event("unload requested", m) },
+		OnLoad:             func(e vramguard.ModelEvent) { r.event("load", e.Model) },
+		OnUnloadRequested:  func(e vramguard.ModelEvent) { r.event("unload requested", e.Model) },
 		OnEvictionVerified: func(u vramguard.UnloadReport) { r.event("eviction verified", u.Model) },
 	}
 }

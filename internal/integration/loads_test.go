@@ -197,7 +197,7 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 				}
 				return resp, err
 			})},
-			Hooks: vramguard.Hooks{OnUnloadRequested: func(string) {
+			Hooks: vramguard.Hooks{OnUnloadRequested: func(vramguard.ModelEvent) {
 				mu.Lock()
 				defer mu.Unlock()
 				if cut.IsZero() {

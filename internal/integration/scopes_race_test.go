@@ -101,7 +101,7 @@ func TestGuardCleanupSeesOthersLoad(t *testing.T) {
 					verified *vramguard.UnloadReport
 				)
 				c := newClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{
-					OnUnloadRequested: func(string) {
+					OnUnloadRequested: func(vramguard.ModelEvent) {
 						mu.Lock()
 						defer mu.Unlock()
 						sent = append(sent, time.Now())

@@ -55,7 +55,7 @@ func TestOriginalWorkflow(t *testing.T) {
 		})
 		t.Run("phase", func(t *testing.T) {
 			var hookLoads atomic.Int32
-			c := newClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{OnLoad: func(vramguard.LoadEvent) { hookLoads.Add(1) }}})
+			c := newClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{OnLoad: func(vramguard.ModelEvent) { hookLoads.Add(1) }}})
 			start := time.Now()
 			p, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{})
 			if err != nil {

@@ -166,9 +166,9 @@ type counters struct {
 
 func (c *counters) hooks() vramguard.Hooks {
 	return vramguard.Hooks{
-		OnUnloadRequested:  func(string) { c.unloadRequested.Add(1) },
+		OnUnloadRequested:  func(vramguard.ModelEvent) { c.unloadRequested.Add(1) },
 		OnEvictionVerified: func(vramguard.UnloadReport) { c.evictionVerified.Add(1) },
-		OnCleanupFailed:    func(error) { c.cleanupFailed.Add(1) },
+		OnCleanupFailed:    func(vramguard.ModelEvent) { c.cleanupFailed.Add(1) },
 	}
 }
 

@@ -365,7 +365,7 @@ func TestAbandonedLoadThenPhaseEnd(t *testing.T) {
 		// was quicker, the model is simply listed and End must unload it.
 		p.Push("/api/generate", faultproxy.Stall(time.Minute))
 		c := newClient(t, p.URL(), vramguard.Options{})
-		ph, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{KeepAlive: 2 * time.Minute})
+		ph, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{KeepAlive: vramguard.KeepAliveFor(2 * time.Minute)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -426,7 +426,7 @@ func TestPhaseEndSurvivesResetUnload(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		p := newProxy(t, b.url)
 		c := newClient(t, p.URL(), vramguard.Options{})
-		ph, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{KeepAlive: 2 * time.Minute})
+		ph, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{KeepAlive: vramguard.KeepAliveFor(2 * time.Minute)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -305,7 +305,9 @@ func (s *Server) scheduleRemovalLocked(r *runner) {
 		s.removeRunnerLocked(r)
 		return
 	}
-	s.stopLocked(r.removal)
+	if r.removal != nil {
+		return // an unload under way is not restarted by another request
+	}
 	r.removal = s.afterLocked(s.cfg.UnloadDelay, func() {
 		r.removal = nil
 		if r.refs > 0 || r.m.runner != r {

@@ -316,7 +316,7 @@ func runOp(r *rng, c *vramguard.OllamaClient, tasks *sync.WaitGroup) (string, ti
 	case x < 80:
 		op = "phase"
 		var ph *vramguard.Phase
-		ph, err = c.StartPhase(ctx, "soak", vramguard.PhaseOptions{KeepAlive: time.Minute})
+		ph, err = c.StartPhase(ctx, "soak", vramguard.PhaseOptions{KeepAlive: vramguard.KeepAliveFor(time.Minute)})
 		if err == nil {
 			g := ph.Guard()
 			for range 1 + r.intn(3) {

@@ -1,0 +1,235 @@
+package vramguard
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// book is a client's record of its models: the generations in flight, the
+// guarded uses, the models left warm and the phases not yet ended, and
+// whether the client is closed. It owns its lock; nothing else touches its
+// maps.
+type book struct {
+	mu       sync.Mutex
+	closed   bool
+	inflight map[string]map[*flight]struct{} // normalized model -> generations of this client
+	warm     map[string]struct{}             // models used with a keep-alive other than unload
+	uses     map[string]*use                 // normalized model -> guarded users
+	phases   map[*Phase]struct{}             // phases not yet ended
+}
+
+func newBook() *book {
+	return &book{
+		inflight: make(map[string]map[*flight]struct{}),
+		warm:     make(map[string]struct{}),
+		uses:     make(map[string]*use),
+		phases:   make(map[*Phase]struct{}),
+	}
+}
+
+// flight is one generation of this client, from begin to its end.
+type flight struct {
+	// cancel cuts the request with a cause; nil when the request cannot
+	// be cut from outside.
+	cancel context.CancelCauseFunc
+	// streaming is set at the first chunk: the model is loaded by then,
+	// and an unload no longer cancels the request (see cancelLoads).
+	streaming atomic.Bool
+	// cut is set, under the book's lock, once an unload canceled it.
+	cut bool
+}
+
+// use counts the guarded users of one model in one client.
+type use struct {
+	n          int
+	wantUnload bool // a user that left while others held the model wanted it unloaded
+	// touched: a generation on the model began during the uses (begin
+	// marks it). Uses refused before any request went out leave the
+	// model alone: their cleanup has nothing to unload.
+	touched bool
+}
+
+// isClosed reports whether Close has begun.
+func (b *book) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+// close marks the book closed and returns the models left warm; ok is
+// false when it was closed already.
+func (b *book) close() (warm []string, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, false
+	}
+	b.closed = true
+	for m := range b.warm {
+		warm = append(warm, m)
+	}
+	slices.Sort(warm)
+	return warm, true
+}
+
+// begin registers a generation on model; the returned func ends it.
+// cancel, when not nil, lets an unload of the model cut the request while
+// it is still loading. It fails with ErrClosed once Close has begun.
+func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseFunc) (f *flight, end func(), err error) {
+	key := NormalizeModelName(model)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, nil, newError(op, model, KindUnavailable, ErrClosed)
+	}
+	f = &flight{cancel: cancel}
+	if b.inflight[key] == nil {
+		b.inflight[key] = make(map[*flight]struct{})
+	}
+	b.inflight[key][f] = struct{}{}
+	if u := b.uses[key]; u != nil {
+		u.touched = true // a guarded use's request goes out
+	}
+	if !ka.IsUnload() {
+		b.warm[key] = struct{}{}
+	}
+	return f, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if delete(b.inflight[key], f); len(b.inflight[key]) == 0 {
+			delete(b.inflight, key)
+		}
+	}, nil
+}
+
+// inFlight returns the number of this client's generations on model.
+func (b *book) inFlight(model string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.inflight[NormalizeModelName(model)])
+}
+
+// loadingModels returns the models on which this client has a generation
+// with no chunk yet (which /api/ps does not list while it loads).
+func (b *book) loadingModels() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var ms []string
+	for m, fs := range b.inflight {
+		for f := range fs {
+			if !f.streaming.Load() {
+				ms = append(ms, m)
+				break
+			}
+		}
+	}
+	slices.Sort(ms)
+	return ms
+}
+
+// cancelLoads cuts this client's generations on model that have not
+// received a chunk yet (they may be loading it: an unload that arrives
+// during a load is dropped, and canceling the request that caused the
+// load aborts it) with cause ErrUnloadedWhileLoading. It returns how many
+// it cut; a generation is cut once.
+func (b *book) cancelLoads(model string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for f := range b.inflight[NormalizeModelName(model)] {
+		if f.cancel != nil && !f.cut && !f.streaming.Load() {
+			f.cut = true
+			f.cancel(ErrUnloadedWhileLoading)
+			n++
+		}
+	}
+	return n
+}
+
+// forget drops model from the warm set once it was verified gone.
+func (b *book) forget(model string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.warm, NormalizeModelName(model))
+}
+
+// acquire registers a guarded user of model. release returns whether the
+// caller was the last user and whether an earlier user asked for an unload.
+func (b *book) acquire(model string) (release func(wantUnload bool) (last, unload bool)) {
+	key := NormalizeModelName(model)
+	b.mu.Lock()
+	u := b.uses[key]
+	if u == nil {
+		u = &use{}
+		b.uses[key] = u
+	}
+	u.n++
+	b.mu.Unlock()
+	var once sync.Once
+	return func(wantUnload bool) (last, unload bool) {
+		once.Do(func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			u.n--
+			u.wantUnload = u.wantUnload || wantUnload
+			if u.n == 0 {
+				last, unload = true, u.wantUnload && u.touched
+				delete(b.uses, key)
+			}
+		})
+		return last, unload
+	}
+}
+
+// users returns how many guarded uses of model are running.
+func (b *book) users(model string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if u := b.uses[NormalizeModelName(model)]; u != nil {
+		return u.n
+	}
+	return 0
+}
+
+// addPhase registers p, unless the client is closed; arm runs under the
+// same lock, so that Close cannot slip in between.
+func (b *book) addPhase(op string, p *Phase, arm func()) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return newError(op, "", KindUnavailable, ErrClosed)
+	}
+	b.phases[p] = struct{}{}
+	arm()
+	return nil
+}
+
+// removePhase forgets p and returns the func that stops its context
+// watch (nil if it was gone).
+func (b *book) removePhase(p *Phase) (stop func() bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.phases, p)
+	return p.stopAfter
+}
+
+// livePhases returns the phases not yet ended: all of them, or only those
+// whose context is done.
+func (b *book) livePhases(all bool) []*Phase {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var ps []*Phase
+	for p := range b.phases {
+		select {
+		case <-p.ctxDone:
+			ps = append(ps, p)
+		default:
+			if all {
+				ps = append(ps, p)
+			}
+		}
+	}
+	return ps
+}
