@@ -3,8 +3,7 @@
 // internal/testkit/faultproxy between a client and a server (the simulator and the
 // real Ollama servers of internal/testkit/ollamatest), and checked for the error
 // kind, the time to the error, the cleanup, goroutines and connections
-// left, and models left resident. It also runs the hostile-input table of
-// the prompt nodes.
+// left, and models left resident.
 //
 // The package has tests only; RELIABILITY.md at the module root records
 // their figures. The real servers follow internal/suites/integration's policy:

@@ -1,4 +1,4 @@
-package reliability_test
+package nodes_test
 
 import (
 	"context"
@@ -16,10 +16,10 @@ import (
 	"go.uber.org/goleak"
 )
 
-// The hostile-input table of the prompt nodes (the root's own table is in
-// the root's hostile_test.go; this one lives here so that the root's tests
-// do not depend on the nodes package). Every call must return fast, never
-// panic, and fail only with an *vramguard.Error of an expected kind.
+// The hostile-input table of the prompt nodes, on the simulator (the root
+// package's own table is the root's hostile_test.go). Every call must return
+// fast, never panic, and fail only with an *vramguard.Error of an expected
+// kind.
 
 const hostileBound = 20 * time.Second
 
