@@ -4,8 +4,8 @@ PKGS      := ./...
 # The packages that run real Ollama servers (the harness and the stand-in
 # llama-server test themselves against them too): they run once, in
 # test-integration.
-REAL_PKGS := ./internal/ollamatest ./internal/standin/... ./internal/integration ./internal/reliability
-UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/integration -e /internal/reliability -e /internal/ollamatest -e /internal/standin)
+REAL_PKGS := ./internal/testkit/ollamatest ./internal/testkit/standin/... ./internal/suites/integration ./internal/suites/reliability
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/integration -e /internal/suites/reliability -e /internal/testkit/ollamatest -e /internal/testkit/standin)
 # go-nvml from v0.13.1-0 ships an nvml.h whose DEPRECATED marks are live:
 # the first cgo build of every program importing vramguard would print about
 # 150 lines of -Wdeprecated-declarations warnings, which only the builder's
@@ -66,7 +66,7 @@ bench:
 
 ## soak: thousands of guarded calls with random faults (not in CI)
 soak:
-	$(GO) test -race -count=1 -run TestSoak -timeout 30m -v ./internal/soak/ -soak
+	$(GO) test -race -count=1 -run TestSoak -timeout 30m -v ./internal/suites/soak/ -soak
 
 ## install-ollama: build and cache the Ollama servers the integration tests use
 install-ollama:

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 func TestCatalog(t *testing.T) {

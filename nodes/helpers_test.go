@@ -14,7 +14,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 // newSim starts a simulator with the given models; it is closed at the end

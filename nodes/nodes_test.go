@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 const castleReply = "<think>hmm</think>**Prompt:** \"a castle\""

@@ -20,7 +20,7 @@
 #   BENCH_PROFILE=0    skip the CPU and memory profiles of the streaming
 #                      benchmarks (written to $BENCH_OUT, summarised)
 #   BENCHSTAT          the benchstat command (default: go run, pinned version)
-#   VRAMGUARD_OLLAMA_VERSIONS and the other internal/ollamatest variables
+#   VRAMGUARD_OLLAMA_VERSIONS and the other internal/testkit/ollamatest variables
 #                      select the servers.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -34,7 +34,7 @@ out=${BENCH_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/vramguard-bench.XXXXXX")}
 mkdir -p "$out"
 benchstat=${BENCHSTAT:-go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da}
 chunks=10001 # callbacks per streamed generation: 10,000 text chunks and the done line
-poll_ms=10   # PollInterval of the vramguard client in internal/benchreal
+poll_ms=10   # PollInterval of the vramguard client in internal/suites/benchreal
 start=$(date +%s)
 
 say() { printf '%s\n' "$*" | tee -a "$out/summary.txt"; }
@@ -55,12 +55,12 @@ say "# vramguard benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC')"
 say "go: $(go version | cut -d' ' -f3-)"
 say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores online, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 say "tree: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- '*.go' 2>/dev/null || echo ', tracked Go files modified')"
-say "ollama servers: ${VRAMGUARD_OLLAMA_VERSIONS:-0.6.5,0.17.4} (internal/ollamatest, CPU only)"
+say "ollama servers: ${VRAMGUARD_OLLAMA_VERSIONS:-0.6.5,0.17.4} (internal/testkit/ollamatest, CPU only)"
 say "results: $out"
 
 echo "building test binaries..."
 go test -c -o "$out/root.test" .
-go test -c -o "$out/benchreal.test" ./internal/benchreal
+go test -c -o "$out/benchreal.test" ./internal/suites/benchreal
 $benchstat -h >/dev/null 2>&1 || { echo "benchstat unavailable ($benchstat); set BENCHSTAT"; exit 1; }
 
 # runroot BENCH [flags...]: one run of root benchmarks matching BENCH.
@@ -148,7 +148,7 @@ say "## 3. Real Ollama servers (up to $real_rounds rounds of unload 6x and workf
 : >"$out/unload.txt"
 : >"$out/workflow.txt"
 runreal() {
-	(cd internal/benchreal && "$out/benchreal.test" -test.run '^$' -test.bench "$1" -test.benchtime "$2" -test.count 1 2>&1) |
+	(cd internal/suites/benchreal && "$out/benchreal.test" -test.run '^$' -test.bench "$1" -test.benchtime "$2" -test.count 1 2>&1) |
 		tee -a "$out/real.log" | grep -E '^Benchmark' || true
 }
 for ((i = 1; i <= real_rounds; i++)); do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and caches the Ollama servers that vramguard's integration tests run
-# (internal/ollamatest), installing the Debian packages newer versions need.
+# (internal/testkit/ollamatest), installing the Debian packages newer versions need.
 #
 # Usage: scripts/install-ollama.sh [VERSION...]
 #
@@ -15,14 +15,14 @@
 # A cold build takes minutes (v0.17.4 and v0.24.0 compile llama.cpp and ggml
 # with cgo). Versions 0.7 to 0.29 need nlohmann-json3-dev and libstb-dev (Go
 # module zips drop llama.cpp's vendor/ folder) and the miniaudio stand-in
-# header kept in internal/ollamatest/cshim (copied to <cache>/<version>/cshim,
+# header kept in internal/testkit/ollamatest/cshim (copied to <cache>/<version>/cshim,
 # where the Go harness also writes it, so both build with identical flags).
 # From 0.30 Ollama has no engine of its own: it runs llama.cpp's llama-server,
-# which the tests replace with internal/standin (the Go harness provides it).
+# which the tests replace with internal/testkit/standin (the Go harness provides it).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-shim="$repo/internal/ollamatest/cshim"
+shim="$repo/internal/testkit/ollamatest/cshim"
 cache=${VRAMGUARD_OLLAMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vramguard/ollama}
 
 if [ $# -gt 0 ]; then

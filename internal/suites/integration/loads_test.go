@@ -1,0 +1,297 @@
+package integration_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/api"
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/procs"
+	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
+)
+
+// Issue #13: another program starts loading a model just before or while
+// UnloadModel runs. Ollama v0.17.4 to v0.34.4 list nothing in /api/ps while
+// a model loads and drop an unload that arrives then, so a check of /api/ps
+// alone reports the model gone and it appears a moment later. A verified
+// unload must leave it absent, from /api/ps and from the process table.
+func TestUnloadSeesOthersLoad(t *testing.T) {
+	eachVersionAlone(t, func(t *testing.T, s *ollamatest.Server) {
+		// Offsets into the other program's load at which UnloadModel is
+		// called, and how long the model must then stay absent.
+		offsets, watch := raceOffsets(t, s)
+		c := newClient(t, s, vramguard.Options{})
+		blob, err := c.ModelBlob(t.Context(), modelA)
+		if err != nil || blob == "" {
+			t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
+		}
+		for _, off := range offsets {
+			t.Run(fmt.Sprintf("api load, unload at %v", off), func(t *testing.T) {
+				// The other program: a raw client, the server's default
+				// keep-alive (5 m). Offsets count from the moment its
+				// request is on the wire.
+				wrote := make(chan struct{})
+				ctx := httptrace.WithClientTrace(context.WithoutCancel(t.Context()), &httptrace.ClientTrace{
+					WroteRequest: func(httptrace.WroteRequestInfo) { close(wrote) },
+				})
+				done := make(chan error, 1)
+				go func() {
+					done <- s.Client().Generate(ctx, &api.GenerateRequest{Model: modelA, Prompt: "x", Options: short(4)},
+						func(api.GenerateResponse) error { return nil })
+				}()
+				t.Cleanup(func() { cleanUp(t, s, c, done, blob) })
+				<-wrote
+				time.Sleep(off)
+				unloadAndWatch(t, s, c, modelA, blob, watch)
+			})
+		}
+		t.Run("ollama run", func(t *testing.T) {
+			skipIfExternal(t, s, "needs the server's own CLI")
+			bin, _, err := ollamatest.Binary(t.Context(), s.Version(), t.Logf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// `ollama run` has no flag for num_predict, and a model of random
+			// weights may never stop: bake a limit into a model that shares
+			// tiny-a's weights (and so its runner).
+			const short = "tiny-a-short"
+			if err := s.Client().Create(t.Context(), &api.CreateRequest{Model: short, From: modelA,
+				Parameters: map[string]any{"num_predict": 8, "seed": 7}}, func(api.ProgressResponse) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(bin, "run", short, "--nowordwrap")
+			cmd.Stdin = strings.NewReader("a castle at dawn\n")
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			cmd.Env = append(os.Environ(), "OLLAMA_HOST="+s.URL().Host)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var waitErr error
+			exited := make(chan struct{})
+			go func() { waitErr = cmd.Wait(); close(exited) }()
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				<-exited
+			})
+			// Unload as soon as the CLI's load has a runner.
+			deadline := time.Now().Add(20 * time.Second)
+			for len(serverRunners(t, s, blob)) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("no runner for %s after 20 s; CLI output: %s", modelA, out.String())
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			unloadAndWatch(t, s, c, short, blob, watch)
+			select {
+			case <-exited:
+				if waitErr != nil {
+					t.Logf("ollama run: %v", waitErr)
+				}
+			case <-time.After(20 * time.Second):
+				t.Errorf("ollama run still runs 20 s after the unload")
+			}
+		})
+	})
+}
+
+// unloadAndWatch unloads model, requires a verified report, and then
+// requires the model to stay absent for watch (watchAbsent).
+func unloadAndWatch(t *testing.T, s *ollamatest.Server, c *vramguard.OllamaClient, model, blob string, watch time.Duration) {
+	t.Helper()
+	rep, err := c.UnloadModel(t.Context(), model)
+	if err != nil {
+		t.Fatalf("UnloadModel: %v", err)
+	}
+	if !rep.Verified {
+		t.Fatalf("UnloadModel returned no error and an unverified report: %+v", rep)
+	}
+	t.Logf("UnloadModel: %d attempts, %d polls in %v; checked %v, runner seen %v", rep.Attempts, rep.Polls, rep.Elapsed, rep.Checked, rep.RunnerSeen)
+	if !s.External() && !rep.Checked.Has(vramguard.CheckRunnerProcesses) {
+		t.Errorf("verified on a local server without the process check: checked %v (%s)", rep.Checked, rep.NoRunnerCheck)
+	}
+	watchAbsent(t, s, blob, watch)
+}
+
+// cleanUp waits for the other program's request and leaves nothing
+// loaded, so that one case's failure does not spill into the next.
+func cleanUp(t *testing.T, s *ollamatest.Server, c *vramguard.OllamaClient, done <-chan error, blob string) {
+	if err := <-done; err != nil {
+		t.Logf("the other program's request: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.UnloadAll(ctx); err != nil {
+		t.Errorf("clean up: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(serverRunners(t, s, blob)) > 0; {
+		if time.Now().After(deadline) {
+			t.Errorf("clean up: a runner for %s is still there after 10 s", modelA)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// serverRunners returns the runners of s (not of other packages' servers)
+// serving blob; none for an external server, whose processes are not ours
+// to see.
+func serverRunners(t *testing.T, s *ollamatest.Server, blob string) []procs.Runner {
+	t.Helper()
+	if s.External() {
+		return nil
+	}
+	rs, err := procs.RunnersFor("", blob)
+	if err != nil {
+		t.Fatalf("list runners: %v", err)
+	}
+	var out []procs.Runner
+	for _, r := range rs {
+		if r.PPID == s.PID() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Issue #13: an unload of a model whose load this client started cuts that
+// load instead of racing it. The generation fails with
+// ErrUnloadedWhileLoading; a server that aborts a load whose request went
+// (v0.17.4 and later) stops the runner well before the load would have
+// ended (v0.6.5 finishes the load and then applies the unload); and the
+// unload is verified at the first /api/ps poll after the runner is gone
+// and the settle window has passed.
+func TestUnloadCutsOwnLoad(t *testing.T) {
+	eachVersionAlone(t, func(t *testing.T, s *ollamatest.Server) {
+		_, watch := raceOffsets(t, s) // a 2 s load on the stand-in
+		var (
+			mu      sync.Mutex
+			cut     time.Time   // the first unload request, sent right after the cut
+			replied time.Time   // the latest reply to /api/generate (the unload's reply, here)
+			polls   []time.Time // when each /api/ps request went out
+		)
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		t.Cleanup(tr.CloseIdleConnections)
+		c := newClient(t, s, vramguard.Options{
+			HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.URL.Path == "/api/ps" {
+					mu.Lock()
+					polls = append(polls, time.Now())
+					mu.Unlock()
+				}
+				resp, err := tr.RoundTrip(r)
+				if r.URL.Path == "/api/generate" && err == nil {
+					mu.Lock()
+					replied = time.Now()
+					mu.Unlock()
+				}
+				return resp, err
+			})},
+			Hooks: vramguard.Hooks{OnUnloadRequested: func(vramguard.ModelEvent) {
+				mu.Lock()
+				defer mu.Unlock()
+				if cut.IsZero() {
+					cut = time.Now()
+				}
+			}},
+		})
+		blob, err := c.ModelBlob(t.Context(), modelA)
+		if err != nil || blob == "" {
+			t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
+		}
+		// The baseline: a whole load, in this run.
+		g, err := c.GenerateStreaming(t.Context(), req(modelA, 1), vramguard.KeepAliveUnload, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		load := g.Metrics.LoadDuration
+		if _, err := waitGone(t, s, blob, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+
+		gen := make(chan error, 1)
+		go func() {
+			_, err := c.GenerateStreaming(context.WithoutCancel(t.Context()), req(modelA, 4), vramguard.KeepAliveFor(time.Hour), nil)
+			gen <- err
+		}()
+		// Unload once the load has its runner.
+		if err := waitFor(20*time.Second, func() bool { return len(serverRunners(t, s, blob)) > 0 }); err != nil {
+			t.Fatalf("no runner for %s: %v", modelA, err)
+		}
+		type result struct {
+			rep *vramguard.UnloadReport
+			err error
+			at  time.Time
+		}
+		unloaded := make(chan result, 1)
+		go func() {
+			rep, err := c.UnloadModel(t.Context(), modelA)
+			unloaded <- result{rep, err, time.Now()}
+		}()
+		// The moment the runner is gone and the model unlisted.
+		var goneAt time.Time
+		if err := waitFor(20*time.Second, func() bool {
+			return len(serverRunners(t, s, blob)) == 0 && len(running(t, s)) == 0
+		}); err != nil {
+			t.Fatalf("%s still loaded or listed: %v", modelA, err)
+		}
+		goneAt = time.Now()
+		r := <-unloaded
+		if r.err != nil || !r.rep.Verified || r.rep.CanceledLoads != 1 {
+			t.Fatalf("UnloadModel: %+v, %v; want verified with one canceled load", r.rep, r.err)
+		}
+		if err := <-gen; !errors.Is(err, vramguard.ErrUnloadedWhileLoading) || !errors.Is(err, vramguard.KindCanceled) {
+			t.Errorf("the loading generation returned %v, want KindCanceled wrapping ErrUnloadedWhileLoading", err)
+		}
+		mu.Lock()
+		took := goneAt.Sub(cut)
+		// Polls after the runner went and the settle window (50 ms after
+		// the last unload's reply; v0.6.5 replies once the load it waited
+		// for has ended) passed: the first must verify.
+		from := goneAt
+		if w := replied.Add(50 * time.Millisecond); w.After(from) {
+			from = w
+		}
+		late := 0
+		for _, p := range polls {
+			if p.After(from) && p.Before(r.at) {
+				late++
+			}
+		}
+		mu.Unlock()
+		t.Logf("load %v; gone %v after the cut; unload: %d attempts, %d polls in %v, %d after the runner went and the window passed; checked %v",
+			load.Round(time.Millisecond), took.Round(time.Millisecond), r.rep.Attempts, r.rep.Polls, r.rep.Elapsed, late, r.rep.Checked)
+		if late > 1 {
+			t.Errorf("%d /api/ps polls after the runner went and the settle window passed, want the first to verify", late)
+		}
+		if s.Version() != "0.6.5" && took > load/2 {
+			t.Errorf("the runner went %v after the cut: the load (%v) was not aborted", took, load)
+		}
+		watchAbsent(t, s, blob, watch)
+	})
+}
+
+// roundTripFunc is an http.RoundTripper made of a func.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// waitFor polls cond every 2 ms until it holds, or fails after limit.
+func waitFor(limit time.Duration, cond func() bool) error {
+	for deadline := time.Now().Add(limit); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %v", limit)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package sim_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+)
+
+func Example() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", Chunks: 3}}})
+	defer s.Close()
+	c := s.Client()
+	ctx := context.Background()
+
+	var reply string
+	var loaded bool
+	err := c.Generate(ctx, &api.GenerateRequest{Model: "tiny", Prompt: "hi", KeepAlive: &api.Duration{Duration: 0}},
+		func(r api.GenerateResponse) error {
+			reply += r.Response
+			loaded = loaded || r.LoadDuration > 0
+			return nil
+		})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%q loaded=%v\n", reply, loaded)
+
+	// keep_alive 0: the model leaves /api/ps shortly after the request.
+	wait, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_ = s.WaitFor(wait, func() bool { return !s.Listed("tiny") })
+	fmt.Println("loads:", s.Loads("tiny"), "unloads:", s.Unloads("tiny"))
+	// Output:
+	// "kilo lima mike" loaded=true
+	// loads: 1 unloads: 1
+}
+
+func ExampleServer_Reserve() {
+	s := sim.New(sim.Config{TotalVRAM: 24 << 30})
+	defer s.Close()
+
+	fmt.Println(s.Reserve("text-encoder", 11<<30))
+	fmt.Println(s.Reserve("vae", 14<<30))
+	total, used, free := s.Memory()
+	fmt.Println(total>>30, used>>30, free>>30)
+	// Output:
+	// <nil>
+	// VRAM grow failed: 15032385536 bytes
+	// 24 11 13
+}
+
+func ExampleServer_FailNext() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny"}}})
+	defer s.Close()
+	c := s.Client()
+
+	_ = s.FailNext("tiny", sim.LoadCrash())
+	err := c.Generate(context.Background(), &api.GenerateRequest{Model: "tiny", Prompt: "hi"},
+		func(api.GenerateResponse) error { return nil })
+	fmt.Println(err)
+	// Output:
+	// 500 Internal Server Error: llama runner process has terminated: exit status 2
+}
