@@ -2,7 +2,7 @@ package vramguard_test
 
 // Benchmarks of BENCHMARKS.md for the root package; scripts/bench.sh runs
 // them (`make bench`). The figures against real Ollama servers are in
-// internal/benchreal.
+// internal/suites/benchreal.
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 // streamChunks is the number of text chunks of the benchmark stream; the

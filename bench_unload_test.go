@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/vramguard/vramguard/internal/procs"
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 // BenchmarkUnloadIdle is a verified unload of a model that is not loaded,

@@ -11,8 +11,8 @@ import (
 
 	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
-	"github.com/vramguard/vramguard/internal/simvram"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/internal/testkit/simvram"
 )
 
 // countingTransport counts the requests a client sends.

@@ -6,7 +6,7 @@ import (
 	"log"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 // The weights blobs of the examples' models, as `ollama show --modelfile`

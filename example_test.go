@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 // startSim starts the built-in Ollama simulator with two models. Real

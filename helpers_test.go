@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 // newSim starts a simulator with the given models; it is closed at the end

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 // Hostile input for every public entry point: each call must return at

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 func TestGuardPanicStillEvicts(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 // psClock records when each /api/ps request goes out.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ollama/ollama/api"
 
-	"github.com/vramguard/vramguard/internal/sim"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 func TestIsLocalHost(t *testing.T) {

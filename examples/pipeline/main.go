@@ -26,8 +26,8 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
-	"github.com/vramguard/vramguard/internal/simvram"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/internal/testkit/simvram"
 	"github.com/vramguard/vramguard/nodes"
 )
 

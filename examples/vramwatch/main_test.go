@@ -16,8 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/sim"
-	"github.com/vramguard/vramguard/internal/simvram"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/internal/testkit/simvram"
 )
 
 func TestMain(m *testing.M) {
