@@ -18,9 +18,33 @@
 // unload when Ollama lost it (it does when the unload arrives during a load);
 // [UnloadReport.Checked] names the checks made. A load this client started
 // is canceled rather than raced ([ErrUnloadedWhileLoading]); on a remote
-// server, [Options.SettleWindow] watches /api/ps for longer than a load. [OllamaClient.Cleanup] and
-// [OllamaClient.CleanupAsync] unload and release memory under a detached,
-// bounded context; [OllamaClient.Close] joins every cleanup still running.
+// server, [Options.SettleWindow] watches /api/ps for longer than a load.
+// [OllamaClient.Cleanup] and [OllamaClient.CleanupAsync] unload and release
+// memory under a detached, bounded context; [OllamaClient.Shutdown] and
+// [OllamaClient.Close] join every cleanup still running.
+//
+// # Which call unloads what
+//
+// Every unload below is verified as [OllamaClient.UnloadModel] verifies
+// (gone from /api/ps and, on a local server, from the process table).
+// "Cuts" means the call cancels this client's own generations on the model
+// that have no chunk yet; "waits" that it lets them, and other programs'
+// requests, end first.
+//
+//	call                        unloads                                   own loads   others' requests
+//	UnloadModel                 the model                                 cuts        waits
+//	UnloadAll                   every model listed or this client loads   cuts        waits
+//	Cleanup, CleanupAsync       Models, and with AllModels as UnloadAll   cuts        waits
+//	EnsureFree                  the largest Ollama models, until enough   cuts        waits
+//	                            is free (all of them only on request,
+//	                            without a VRAM reader)
+//	Guard, after use            its model, if a request went out          waits       sends the unload, reports
+//	                                                                                  ErrHeldByOthers
+//	Phase.End                   every model the phase used                waits       waits
+//	Shutdown, Close             models used with a keep-alive other       waits       waits
+//	                            than KeepAliveUnload
+//	a generation with           nothing: the server unloads it when
+//	KeepAliveUnload             the request ends (not verified)
 //
 // # Lifecycle
 //
@@ -48,5 +72,6 @@
 //
 // Options.Logger takes a *slog.Logger (nil discards) and Options.Hooks takes
 // callbacks for loads, reuses, unload requests, verified evictions, cleanup
-// failures and VRAM waits. There is no package-level state.
+// failures, fallbacks and VRAM waits, each taking one struct. There is no
+// package-level state.
 package vramguard

@@ -5,6 +5,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ollama/ollama/api"
 
@@ -218,4 +219,66 @@ func (c *OllamaClient) callError(ctx context.Context, op, model string, err erro
 		return newError(op, model, KindCanceled, context.Cause(ctx))
 	}
 	return newError(op, model, classify(err), err)
+}
+
+// Running lists the models the server has loaded (GET /api/ps). Ollama lists
+// a model until its runner is removed, which can be before the GPU has the
+// memory back, and still lists a runner that crashed.
+//
+// On a closed client it fails with ErrClosed and sends nothing.
+func (c *OllamaClient) Running(ctx context.Context) ([]api.ProcessModelResponse, error) {
+	if err := c.checkOpen("list running", ""); err != nil {
+		return nil, err
+	}
+	return c.running(ctx)
+}
+
+// running is Running for the library's own calls, which Close makes too.
+// Its listing is one sent at or after the call, shared with the unloads
+// in progress (poller.go).
+func (c *OllamaClient) running(ctx context.Context) ([]api.ProcessModelResponse, error) {
+	const op = "list running"
+	l, err := c.ps.get(ctx, time.Now())
+	if err == nil {
+		err = l.err
+	}
+	resp := l.resp
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, newError(op, "", KindCanceled, context.Cause(ctx))
+		}
+		return nil, newError(op, "", classify(err), err)
+	}
+	return resp.Models, nil
+}
+
+// ListModels lists the models installed on the server (GET /api/tags),
+// with failures classified like every other call. On a closed client it
+// fails with ErrClosed and sends nothing.
+func (c *OllamaClient) ListModels(ctx context.Context) ([]api.ListModelResponse, error) {
+	const op = "list models"
+	if err := c.checkOpen(op, ""); err != nil {
+		return nil, err
+	}
+	resp, err := c.api.List(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, newError(op, "", KindCanceled, context.Cause(ctx))
+		}
+		return nil, newError(op, "", classify(err), err)
+	}
+	return resp.Models, nil
+}
+
+// IsResident reports whether the server lists model as loaded. On a closed
+// client it fails with ErrClosed and sends nothing.
+func (c *OllamaClient) IsResident(ctx context.Context, model string) (bool, error) {
+	if err := validModelName("is resident", model); err != nil {
+		return false, err
+	}
+	ms, err := c.Running(ctx)
+	if err != nil {
+		return false, err
+	}
+	return findRunning(ms, model) != nil, nil
 }
