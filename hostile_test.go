@@ -499,16 +499,16 @@ func TestHostileVRAM(t *testing.T) {
 		{"reader reports no figures", await(zeroTotal, fast), unavailable},
 		{"reader lies", await(liar, with(func(r *vramguard.AwaitRequest) { r.Bytes = 1 })), successOnly},
 		{"SMI negative timeout", func(context.Context) error {
-			_, err := vramguard.NewSMIReader(vramguard.SMIOptions{Timeout: -1})
+			_, err := vramguard.NewSMIReader(vramguard.ReaderOptions{SMITimeout: -1})
 			return err
 		}, invalidOnly},
 		{"SMI missing binary", func(context.Context) error {
-			_, err := vramguard.NewSMIReader(vramguard.SMIOptions{Path: "/nonexistent/\x00nvidia-smi"})
+			_, err := vramguard.NewSMIReader(vramguard.ReaderOptions{SMIPath: "/nonexistent/\x00nvidia-smi"})
 			return err
 		}, unavailable},
-		{"SMI zero value", func(ctx context.Context) error { _, err := (&vramguard.SMIReader{}).Snapshot(ctx); return err }, unavailable},
+		{"reader zero value", func(ctx context.Context) error { _, err := (&vramguard.DeviceReader{}).Snapshot(ctx); return err }, unavailable},
 		{"SMI garbage output", func(ctx context.Context) error {
-			r, err := vramguard.NewSMIReader(vramguard.SMIOptions{ProcRoot: "\x00", Run: func(context.Context, string, ...string) ([]byte, error) {
+			r, err := vramguard.NewSMIReader(vramguard.ReaderOptions{ProcRoot: "\x00", SMIRun: func(context.Context, string, ...string) ([]byte, error) {
 				return []byte("\xff,,\n,,,,,,,,,,,,\n" + strings.Repeat("9", 1<<16)), nil
 			}})
 			if err != nil {
@@ -518,7 +518,7 @@ func TestHostileVRAM(t *testing.T) {
 			return err
 		}, unavailable},
 		{"NVML with a bad proc root", func(ctx context.Context) error {
-			r, err := vramguard.NewNVMLReader(vramguard.NVMLOptions{ProcRoot: "\x00\xff"})
+			r, err := vramguard.NewNVMLReader(vramguard.ReaderOptions{ProcRoot: "\x00\xff"})
 			if err != nil {
 				return err
 			}
@@ -526,13 +526,10 @@ func TestHostileVRAM(t *testing.T) {
 			_, err = r.Snapshot(ctx)
 			return err
 		}, append([]vramguard.Kind{vramguard.KindUnknown}, unavailable...)},
-		{"NVML zero value", func(ctx context.Context) error { _, err := (&vramguard.NVMLReader{}).Snapshot(ctx); return err }, unavailable},
 		{"auto reader, nothing there", func(ctx context.Context) error {
-			r, err := vramguard.NewAutoReader(ctx, vramguard.AutoOptions{SMI: vramguard.SMIOptions{Path: "/nonexistent"}})
+			r, err := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{SMIPath: "/nonexistent"})
 			if err == nil {
-				if cl, ok := r.(interface{ Close() error }); ok {
-					cl.Close()
-				}
+				r.Close()
 			}
 			return err
 		}, append([]vramguard.Kind{vramguard.KindUnknown}, unavailable...)},

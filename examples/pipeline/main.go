@@ -153,14 +153,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			cfg.model = simModel
 		}
 	} else {
-		r, rerr := vramguard.NewAutoReader(ctx, vramguard.AutoOptions{})
+		r, rerr := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{})
 		if rerr == nil {
-			reader = r
-			if c, ok := r.(io.Closer); ok {
-				defer c.Close()
-			}
+			defer r.Close() // shuts NVML down
+			reader = r      // only on success: a nil *DeviceReader would be a non-nil VRAMReader
 		}
-		fmt.Fprintf(stdout, "vramguard pipeline: Ollama %s at %s; device memory from %s\n", version, hostOf(opts.Host), readerName(reader, rerr))
+		fmt.Fprintf(stdout, "vramguard pipeline: Ollama %s at %s; device memory from %s\n", version, hostOf(opts.Host), readerName(r, rerr))
 	}
 	opts.VRAM = reader
 	c, err := vramguard.NewClient(opts)
@@ -369,17 +367,11 @@ func writeFile(path string, fn func(io.Writer) error) error {
 	return f.Close()
 }
 
-func readerName(r vramguard.VRAMReader, err error) string {
-	if r == nil {
+func readerName(r *vramguard.DeviceReader, err error) string {
+	if err != nil {
 		return "nowhere (no GPU reader: " + shortErr(err) + ")"
 	}
-	switch r.(type) {
-	case *vramguard.NVMLReader:
-		return vramguard.SourceNVML
-	case *vramguard.SMIReader:
-		return vramguard.SourceSMI
-	}
-	return "a VRAM reader"
+	return r.Source()
 }
 
 func hostOf(h string) string {
