@@ -25,6 +25,11 @@ const (
 	// (Ollama 0.17 checks a starting runner every 250 ms, so a load there
 	// reports either about 15-19 ms or a quarter second and more).
 	DefaultLoadThreshold = 10 * time.Millisecond
+	// DefaultVRAMPollInterval is the time between VRAM snapshots while
+	// waiting for device memory: Ollama's own cadence when it waits for
+	// VRAM to recover after an unload. A snapshot through nvidia-smi
+	// starts two processes.
+	DefaultVRAMPollInterval = 250 * time.Millisecond
 )
 
 // Timeouts bound one generation. A zero field takes the client's value (and
@@ -138,6 +143,12 @@ type Options struct {
 	// VerifyVRAM makes UnloadModel also wait until device free memory has
 	// risen after Ollama stopped listing the model. Needs VRAM.
 	VerifyVRAM bool
+	// VRAMPollInterval is the time between VRAM snapshots while EnsureFree
+	// (and Phase.End's hand-over) waits for device memory, unless the
+	// EnsureRequest sets its own. It is separate from PollInterval, which
+	// polls /api/ps. Zero means DefaultVRAMPollInterval; negative is
+	// invalid.
+	VRAMPollInterval time.Duration
 
 	// Logger receives debug and warning events; nil discards them.
 	Logger *slog.Logger
@@ -159,6 +170,9 @@ func (o Options) validate() error {
 	if o.VerifyVRAM && o.VRAM == nil {
 		return invalid(op, "", "VerifyVRAM needs a VRAM reader")
 	}
+	if o.VRAMPollInterval < 0 {
+		return invalid(op, "", "negative VRAM poll interval %v", o.VRAMPollInterval)
+	}
 	return nil
 }
 
@@ -173,6 +187,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.PollInterval == 0 {
 		o.PollInterval = DefaultPollInterval
+	}
+	if o.VRAMPollInterval == 0 {
+		o.VRAMPollInterval = DefaultVRAMPollInterval
 	}
 	if o.CleanupTimeout == 0 {
 		o.CleanupTimeout = DefaultCleanupTimeout

@@ -17,7 +17,9 @@ type EnsureRequest struct {
 	Reserve uint64 // extra headroom on top of Bytes
 	// AllModels unloads every model Ollama lists instead of as few as needed.
 	AllModels bool
-	// PollInterval and Timeout are passed to AwaitFree (zero: its defaults).
+	// PollInterval is the time between VRAM snapshots while waiting;
+	// zero means Options.VRAMPollInterval. Timeout bounds the wait; zero
+	// means only ctx bounds it. Both are passed to AwaitFree.
 	PollInterval time.Duration
 	Timeout      time.Duration
 }
@@ -43,7 +45,8 @@ func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeB
 // If the device already has the room, it does nothing. Otherwise it unloads
 // Ollama models, verified, largest first and as few as Ollama's size_vram
 // says are needed (or all, with AllModels), runs ReleaseVRAM, and waits with
-// AwaitFree until the GPU itself reports the room. Without a VRAM reader it
+// AwaitFree, polling every req.PollInterval (Options.VRAMPollInterval by
+// default), until the GPU itself reports the room. Without a VRAM reader it
 // cannot measure: it unloads every listed model, runs ReleaseVRAM and
 // reports Source "none". On failure the error is that of AwaitFree (an
 // *InsufficientVRAMError names who holds the memory) or of the unloads.
@@ -66,6 +69,10 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	}
 	if req.Device < 0 || req.PollInterval < 0 || req.Timeout < 0 {
 		return nil, invalid(op, "", "negative device, poll interval or timeout")
+	}
+	interval := req.PollInterval
+	if interval == 0 {
+		interval = c.opts.VRAMPollInterval
 	}
 	rep := &EnsureReport{Source: SourceNone}
 	need := req.Bytes + req.Reserve
@@ -115,7 +122,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 			Device:       req.Device,
 			Bytes:        req.Bytes,
 			Reserve:      req.Reserve,
-			PollInterval: req.PollInterval,
+			PollInterval: interval,
 			Timeout:      req.Timeout,
 		})
 		ev := VRAMWaitEvent{Device: req.Device, Need: need, Waited: time.Since(waitStart), Err: err}

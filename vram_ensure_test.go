@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"log"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/sim"
@@ -19,13 +22,7 @@ const gib = 1 << 30
 // gpuSim starts a simulator with a 24 GiB GPU and three models loaded
 // forever (8, 6 and 2 GiB), and a client whose VRAM reader reads it.
 func gpuSim(t testing.TB, cfg sim.Config, opts vramguard.Options) (*sim.Server, *vramguard.OllamaClient) {
-	cfg.Models = []sim.ModelConfig{
-		{Name: "big", SizeVRAM: 8 * gib},
-		{Name: "mid", SizeVRAM: 6 * gib},
-		{Name: "small", SizeVRAM: 2 * gib},
-	}
-	s := sim.New(cfg)
-	t.Cleanup(s.Close)
+	s := threeModelSim(t, cfg)
 	opts.Host = s.URL().String()
 	opts.VRAM = &simvram.Reader{S: s}
 	opts.PollInterval = 5 * time.Millisecond
@@ -41,6 +38,32 @@ func gpuSim(t testing.TB, cfg sim.Config, opts vramguard.Options) (*sim.Server, 
 		}
 	}
 	return s, c
+}
+
+// threeModelSim starts a simulator with a 24 GiB GPU and the three models
+// of gpuSim, not loaded.
+func threeModelSim(t testing.TB, cfg sim.Config) *sim.Server {
+	cfg.Models = []sim.ModelConfig{
+		{Name: "big", SizeVRAM: 8 * gib},
+		{Name: "mid", SizeVRAM: 6 * gib},
+		{Name: "small", SizeVRAM: 2 * gib},
+	}
+	s := sim.New(cfg)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// loadForever loads models on s as another program would: through a
+// client of its own, kept loaded forever.
+func loadForever(t *testing.T, s *sim.Server, models ...string) {
+	t.Helper()
+	forever := &api.Duration{Duration: -1}
+	for _, m := range models {
+		if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: m, Prompt: "x", KeepAlive: forever},
+			func(api.GenerateResponse) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestEnsureFree(t *testing.T) {
@@ -143,6 +166,70 @@ func TestEnsureFreeInvalid(t *testing.T) {
 	}
 	if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Device: 3, Bytes: 1}); !errors.Is(err, vramguard.KindNotFound) {
 		t.Errorf("missing device: got %v", err)
+	}
+}
+
+// stampedReader records when each snapshot began.
+type stampedReader struct {
+	r  vramguard.VRAMReader
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (r *stampedReader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	r.mu.Lock()
+	r.at = append(r.at, time.Now())
+	r.mu.Unlock()
+	return r.r.Snapshot(ctx)
+}
+
+// lastGap returns the time between the last two snapshots.
+func (r *stampedReader) lastGap() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.at) < 2 {
+		return 0
+	}
+	return r.at[len(r.at)-1].Sub(r.at[len(r.at)-2])
+}
+
+// TestEnsureFreeVRAMPollInterval: EnsureFree's wait for the driver polls
+// the GPU every Options.VRAMPollInterval (DefaultVRAMPollInterval when
+// zero), not every PollInterval (5 ms here), unless the request sets its
+// own PollInterval.
+func TestEnsureFreeVRAMPollInterval(t *testing.T) {
+	tests := []struct {
+		name        string
+		client      time.Duration // Options.VRAMPollInterval
+		request     time.Duration // EnsureRequest.PollInterval
+		wantAtLeast time.Duration
+	}{
+		{name: "default", wantAtLeast: vramguard.DefaultVRAMPollInterval},
+		{name: "client's", client: 60 * time.Millisecond, wantAtLeast: 60 * time.Millisecond},
+		{name: "request's", client: time.Hour, request: 40 * time.Millisecond, wantAtLeast: 40 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The driver gives the memory back 300 ms after the runner
+			// left /api/ps, so the wait takes at least two snapshots.
+			s := threeModelSim(t, sim.Config{ReleaseLag: 300 * time.Millisecond})
+			loadForever(t, s, "big", "mid", "small")
+			r := &stampedReader{r: &simvram.Reader{S: s}}
+			c, _ := countedClient(t, s, vramguard.Options{VRAM: r, VRAMPollInterval: tt.client})
+			if err := s.Reserve("comfyui", 6*gib); err != nil {
+				t.Fatal(err)
+			}
+			_, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib, PollInterval: tt.request, Timeout: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gap := r.lastGap(); gap < tt.wantAtLeast || gap >= time.Hour {
+				t.Errorf("snapshots %v apart during the wait, want at least %v", gap, tt.wantAtLeast)
+			}
+		})
+	}
+	if _, err := vramguard.NewClient(vramguard.Options{VRAMPollInterval: -time.Millisecond}); !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Errorf("negative VRAMPollInterval: %v", err)
 	}
 }
 
