@@ -266,6 +266,10 @@ func TestHostileClientInputs(t *testing.T) {
 		{"ensure free without reader", func(ctx context.Context) error {
 			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Device: math.MaxInt, Bytes: vramguard.MaxBytes})
 			return err
+		}, invalidOnly}, // no reader: ErrNoVRAMReader unless AllModels
+		{"ensure free without reader, all models", func(ctx context.Context) error {
+			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Device: math.MaxInt, Bytes: vramguard.MaxBytes, AllModels: true})
+			return err
 		}, successOnly}, // no reader: it can only unload everything
 	}
 	for _, tc := range tests {
@@ -319,7 +323,7 @@ func TestHostileCanceledContext(t *testing.T) {
 			return c.NameRunners(ctx, snap)
 		}, canceledOnly},
 		{"ensure free", func(ctx context.Context) error {
-			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 1})
+			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 1, AllModels: true})
 			return err
 		}, canceledOnly},
 		{"await free", func(ctx context.Context) error {
@@ -457,7 +461,7 @@ func TestHostileLifecycle(t *testing.T) {
 			}
 			_, err = ph.End(ctx)
 			return err
-		}, successOnly}, // without a reader EnsureFree cannot measure
+		}, invalidOnly}, // without a reader the hand-over cannot measure: ErrNoVRAMReader
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { runHostile(t, t.Context(), tc) })

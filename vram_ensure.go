@@ -4,18 +4,28 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/ollama/ollama/api"
 )
 
+// ErrNoVRAMReader: EnsureFree was asked to make room as needed, but the
+// client has no VRAM reader (Options.VRAM) to measure the room with. It is
+// wrapped in an *Error of KindInvalidInput; nothing was unloaded. Set
+// EnsureRequest.AllModels to unload every model the server lists instead.
+var ErrNoVRAMReader = errors.New("no VRAM reader to measure free memory")
+
 // EnsureRequest asks EnsureFree for free memory on a device.
 type EnsureRequest struct {
 	Device  int    // device index
 	Bytes   uint64 // bytes the next load needs
 	Reserve uint64 // extra headroom on top of Bytes
-	// AllModels unloads every model Ollama lists instead of as few as needed.
+	// AllModels unloads every model the server lists, other programs'
+	// models included, instead of as few as needed. A client without a
+	// VRAM reader cannot tell how few would do: there EnsureFree needs
+	// AllModels, and without it fails with ErrNoVRAMReader.
 	AllModels bool
 	// PollInterval is the time between VRAM snapshots while waiting;
 	// zero means Options.VRAMPollInterval. Timeout bounds the wait; zero
@@ -46,10 +56,14 @@ func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeB
 // Ollama models, verified, largest first and as few as Ollama's size_vram
 // says are needed (or all, with AllModels), runs ReleaseVRAM, and waits with
 // AwaitFree, polling every req.PollInterval (Options.VRAMPollInterval by
-// default), until the GPU itself reports the room. Without a VRAM reader it
-// cannot measure: it unloads every listed model, runs ReleaseVRAM and
-// reports Source "none". On failure the error is that of AwaitFree (an
-// *InsufficientVRAMError names who holds the memory) or of the unloads.
+// default), until the GPU itself reports the room. On failure the error is
+// that of AwaitFree (an *InsufficientVRAMError names who holds the memory)
+// or of the unloads.
+//
+// Without a VRAM reader it cannot measure. With req.AllModels it unloads
+// every listed model, other programs' included, runs ReleaseVRAM and
+// reports Source SourceNone; without AllModels it fails with an *Error of
+// KindInvalidInput wrapping ErrNoVRAMReader, and sends nothing.
 //
 // On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
@@ -69,6 +83,10 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	}
 	if req.Device < 0 || req.PollInterval < 0 || req.Timeout < 0 {
 		return nil, invalid(op, "", "negative device, poll interval or timeout")
+	}
+	if c.opts.VRAM == nil && !req.AllModels {
+		return nil, newError(op, "", KindInvalidInput,
+			fmt.Errorf("%w; set AllModels to unload every model the server lists, other programs' included", ErrNoVRAMReader))
 	}
 	interval := req.PollInterval
 	if interval == 0 {
@@ -102,7 +120,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if err != nil {
 		return rep, err
 	}
-	victims := pickVictims(running, need, free, req.AllModels || c.opts.VRAM == nil)
+	victims := pickVictims(running, need, free, req.AllModels)
 	var errs []error
 	if len(victims) > 0 {
 		reps, err := c.unloadMany(ctx, victims, unloadMode{})

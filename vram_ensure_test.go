@@ -169,6 +169,69 @@ func TestEnsureFreeInvalid(t *testing.T) {
 	}
 }
 
+// TestEnsureFreeWithoutReader: a client without a VRAM reader cannot tell
+// how few models would make the room, so EnsureFree refuses, sending
+// nothing and unloading nothing, unless AllModels asks for every model.
+func TestEnsureFreeWithoutReader(t *testing.T) {
+	s := threeModelSim(t, sim.Config{})
+	loadForever(t, s, "big", "mid", "small") // another program's models
+	c, ct := countedClient(t, s, vramguard.Options{})
+
+	sent := ct.n.Load()
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: gib})
+	if !errors.Is(err, vramguard.KindInvalidInput) || !errors.Is(err, vramguard.ErrNoVRAMReader) {
+		t.Fatalf("EnsureFree = %+v, %v; want KindInvalidInput wrapping ErrNoVRAMReader", rep, err)
+	}
+	if n := ct.n.Load() - sent; n != 0 {
+		t.Errorf("%d requests sent", n)
+	}
+	for _, m := range []string{"big", "mid", "small"} {
+		if !s.Listed(m) {
+			t.Errorf("%s was unloaded", m)
+		}
+	}
+
+	rep, err = c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: gib, AllModels: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Evicted) != 3 || rep.Source != vramguard.SourceNone || rep.Snapshot != nil || rep.Release == nil {
+		t.Errorf("AllModels without a reader: %+v", rep)
+	}
+	for _, m := range []string{"big", "mid", "small"} {
+		if s.Listed(m) {
+			t.Errorf("%s still listed after AllModels", m)
+		}
+	}
+}
+
+// TestPhaseHandoverWithoutReader: a phase that needs free VRAM on a client
+// without a reader unloads its own models at End, then fails the hand-over
+// with ErrNoVRAMReader and leaves other programs' models alone.
+func TestPhaseHandoverWithoutReader(t *testing.T) {
+	s := threeModelSim(t, sim.Config{})
+	loadForever(t, s, "big", "mid")
+	c, _ := countedClient(t, s, vramguard.Options{})
+	p, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := p.Guard()
+	if _, err := g.Generate(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.End(t.Context())
+	if !errors.Is(err, vramguard.KindInvalidInput) || !errors.Is(err, vramguard.ErrNoVRAMReader) {
+		t.Fatalf("End = %v; want ErrNoVRAMReader", err)
+	}
+	if rep == nil || rep.Handover != nil || rep.Cleanup == nil || len(rep.Cleanup.Unloads) != 1 {
+		t.Errorf("report %+v", rep)
+	}
+	if s.Listed("small") || !s.Listed("big") || !s.Listed("mid") {
+		t.Errorf("listed: small %v, big %v, mid %v; want only the phase's model gone", s.Listed("small"), s.Listed("big"), s.Listed("mid"))
+	}
+}
+
 // stampedReader records when each snapshot began.
 type stampedReader struct {
 	r  vramguard.VRAMReader

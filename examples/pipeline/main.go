@@ -205,8 +205,13 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, srv *sim.Server, r
 	case "naive":
 		guard.KeepLoaded = true // the original design without its fix: Ollama's 5 minutes
 	case "phase":
+		var opts vramguard.PhaseOptions
+		if reader != nil {
+			// Without a reader End could not measure, and would fail.
+			opts.NeedBytes = cfg.bytes
+		}
 		var err error
-		phase, err = c.StartPhase(ctx, "prompts", vramguard.PhaseOptions{NeedBytes: cfg.bytes})
+		phase, err = c.StartPhase(ctx, "prompts", opts)
 		if err != nil {
 			return err
 		}
@@ -258,11 +263,21 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, srv *sim.Server, r
 		switch cfg.mode {
 		case "phase":
 			rep, err := phase.End(ctx)
-			if rep != nil && rep.Handover != nil {
-				note = fmt.Sprintf("verified unload of %d models; %s free", len(rep.Cleanup.Unloads), gb(rep.Handover.FreeAfter))
+			if rep != nil && rep.Cleanup != nil {
+				note = fmt.Sprintf("verified unload of %d models", len(rep.Cleanup.Unloads))
+				if rep.Handover != nil {
+					note += fmt.Sprintf("; %s free", gb(rep.Handover.FreeAfter))
+				}
 			}
 			return err
 		case "per-call":
+			if reader == nil {
+				// EnsureFree cannot measure; it would unload every model
+				// the server lists, other programs' too, only if asked
+				// (AllModels). The guards already unloaded ours.
+				note = "no GPU reader: nothing to measure"
+				return nil
+			}
 			rep, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: cfg.bytes})
 			if rep != nil {
 				note = fmt.Sprintf("EnsureFree evicted %d; %s free", len(rep.Evicted), gb(rep.FreeAfter))
