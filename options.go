@@ -25,10 +25,8 @@ const (
 	// (Ollama 0.17 checks a starting runner every 250 ms, so a load there
 	// reports either about 15-19 ms or a quarter second and more).
 	DefaultLoadThreshold = 10 * time.Millisecond
-	// DefaultVRAMPollInterval is the time between VRAM snapshots while
-	// waiting for device memory: Ollama's own cadence when it waits for
-	// VRAM to recover after an unload. A snapshot through nvidia-smi
-	// starts two processes.
+	// DefaultVRAMPollInterval is Ollama's own cadence while it waits for
+	// VRAM after an unload (an nvidia-smi snapshot starts two processes).
 	DefaultVRAMPollInterval = 250 * time.Millisecond
 )
 
@@ -144,10 +142,8 @@ type Options struct {
 	// risen after Ollama stopped listing the model. Needs VRAM.
 	VerifyVRAM bool
 	// VRAMPollInterval is the time between VRAM snapshots while EnsureFree
-	// (and Phase.End's hand-over) waits for device memory, unless the
-	// EnsureRequest sets its own. It is separate from PollInterval, which
-	// polls /api/ps. Zero means DefaultVRAMPollInterval; negative is
-	// invalid.
+	// and Phase.End wait for device memory (PollInterval paces /api/ps).
+	// Zero means DefaultVRAMPollInterval.
 	VRAMPollInterval time.Duration
 
 	// Logger receives debug and warning events; nil discards them.

@@ -11,10 +11,8 @@ import (
 	"github.com/ollama/ollama/api"
 )
 
-// ErrNoVRAMReader: EnsureFree was asked to make room as needed, but the
-// client has no VRAM reader (Options.VRAM) to measure the room with. It is
-// wrapped in an *Error of KindInvalidInput; nothing was unloaded. Set
-// EnsureRequest.AllModels to unload every model the server lists instead.
+// ErrNoVRAMReader: EnsureFree had no Options.VRAM to measure with and no
+// EnsureRequest.AllModels; it unloaded nothing (KindInvalidInput).
 var ErrNoVRAMReader = errors.New("no VRAM reader to measure free memory")
 
 // EnsureRequest asks EnsureFree for free memory on a device.
@@ -23,9 +21,9 @@ type EnsureRequest struct {
 	Bytes   uint64 // bytes the next load needs
 	Reserve uint64 // extra headroom on top of Bytes
 	// AllModels unloads every model the server lists, other programs'
-	// models included, instead of as few as needed. A client without a
-	// VRAM reader cannot tell how few would do: there EnsureFree needs
-	// AllModels, and without it fails with ErrNoVRAMReader.
+	// included, instead of as few as needed. Without Options.VRAM it is
+	// the only way: EnsureFree cannot measure, and fails with
+	// ErrNoVRAMReader.
 	AllModels bool
 	// PollInterval is the time between VRAM snapshots while waiting;
 	// zero means Options.VRAMPollInterval. Timeout bounds the wait; zero

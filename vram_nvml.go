@@ -21,8 +21,7 @@ type nvmlSource struct {
 // NewNVMLReader initialises NVML and returns a reader that keeps it
 // initialised until Close. Without an NVIDIA driver it returns an *Error of
 // KindUnavailable wrapping nvml.ERROR_LIBRARY_NOT_FOUND, and makes no
-// further NVML call (one would kill the process). A negative
-// opts.SMITimeout gives KindInvalidInput although NVML does not use it.
+// further NVML call (one would kill the process).
 //
 // This build has cgo on Linux; other builds have a NewNVMLReader that
 // always returns KindUnavailable.
@@ -33,8 +32,8 @@ func NewNVMLReader(opts ReaderOptions) (*DeviceReader, error) {
 // NewNVMLReaderFrom is NewNVMLReader reading through lib, for example a
 // go-nvml mock (github.com/NVIDIA/go-nvml/pkg/nvml/mock) in tests. It calls
 // lib.Init and, if that succeeds, lib.Extensions to probe for
-// GetMemoryInfo_v2; the reader's Close calls lib.Shutdown once. It exists
-// only in cgo builds on Linux.
+// GetMemoryInfo_v2; the reader's Close calls lib.Shutdown. It exists only
+// in cgo builds on Linux.
 func NewNVMLReaderFrom(lib nvml.Interface, opts ReaderOptions) (*DeviceReader, error) {
 	const op = "new nvml reader"
 	if lib == nil {

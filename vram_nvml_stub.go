@@ -9,7 +9,7 @@ var errNoNVMLBuild = errors.New("nvml needs cgo on linux; this binary was built 
 
 // NewNVMLReader always returns an *Error of KindUnavailable in this build:
 // go-nvml needs cgo on Linux. NewSMIReader or NewAutoReader work without it.
-// A negative opts.SMITimeout gives KindInvalidInput, as in cgo builds.
+// Invalid opts give KindInvalidInput, as in cgo builds.
 func NewNVMLReader(opts ReaderOptions) (*DeviceReader, error) {
 	const op = "new nvml reader"
 	if err := opts.validate(op); err != nil {

@@ -9,18 +9,14 @@ import (
 	"time"
 )
 
-// ReaderOptions configures the readers the library ships (NewNVMLReader,
-// NewSMIReader, NewAutoReader). The zero value reads the system's NVML
-// library (libnvidia-ml.so.1, opened by the constructor), runs the
-// nvidia-smi found on PATH with 10 seconds for each run, and resolves
-// process commands under /proc. Each reader ignores the fields of the
-// other source; every constructor refuses a negative SMITimeout.
+// ReaderOptions configures NewNVMLReader, NewSMIReader and NewAutoReader.
+// The zero value opens the system's NVML (libnvidia-ml.so.1), runs the
+// nvidia-smi on PATH with 10 seconds a run, and reads commands from /proc.
+// Every constructor refuses a negative SMITimeout.
 type ReaderOptions struct {
-	// ProcRoot is where procfs is mounted; "" means /proc. Commands are
-	// not resolved when this program runs in a child PID namespace (a
-	// container without --pid=host), where the driver's host PIDs name
-	// other processes: Command is then empty (or nvidia-smi's process
-	// name) and Role as far as that tells.
+	// ProcRoot is where procfs is mounted; "" means /proc. In a child PID
+	// namespace (a container without --pid=host) the driver's host PIDs
+	// name other processes, so commands are not read from it.
 	ProcRoot string
 
 	// SMIPath is the nvidia-smi executable; "" looks up "nvidia-smi" on
@@ -43,10 +39,9 @@ func (o ReaderOptions) validate(op string) error {
 	return nil
 }
 
-// DeviceReader is the VRAMReader the library ships: it reads device memory
-// and GPU processes through NVML or nvidia-smi, whichever its constructor
-// opened (Source says which). Every constructor returns one, so a caller
-// closes it without knowing which source it got.
+// DeviceReader is the VRAMReader the library ships, reading devices and
+// their processes through NVML or nvidia-smi (Source says which). Every
+// constructor returns one: close it without asking which it got.
 //
 // It is safe for concurrent use. A nil or zero DeviceReader is not usable:
 // Snapshot returns KindUnavailable, Close nil and Source SourceNone.
@@ -70,17 +65,14 @@ type vramSource interface {
 // errReaderClosed is the cause of a Snapshot after Close.
 var errReaderClosed = errors.New("reader closed")
 
-// Snapshot reads every device. When ctx is done it returns an *Error of
-// KindCanceled holding context.Cause(ctx); a failed read, or a reader that
-// is closed, gives KindUnavailable. NVML calls cannot be interrupted: ctx
-// is checked before and between devices. An nvidia-smi run that exceeds
-// SMITimeout gives KindTimeout.
-//
-// Through NVML, Used counts driver-reserved memory as used, so Free+Used is
-// Total whichever memory call the driver offers. Through nvidia-smi, a
-// failed or unreadable GPU query fails the snapshot (a device missing from
-// it would look absent), while a failed process query only leaves
-// ProcessesKnown false; nvidia-smi lists compute processes only, in MiB.
+// Snapshot reads every device. It fails with an *Error of KindCanceled
+// holding context.Cause(ctx) when ctx is done (NVML calls cannot be
+// interrupted: ctx is checked between devices), KindTimeout when an
+// nvidia-smi run exceeds SMITimeout, and KindUnavailable when the devices
+// cannot be read or the reader is closed. An unreadable process list only
+// leaves ProcessesKnown false; nvidia-smi lists compute processes only.
+// Through NVML, Used includes memory the driver reserves, so Free+Used is
+// Total.
 func (r *DeviceReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 	if r == nil || r.src == nil {
 		return nil, newError("vram snapshot", "", KindUnavailable,
@@ -92,10 +84,10 @@ func (r *DeviceReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 	return r.src.snapshot(ctx)
 }
 
-// Close releases what the reader holds: it shuts NVML down, waiting for a
-// Snapshot in progress; an nvidia-smi reader holds nothing. Snapshot then
-// fails with KindUnavailable. Later calls do nothing and return nil. A
-// failed NVML shutdown gives KindUnavailable wrapping the nvml.Return.
+// Close shuts NVML down, waiting for a Snapshot in progress (an nvidia-smi
+// reader holds nothing); Snapshot then fails with KindUnavailable. Later
+// calls return nil. A failed shutdown is KindUnavailable wrapping the
+// nvml.Return.
 func (r *DeviceReader) Close() error {
 	if r == nil || r.src == nil || r.closed.Swap(true) {
 		return nil
@@ -103,9 +95,8 @@ func (r *DeviceReader) Close() error {
 	return r.src.close()
 }
 
-// Source returns where the reader's figures come from: SourceNVML or
-// SourceSMI, as in VRAMSnapshot.Source; SourceNone for a nil or zero
-// reader.
+// Source returns SourceNVML or SourceSMI, as its snapshots say;
+// SourceNone for a nil or zero reader.
 func (r *DeviceReader) Source() string {
 	if r == nil || r.src == nil {
 		return SourceNone
@@ -113,14 +104,11 @@ func (r *DeviceReader) Source() string {
 	return r.src.name()
 }
 
-// NewAutoReader returns the best reader this machine offers: through NVML
-// when it initialises, else through nvidia-smi if that is found and
-// answers one snapshot within ctx. When neither works it returns an *Error
-// of KindUnavailable wrapping both failures (KindCanceled when ctx is done
-// first); callers then run without GPU truth (see EnsureFree). A negative
-// opts.SMITimeout gives KindInvalidInput before anything is tried.
-//
-// Close the reader when done: for an NVML reader that shuts NVML down.
+// NewAutoReader returns a reader through NVML when it initialises, else
+// through nvidia-smi if that answers one snapshot within ctx; close it when
+// done. When neither works it returns an *Error of KindUnavailable
+// wrapping both failures (KindCanceled when ctx is done first). Invalid
+// opts give KindInvalidInput before anything is tried.
 func NewAutoReader(ctx context.Context, opts ReaderOptions) (*DeviceReader, error) {
 	return newAutoReader(ctx, opts, NewNVMLReader)
 }

@@ -32,11 +32,9 @@ type smiSource struct {
 	proc    vramProcFS
 }
 
-// NewSMIReader returns a reader that runs nvidia-smi (opts.SMIPath, or the
-// one on PATH, through opts.SMIRun if set). It returns an *Error of
-// KindUnavailable when the executable is not found, and KindInvalidInput
-// for a negative SMITimeout. It does not run nvidia-smi; NewAutoReader
-// does. Its Close does nothing but end the reader.
+// NewSMIReader returns a reader that runs nvidia-smi. It returns an *Error
+// of KindUnavailable when the executable is not found. It does not run
+// nvidia-smi; NewAutoReader does.
 func NewSMIReader(opts ReaderOptions) (*DeviceReader, error) {
 	const op = "new nvidia-smi reader"
 	if err := opts.validate(op); err != nil {
