@@ -97,31 +97,30 @@ func ExampleClassifyCommand() {
 
 func ExampleNewAutoReader() {
 	ctx := context.Background()
-	r, err := vramguard.NewAutoReader(ctx, vramguard.AutoOptions{})
+	r, err := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{})
 	if err != nil {
 		// No NVML and no nvidia-smi: run without GPU truth.
 		fmt.Println("no GPU reader:", vramguard.KindOf(err))
 		return
 	}
-	if c, ok := r.(interface{ Close() error }); ok {
-		defer c.Close()
-	}
+	defer r.Close() // shuts NVML down when that is what it opened
 	snap, err := r.Snapshot(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	for _, d := range snap.Devices {
-		fmt.Printf("GPU %d %s: %d MiB free\n", d.Index, d.Name, d.Free>>20)
+		fmt.Printf("GPU %d %s: %d MiB free (%s)\n", d.Index, d.Name, d.Free>>20, r.Source())
 	}
 }
 
 func ExampleNewSMIReader() {
-	r, err := vramguard.NewSMIReader(vramguard.SMIOptions{Timeout: 5 * time.Second})
+	r, err := vramguard.NewSMIReader(vramguard.ReaderOptions{SMITimeout: 5 * time.Second})
 	if err != nil {
 		fmt.Println(vramguard.KindOf(err)) // unavailable: nvidia-smi is not on PATH
 		return
 	}
+	defer r.Close()
 	snap, err := r.Snapshot(context.Background())
 	if err == nil {
 		fmt.Println(len(snap.Devices), "GPUs")
@@ -129,7 +128,7 @@ func ExampleNewSMIReader() {
 }
 
 func ExampleNewNVMLReader() {
-	r, err := vramguard.NewNVMLReader(vramguard.NVMLOptions{})
+	r, err := vramguard.NewNVMLReader(vramguard.ReaderOptions{})
 	if err != nil {
 		fmt.Println(vramguard.KindOf(err)) // unavailable: no driver, or a build without cgo
 		return

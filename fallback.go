@@ -67,7 +67,7 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 	wd := newWatchdog(ctx, t)
 	defer wd.release()
 
-	args := []string{"run", req.Model, "--nowordwrap", "--keepalive", ka.CLIFlag()}
+	args := []string{"run", req.Model, "--nowordwrap", "--keepalive", ka.cliFlag()}
 	if req.Think != nil {
 		args = append(args, fmt.Sprintf("--think=%t", *req.Think))
 	}

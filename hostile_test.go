@@ -266,6 +266,10 @@ func TestHostileClientInputs(t *testing.T) {
 		{"ensure free without reader", func(ctx context.Context) error {
 			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Device: math.MaxInt, Bytes: vramguard.MaxBytes})
 			return err
+		}, invalidOnly}, // no reader: ErrNoVRAMReader unless AllModels
+		{"ensure free without reader, all models", func(ctx context.Context) error {
+			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Device: math.MaxInt, Bytes: vramguard.MaxBytes, AllModels: true})
+			return err
 		}, successOnly}, // no reader: it can only unload everything
 	}
 	for _, tc := range tests {
@@ -319,7 +323,7 @@ func TestHostileCanceledContext(t *testing.T) {
 			return c.NameRunners(ctx, snap)
 		}, canceledOnly},
 		{"ensure free", func(ctx context.Context) error {
-			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 1})
+			_, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 1, AllModels: true})
 			return err
 		}, canceledOnly},
 		{"await free", func(ctx context.Context) error {
@@ -453,7 +457,7 @@ func TestHostileLifecycle(t *testing.T) {
 			}
 			_, err = ph.End(ctx)
 			return err
-		}, successOnly}, // without a reader EnsureFree cannot measure
+		}, invalidOnly}, // without a reader the hand-over cannot measure: ErrNoVRAMReader
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { runHostile(t, t.Context(), tc) })
@@ -495,16 +499,16 @@ func TestHostileVRAM(t *testing.T) {
 		{"reader reports no figures", await(zeroTotal, fast), unavailable},
 		{"reader lies", await(liar, with(func(r *vramguard.AwaitRequest) { r.Bytes = 1 })), successOnly},
 		{"SMI negative timeout", func(context.Context) error {
-			_, err := vramguard.NewSMIReader(vramguard.SMIOptions{Timeout: -1})
+			_, err := vramguard.NewSMIReader(vramguard.ReaderOptions{SMITimeout: -1})
 			return err
 		}, invalidOnly},
 		{"SMI missing binary", func(context.Context) error {
-			_, err := vramguard.NewSMIReader(vramguard.SMIOptions{Path: "/nonexistent/\x00nvidia-smi"})
+			_, err := vramguard.NewSMIReader(vramguard.ReaderOptions{SMIPath: "/nonexistent/\x00nvidia-smi"})
 			return err
 		}, unavailable},
-		{"SMI zero value", func(ctx context.Context) error { _, err := (&vramguard.SMIReader{}).Snapshot(ctx); return err }, unavailable},
+		{"reader zero value", func(ctx context.Context) error { _, err := (&vramguard.DeviceReader{}).Snapshot(ctx); return err }, unavailable},
 		{"SMI garbage output", func(ctx context.Context) error {
-			r, err := vramguard.NewSMIReader(vramguard.SMIOptions{ProcRoot: "\x00", Run: func(context.Context, string, ...string) ([]byte, error) {
+			r, err := vramguard.NewSMIReader(vramguard.ReaderOptions{ProcRoot: "\x00", SMIRun: func(context.Context, string, ...string) ([]byte, error) {
 				return []byte("\xff,,\n,,,,,,,,,,,,\n" + strings.Repeat("9", 1<<16)), nil
 			}})
 			if err != nil {
@@ -514,7 +518,7 @@ func TestHostileVRAM(t *testing.T) {
 			return err
 		}, unavailable},
 		{"NVML with a bad proc root", func(ctx context.Context) error {
-			r, err := vramguard.NewNVMLReader(vramguard.NVMLOptions{ProcRoot: "\x00\xff"})
+			r, err := vramguard.NewNVMLReader(vramguard.ReaderOptions{ProcRoot: "\x00\xff"})
 			if err != nil {
 				return err
 			}
@@ -522,13 +526,10 @@ func TestHostileVRAM(t *testing.T) {
 			_, err = r.Snapshot(ctx)
 			return err
 		}, append([]vramguard.Kind{vramguard.KindUnknown}, unavailable...)},
-		{"NVML zero value", func(ctx context.Context) error { _, err := (&vramguard.NVMLReader{}).Snapshot(ctx); return err }, unavailable},
 		{"auto reader, nothing there", func(ctx context.Context) error {
-			r, err := vramguard.NewAutoReader(ctx, vramguard.AutoOptions{SMI: vramguard.SMIOptions{Path: "/nonexistent"}})
+			r, err := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{SMIPath: "/nonexistent"})
 			if err == nil {
-				if cl, ok := r.(interface{ Close() error }); ok {
-					cl.Close()
-				}
+				r.Close()
 			}
 			return err
 		}, append([]vramguard.Kind{vramguard.KindUnknown}, unavailable...)},

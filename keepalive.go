@@ -93,10 +93,10 @@ func (k KeepAlive) apiDuration() *api.Duration {
 	return &api.Duration{Duration: d}
 }
 
-// CLIFlag returns the value for `ollama run --keepalive`, which takes a Go
+// cliFlag returns the value for `ollama run --keepalive`, which takes a Go
 // duration string; forever is spelled "-1s". For KeepAliveServerDefault it
 // returns "" (no flag).
-func (k KeepAlive) CLIFlag() string {
+func (k KeepAlive) cliFlag() string {
 	switch k.mode {
 	case keepAliveFor:
 		return k.d.String()

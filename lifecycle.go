@@ -29,12 +29,8 @@ func (c *OllamaClient) Users(model string) int { return c.book.users(model) }
 // A Guard is safe for concurrent use as long as its fields are not changed
 // meanwhile.
 //
-// Its fields combine into eight behaviours: without Phase, unload or not
-// (KeepLoaded), release or not (Release), synchronously or not (Async),
-// except KeepLoaded with Async and no Release, where there is nothing to
-// run in the background; with Phase, none of the other three. The
-// combinations that would be ignored fail with KindInvalidInput, sending
-// nothing.
+// Fields that would be ignored (KeepLoaded, Async or Release with Phase;
+// Async with KeepLoaded and no Release) fail with KindInvalidInput.
 type Guard struct {
 	// Client is required.
 	Client *OllamaClient
@@ -222,7 +218,9 @@ type PhaseOptions struct {
 	// KeepAliveFor(DefaultPhaseKeepAlive).
 	KeepAlive KeepAlive
 	// NeedBytes, when non-zero, makes End hand over a GPU with that many
-	// bytes free on Device (through EnsureFree), failing otherwise.
+	// bytes free on Device (through EnsureFree), failing otherwise. It
+	// needs Options.VRAM: without a reader StartPhase fails with
+	// ErrNoVRAMReader.
 	NeedBytes uint64
 	Device    int
 	// Timeout bounds End; zero means the client's CleanupTimeout.
@@ -273,6 +271,11 @@ func (c *OllamaClient) StartPhase(ctx context.Context, name string, opts PhaseOp
 	const op = "start phase"
 	if opts.Timeout < 0 {
 		return nil, invalid(op, "", "negative timeout")
+	}
+	if opts.NeedBytes > 0 && c.opts.VRAM == nil {
+		// The hand-over could not be measured: End would unload the
+		// phase's models and then fail.
+		return nil, newError(op, "", KindInvalidInput, fmt.Errorf("NeedBytes %d: %w", opts.NeedBytes, ErrNoVRAMReader))
 	}
 	if opts.NeedBytes > maxBytes {
 		return nil, invalid(op, "", "need %d bytes: more than %d", opts.NeedBytes, uint64(maxBytes))

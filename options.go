@@ -25,6 +25,9 @@ const (
 	// (Ollama 0.17 checks a starting runner every 250 ms, so a load there
 	// reports either about 15-19 ms or a quarter second and more).
 	DefaultLoadThreshold = 10 * time.Millisecond
+	// DefaultVRAMPollInterval is Ollama's own cadence while it waits for
+	// VRAM after an unload (an nvidia-smi snapshot starts two processes).
+	DefaultVRAMPollInterval = 250 * time.Millisecond
 )
 
 // Timeouts bound one generation. A zero field takes the client's value (and
@@ -97,12 +100,9 @@ type Options struct {
 	// PollInterval is how often /api/ps is polled while verifying an unload.
 	PollInterval time.Duration
 	// SettleWindow, when positive, makes an unload that cannot check
-	// runner processes (a remote server, no procfs; see UnloadModel) wait
-	// until /api/ps has not listed the model across that span, sending the
-	// unload again whenever the model appears. Set it longer than a load
-	// of your models takes: a load another program started just before
-	// the unload then shows within it. Verified adds CheckSettled. Zero:
-	// one absent poll is enough.
+	// runner processes (a remote server) wait until /api/ps has not listed
+	// the model for that long, re-sending the unload whenever it appears;
+	// set it longer than a load takes. Verified adds CheckSettled.
 	SettleWindow time.Duration
 	// CleanupTimeout bounds Cleanup, CleanupAsync and Close, which run
 	// detached from the caller's cancellation.
@@ -138,6 +138,12 @@ type Options struct {
 	// VerifyVRAM makes UnloadModel also wait until device free memory has
 	// risen after Ollama stopped listing the model. Needs VRAM.
 	VerifyVRAM bool
+	// VRAMPollInterval is the time between VRAM snapshots while EnsureFree,
+	// Phase.End's hand-over and UnloadModel's VerifyVRAM wait for device
+	// memory; /api/ps polls keep PollInterval. A snapshot through
+	// nvidia-smi is a process, so this cadence is slower.
+	// Zero means DefaultVRAMPollInterval.
+	VRAMPollInterval time.Duration
 
 	// Logger receives debug and warning events; nil discards them.
 	Logger *slog.Logger
@@ -159,6 +165,9 @@ func (o Options) validate() error {
 	if o.VerifyVRAM && o.VRAM == nil {
 		return invalid(op, "", "VerifyVRAM needs a VRAM reader")
 	}
+	if o.VRAMPollInterval < 0 {
+		return invalid(op, "", "negative VRAM poll interval %v", o.VRAMPollInterval)
+	}
 	return nil
 }
 
@@ -173,6 +182,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.PollInterval == 0 {
 		o.PollInterval = DefaultPollInterval
+	}
+	if o.VRAMPollInterval == 0 {
+		o.VRAMPollInterval = DefaultVRAMPollInterval
 	}
 	if o.CleanupTimeout == 0 {
 		o.CleanupTimeout = DefaultCleanupTimeout

@@ -149,15 +149,12 @@ func (c Checks) String() string {
 // 50 ms after the last unload request. UnloadReport.Checked names the
 // checks made.
 //
-// Ollama's "unload" reply is sent before the runner is stopped and an unload
-// that arrives while the model is still loading is lost (Ollama 0.17 to
-// 0.34), so the reply is not trusted: while the model is listed with an
-// expiry in the future, or while a generation of this client on it is
-// still running (it may be loading), the unload is sent again. A model
-// listed with an expiry in the past is waiting for in-flight requests;
-// UnloadModel waits for them, including a generation of this client (it
-// is not canceled: it belongs to the caller). With Options.VerifyVRAM it
-// then waits for the GPU to report the memory free.
+// Ollama's "unload" reply comes before the runner stops, and an unload that
+// arrives during a load is lost (Ollama 0.17 to 0.34): while the model is
+// listed with an expiry in the future the unload is sent again. A model
+// listed with an expiry in the past waits for in-flight requests, and so
+// does UnloadModel, for this client's streaming generations too. With
+// Options.VerifyVRAM it then waits for the GPU to report the memory free.
 //
 // Ollama lists nothing in /api/ps while a model loads. A load this client
 // started (a generation with no chunk yet) is canceled, which aborts it on
@@ -494,7 +491,7 @@ func (c *OllamaClient) awaitRunnerGone(ctx context.Context, before *VRAMSnapshot
 				return rise, nil
 			}
 		}
-		if err := sleepCtx(ctx, c.opts.PollInterval); err != nil {
+		if err := sleepCtx(ctx, c.opts.VRAMPollInterval); err != nil {
 			return 0, err
 		}
 	}

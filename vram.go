@@ -10,9 +10,10 @@ import (
 // reports what the driver says.
 //
 // Implementations must be safe for concurrent use and must honour ctx.
-// The library ships an NVML reader (NewNVMLReader, cgo builds on Linux), an
-// nvidia-smi reader (NewSMIReader) and a choice of the two (NewAutoReader).
-// Users plug in their own (ROCm, a remote agent) by implementing this.
+// The library ships one, DeviceReader, reading through NVML
+// (NewNVMLReader, cgo builds on Linux), nvidia-smi (NewSMIReader) or the
+// better of the two (NewAutoReader). Users plug in their own (ROCm, a
+// remote agent) by implementing this.
 type VRAMReader interface {
 	// Snapshot returns the memory of every visible device.
 	Snapshot(ctx context.Context) (*VRAMSnapshot, error)

@@ -10,9 +10,6 @@ import (
 	"unicode"
 )
 
-// vramDefaultPollInterval is AwaitRequest.PollInterval's zero value.
-const vramDefaultPollInterval = 250 * time.Millisecond
-
 // vramHoldersShown bounds how many holders an error message names.
 const vramHoldersShown = 5
 
@@ -28,7 +25,8 @@ type AwaitRequest struct {
 	Bytes   uint64 // bytes the next allocation needs; at most MaxBytes
 	Reserve uint64 // headroom on top of Bytes; at most MaxBytes
 	// PollInterval is the time between snapshots, counted from the end of
-	// one to the start of the next. 0 means 250ms; negative is refused.
+	// one to the start of the next. 0 means DefaultVRAMPollInterval;
+	// negative is refused.
 	PollInterval time.Duration
 	// Timeout bounds the wait; 0 means only ctx bounds it. Negative is
 	// refused.
@@ -169,7 +167,7 @@ func AwaitFree(ctx context.Context, r VRAMReader, req AwaitRequest) (*VRAMSnapsh
 	need := req.Bytes + req.Reserve
 	interval := req.PollInterval
 	if interval == 0 {
-		interval = vramDefaultPollInterval
+		interval = DefaultVRAMPollInterval
 	}
 	parent := ctx
 	if req.Timeout > 0 {

@@ -4,20 +4,30 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/ollama/ollama/api"
 )
 
+// ErrNoVRAMReader: EnsureFree had no Options.VRAM to measure with and no
+// EnsureRequest.AllModels; it unloaded nothing (KindInvalidInput).
+var ErrNoVRAMReader = errors.New("no VRAM reader to measure free memory")
+
 // EnsureRequest asks EnsureFree for free memory on a device.
 type EnsureRequest struct {
 	Device  int    // device index
 	Bytes   uint64 // bytes the next load needs
 	Reserve uint64 // extra headroom on top of Bytes
-	// AllModels unloads every model Ollama lists instead of as few as needed.
+	// AllModels unloads every model the server lists, other programs'
+	// included, instead of as few as needed. Without Options.VRAM it is
+	// the only way: EnsureFree cannot measure, and fails with
+	// ErrNoVRAMReader.
 	AllModels bool
-	// PollInterval and Timeout are passed to AwaitFree (zero: its defaults).
+	// PollInterval is the time between VRAM snapshots while waiting;
+	// zero means Options.VRAMPollInterval. Timeout bounds the wait; zero
+	// means only ctx bounds it. Both are passed to AwaitFree.
 	PollInterval time.Duration
 	Timeout      time.Duration
 }
@@ -43,10 +53,15 @@ func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeB
 // If the device already has the room, it does nothing. Otherwise it unloads
 // Ollama models, verified, largest first and as few as Ollama's size_vram
 // says are needed (or all, with AllModels), runs ReleaseVRAM, and waits with
-// AwaitFree until the GPU itself reports the room. Without a VRAM reader it
-// cannot measure: it unloads every listed model, runs ReleaseVRAM and
-// reports Source "none". On failure the error is that of AwaitFree (an
-// *InsufficientVRAMError names who holds the memory) or of the unloads.
+// AwaitFree, polling every req.PollInterval (Options.VRAMPollInterval by
+// default), until the GPU itself reports the room. On failure the error is
+// that of AwaitFree (an *InsufficientVRAMError names who holds the memory)
+// or of the unloads.
+//
+// Without a VRAM reader it cannot measure. With req.AllModels it unloads
+// every listed model, other programs' included, runs ReleaseVRAM and
+// reports Source SourceNone; without AllModels it fails with an *Error of
+// KindInvalidInput wrapping ErrNoVRAMReader, and sends nothing.
 //
 // On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
@@ -66,6 +81,14 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	}
 	if req.Device < 0 || req.PollInterval < 0 || req.Timeout < 0 {
 		return nil, invalid(op, "", "negative device, poll interval or timeout")
+	}
+	if c.opts.VRAM == nil && !req.AllModels {
+		return nil, newError(op, "", KindInvalidInput,
+			fmt.Errorf("%w; set AllModels to unload every model the server lists, other programs' included", ErrNoVRAMReader))
+	}
+	interval := req.PollInterval
+	if interval == 0 {
+		interval = c.opts.VRAMPollInterval
 	}
 	rep := &EnsureReport{Source: SourceNone}
 	need := req.Bytes + req.Reserve
@@ -95,7 +118,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if err != nil {
 		return rep, err
 	}
-	victims := pickVictims(running, need, free, req.AllModels || c.opts.VRAM == nil)
+	victims := pickVictims(running, need, free, req.AllModels)
 	var errs []error
 	if len(victims) > 0 {
 		reps, err := c.unloadMany(ctx, victims, unloadMode{})
@@ -115,7 +138,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 			Device:       req.Device,
 			Bytes:        req.Bytes,
 			Reserve:      req.Reserve,
-			PollInterval: req.PollInterval,
+			PollInterval: interval,
 			Timeout:      req.Timeout,
 		})
 		ev := VRAMWaitEvent{Device: req.Device, Need: need, Waited: time.Since(waitStart), Err: err}

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"log"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
@@ -19,13 +22,7 @@ const gib = 1 << 30
 // gpuSim starts a simulator with a 24 GiB GPU and three models loaded
 // forever (8, 6 and 2 GiB), and a client whose VRAM reader reads it.
 func gpuSim(t testing.TB, cfg sim.Config, opts vramguard.Options) (*sim.Server, *vramguard.OllamaClient) {
-	cfg.Models = []sim.ModelConfig{
-		{Name: "big", SizeVRAM: 8 * gib},
-		{Name: "mid", SizeVRAM: 6 * gib},
-		{Name: "small", SizeVRAM: 2 * gib},
-	}
-	s := sim.New(cfg)
-	t.Cleanup(s.Close)
+	s := threeModelSim(t, cfg)
 	opts.Host = s.URL().String()
 	opts.VRAM = &simvram.Reader{S: s}
 	opts.PollInterval = 5 * time.Millisecond
@@ -41,6 +38,32 @@ func gpuSim(t testing.TB, cfg sim.Config, opts vramguard.Options) (*sim.Server, 
 		}
 	}
 	return s, c
+}
+
+// threeModelSim starts a simulator with a 24 GiB GPU and the three models
+// of gpuSim, not loaded.
+func threeModelSim(t testing.TB, cfg sim.Config) *sim.Server {
+	cfg.Models = []sim.ModelConfig{
+		{Name: "big", SizeVRAM: 8 * gib},
+		{Name: "mid", SizeVRAM: 6 * gib},
+		{Name: "small", SizeVRAM: 2 * gib},
+	}
+	s := sim.New(cfg)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// loadForever loads models on s as another program would: through a
+// client of its own, kept loaded forever.
+func loadForever(t *testing.T, s *sim.Server, models ...string) {
+	t.Helper()
+	forever := &api.Duration{Duration: -1}
+	for _, m := range models {
+		if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: m, Prompt: "x", KeepAlive: forever},
+			func(api.GenerateResponse) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestEnsureFree(t *testing.T) {
@@ -146,6 +169,126 @@ func TestEnsureFreeInvalid(t *testing.T) {
 	}
 }
 
+// TestEnsureFreeWithoutReader: a client without a VRAM reader cannot tell
+// how few models would make the room, so EnsureFree refuses, sending
+// nothing and unloading nothing, unless AllModels asks for every model.
+func TestEnsureFreeWithoutReader(t *testing.T) {
+	s := threeModelSim(t, sim.Config{})
+	loadForever(t, s, "big", "mid", "small") // another program's models
+	c, ct := countedClient(t, s, vramguard.Options{})
+
+	sent := ct.n.Load()
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: gib})
+	if !errors.Is(err, vramguard.KindInvalidInput) || !errors.Is(err, vramguard.ErrNoVRAMReader) {
+		t.Fatalf("EnsureFree = %+v, %v; want KindInvalidInput wrapping ErrNoVRAMReader", rep, err)
+	}
+	if n := ct.n.Load() - sent; n != 0 {
+		t.Errorf("%d requests sent", n)
+	}
+	for _, m := range []string{"big", "mid", "small"} {
+		if !s.Listed(m) {
+			t.Errorf("%s was unloaded", m)
+		}
+	}
+
+	rep, err = c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: gib, AllModels: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Evicted) != 3 || rep.Source != vramguard.SourceNone || rep.Snapshot != nil || rep.Release == nil {
+		t.Errorf("AllModels without a reader: %+v", rep)
+	}
+	for _, m := range []string{"big", "mid", "small"} {
+		if s.Listed(m) {
+			t.Errorf("%s still listed after AllModels", m)
+		}
+	}
+}
+
+// TestPhaseHandoverWithoutReader: a phase that needs free VRAM on a client
+// without a reader unloads its own models at End, then fails the hand-over
+// with ErrNoVRAMReader and leaves other programs' models alone.
+func TestPhaseHandoverWithoutReader(t *testing.T) {
+	s := threeModelSim(t, sim.Config{})
+	loadForever(t, s, "big", "mid")
+	c, ct := countedClient(t, s, vramguard.Options{})
+	// A hand-over that cannot be measured is refused up front, before the
+	// phase loads anything.
+	if _, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: gib}); !errors.Is(err, vramguard.KindInvalidInput) || !errors.Is(err, vramguard.ErrNoVRAMReader) {
+		t.Fatalf("StartPhase = %v; want ErrNoVRAMReader", err)
+	}
+	if n := ct.n.Load(); n != 0 {
+		t.Errorf("%d requests sent", n)
+	}
+	if !s.Listed("big") || !s.Listed("mid") {
+		t.Errorf("listed: big %v, mid %v; want both left alone", s.Listed("big"), s.Listed("mid"))
+	}
+}
+
+// stampedReader records when each snapshot began.
+type stampedReader struct {
+	r  vramguard.VRAMReader
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (r *stampedReader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	r.mu.Lock()
+	r.at = append(r.at, time.Now())
+	r.mu.Unlock()
+	return r.r.Snapshot(ctx)
+}
+
+// lastGap returns the time between the last two snapshots.
+func (r *stampedReader) lastGap() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.at) < 2 {
+		return 0
+	}
+	return r.at[len(r.at)-1].Sub(r.at[len(r.at)-2])
+}
+
+// TestEnsureFreeVRAMPollInterval: EnsureFree's wait for the driver polls
+// the GPU every Options.VRAMPollInterval (DefaultVRAMPollInterval when
+// zero), not every PollInterval (5 ms here), unless the request sets its
+// own PollInterval.
+func TestEnsureFreeVRAMPollInterval(t *testing.T) {
+	tests := []struct {
+		name        string
+		client      time.Duration // Options.VRAMPollInterval
+		request     time.Duration // EnsureRequest.PollInterval
+		wantAtLeast time.Duration
+	}{
+		{name: "default", wantAtLeast: vramguard.DefaultVRAMPollInterval},
+		{name: "client's", client: 60 * time.Millisecond, wantAtLeast: 60 * time.Millisecond},
+		{name: "request's", client: time.Hour, request: 40 * time.Millisecond, wantAtLeast: 40 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The driver gives the memory back 300 ms after the runner
+			// left /api/ps, so the wait takes at least two snapshots.
+			s := threeModelSim(t, sim.Config{ReleaseLag: 300 * time.Millisecond})
+			loadForever(t, s, "big", "mid", "small")
+			r := &stampedReader{r: &simvram.Reader{S: s}}
+			c, _ := countedClient(t, s, vramguard.Options{VRAM: r, VRAMPollInterval: tt.client})
+			if err := s.Reserve("comfyui", 6*gib); err != nil {
+				t.Fatal(err)
+			}
+			_, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib, PollInterval: tt.request, Timeout: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gap := r.lastGap(); gap < tt.wantAtLeast || gap >= time.Hour {
+				t.Errorf("snapshots %v apart during the wait, want at least %v", gap, tt.wantAtLeast)
+			}
+		})
+	}
+	if _, err := vramguard.NewClient(vramguard.Options{VRAMPollInterval: -time.Millisecond}); !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Errorf("negative VRAMPollInterval: %v", err)
+	}
+}
+
 func TestUnloadVerifyVRAM(t *testing.T) {
 	s, c := gpuSim(t, sim.Config{ReleaseLag: 100 * time.Millisecond}, vramguard.Options{VerifyVRAM: true})
 	rep, err := c.UnloadModel(t.Context(), "big")
@@ -192,4 +335,23 @@ func ExampleOllamaClient_EnsureFree() {
 	// evicted big:latest true
 	// free 12.0 GiB, from simulated
 	// <nil>
+}
+
+// UnloadModel's VerifyVRAM wait takes its snapshots at VRAMPollInterval,
+// not at the /api/ps PollInterval.
+func TestVerifyVRAMPollInterval(t *testing.T) {
+	const cadence = 60 * time.Millisecond
+	// The driver gives the memory back 300 ms after the runner left
+	// /api/ps, so the wait takes several snapshots.
+	s := threeModelSim(t, sim.Config{ReleaseLag: 300 * time.Millisecond})
+	loadForever(t, s, "big")
+	r := &stampedReader{r: &simvram.Reader{S: s}}
+	c, _ := countedClient(t, s, vramguard.Options{VRAM: r, VerifyVRAM: true, VRAMPollInterval: cadence})
+	rep, err := c.UnloadModel(t.Context(), "big")
+	if err != nil || !rep.Checked.Has(vramguard.CheckDeviceMemory) {
+		t.Fatalf("UnloadModel: %+v, %v", rep, err)
+	}
+	if gap := r.lastGap(); gap < cadence {
+		t.Errorf("snapshots %v apart during the VerifyVRAM wait, want at least %v (PollInterval is 5 ms)", gap, cadence)
+	}
 }

@@ -4,7 +4,6 @@ package vramguard
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -12,67 +11,50 @@ import (
 	"github.com/vramguard/vramguard/internal/nvmlglue"
 )
 
-// NVMLOptions configures an NVMLReader. The zero value reads the system's
-// NVML library (libnvidia-ml.so.1, opened at NewNVMLReader) and resolves
-// process commands under /proc.
-type NVMLOptions struct {
-	// ProcRoot is where procfs is mounted; "" means /proc. Commands are
-	// not resolved when this program runs in a child PID namespace (a
-	// container without --pid=host), where NVML's host PIDs name other
-	// processes: Command is then empty and Role RoleUnknown.
-	ProcRoot string
-}
-
-// NVMLReader reads device memory and GPU processes through NVML. It keeps
-// NVML initialised from NewNVMLReader to Close. The zero value is not
-// usable: its Snapshot returns KindUnavailable.
-//
-// It is safe for concurrent use; NVML calls are serialised.
-type NVMLReader struct {
+// nvmlSource reads device memory and GPU processes through NVML, which it
+// keeps initialised until close. NVML calls are serialised.
+type nvmlSource struct {
 	lib  *nvmlglue.Library
 	proc vramProcFS
 }
 
-var _ VRAMReader = (*NVMLReader)(nil)
-
-// NewNVMLReader initialises NVML. Without an NVIDIA driver it returns an
-// *Error of KindUnavailable wrapping nvml.ERROR_LIBRARY_NOT_FOUND, and makes
-// no further NVML call (one would kill the process). Call Close when done.
+// NewNVMLReader initialises NVML and returns a reader that keeps it
+// initialised until Close. Without an NVIDIA driver it returns an *Error of
+// KindUnavailable wrapping nvml.ERROR_LIBRARY_NOT_FOUND, and makes no
+// further NVML call (one would kill the process).
 //
 // This build has cgo on Linux; other builds have a NewNVMLReader that
 // always returns KindUnavailable.
-func NewNVMLReader(opts NVMLOptions) (*NVMLReader, error) {
+func NewNVMLReader(opts ReaderOptions) (*DeviceReader, error) {
 	return NewNVMLReaderFrom(nvml.New(), opts)
 }
 
 // NewNVMLReaderFrom is NewNVMLReader reading through lib, for example a
 // go-nvml mock (github.com/NVIDIA/go-nvml/pkg/nvml/mock) in tests. It calls
 // lib.Init and, if that succeeds, lib.Extensions to probe for
-// GetMemoryInfo_v2. It exists only in cgo builds on Linux.
-func NewNVMLReaderFrom(lib nvml.Interface, opts NVMLOptions) (*NVMLReader, error) {
+// GetMemoryInfo_v2; the reader's Close calls lib.Shutdown. It exists only
+// in cgo builds on Linux.
+func NewNVMLReaderFrom(lib nvml.Interface, opts ReaderOptions) (*DeviceReader, error) {
 	const op = "new nvml reader"
 	if lib == nil {
 		return nil, invalid(op, "", "nil nvml interface")
+	}
+	if err := opts.validate(op); err != nil {
+		return nil, err
 	}
 	l, err := nvmlglue.Open(lib)
 	if err != nil {
 		return nil, newError(op, "", KindUnavailable, err)
 	}
-	return &NVMLReader{lib: l, proc: newVRAMProcFS(opts.ProcRoot)}, nil
+	return &DeviceReader{src: &nvmlSource{lib: l, proc: newVRAMProcFS(opts.ProcRoot)}}, nil
 }
 
-// Snapshot reads every device. NVML calls cannot be interrupted; ctx is
-// checked before and between devices, and when it is done Snapshot returns
-// an *Error of KindCanceled holding context.Cause(ctx). A failed NVML call
-// or a closed reader gives KindUnavailable, wrapping the nvml.Return.
-//
-// Used counts driver-reserved memory (GetMemoryInfo_v2's Reserved) as used,
-// as GetMemoryInfo does, so Free+Used is Total whichever the driver offers.
-func (r *NVMLReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
+func (r *nvmlSource) name() string { return SourceNVML }
+
+// snapshot reads every device; see DeviceReader.Snapshot. A failed NVML
+// call, or a closed library, gives KindUnavailable wrapping the nvml.Return.
+func (r *nvmlSource) snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 	const op = "nvml snapshot"
-	if r.lib == nil {
-		return nil, newError(op, "", KindUnavailable, errors.New("reader not made by NewNVMLReader"))
-	}
 	devs, err := r.lib.Devices(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -88,7 +70,7 @@ func (r *NVMLReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 			UUID:           d.UUID,
 			Total:          d.Total,
 			Free:           d.Free,
-			Used:           vramSatAdd(d.Used, d.Reserved),
+			Used:           vramSatAdd(d.Used, d.Reserved), // as GetMemoryInfo (v1) counts it
 			ProcessesKnown: d.ProcessesKnown,
 		}
 		if d.ProcessesKnown {
@@ -104,12 +86,8 @@ func (r *NVMLReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 	return snap, nil
 }
 
-// Close shuts NVML down; it waits for a Snapshot in progress. Later calls
-// do nothing and return nil, and Snapshot then fails with KindUnavailable.
-func (r *NVMLReader) Close() error {
-	if r.lib == nil {
-		return nil
-	}
+// close shuts NVML down, waiting for a snapshot in progress.
+func (r *nvmlSource) close() error {
 	if err := r.lib.Close(); err != nil {
 		return newError("close nvml reader", "", KindUnavailable, err)
 	}

@@ -9,15 +9,11 @@ import (
 )
 
 func TestNVMLReaderStub(t *testing.T) {
-	r, err := NewNVMLReader(NVMLOptions{})
+	r, err := NewNVMLReader(ReaderOptions{})
 	if r != nil || !errors.Is(err, KindUnavailable) || !strings.Contains(err.Error(), "cgo") {
 		t.Fatalf("NewNVMLReader = %v, %v; want KindUnavailable explaining cgo", r, err)
 	}
-	var zero NVMLReader
-	if _, err := zero.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) {
-		t.Errorf("Snapshot = %v", err)
-	}
-	if err := zero.Close(); err != nil {
-		t.Errorf("Close = %v", err)
+	if _, err := NewNVMLReader(ReaderOptions{SMITimeout: -1}); !errors.Is(err, KindInvalidInput) {
+		t.Errorf("negative SMITimeout: %v", err)
 	}
 }

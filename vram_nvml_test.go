@@ -9,6 +9,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -20,7 +21,7 @@ const testGiB = 1 << 30
 
 func TestNVMLReaderNoLibrary(t *testing.T) {
 	lib := nvmltest.NoLibrary() // any call but Init panics
-	r, err := NewNVMLReaderFrom(lib, NVMLOptions{})
+	r, err := NewNVMLReaderFrom(lib, ReaderOptions{})
 	if r != nil {
 		t.Fatal("got a reader")
 	}
@@ -34,14 +35,14 @@ func TestNVMLReaderNoLibrary(t *testing.T) {
 
 func TestNVMLReaderInitFailure(t *testing.T) {
 	lib := nvmltest.Machine{InitRet: nvml.ERROR_NO_PERMISSION}.Interface()
-	_, err := NewNVMLReaderFrom(lib, NVMLOptions{})
+	_, err := NewNVMLReaderFrom(lib, ReaderOptions{})
 	if !errors.Is(err, KindUnavailable) || !errors.Is(err, nvml.ERROR_NO_PERMISSION) {
 		t.Fatalf("err = %v", err)
 	}
 	if n := len(lib.ShutdownCalls()) + len(lib.ExtensionsCalls()); n != 0 {
 		t.Errorf("%d calls after a failed Init", n)
 	}
-	if _, err := NewNVMLReaderFrom(nil, NVMLOptions{}); !errors.Is(err, KindInvalidInput) {
+	if _, err := NewNVMLReaderFrom(nil, ReaderOptions{}); !errors.Is(err, KindInvalidInput) {
 		t.Errorf("nil interface: %v", err)
 	}
 }
@@ -49,7 +50,7 @@ func TestNVMLReaderInitFailure(t *testing.T) {
 // TestNVMLReaderSystem runs against the machine's own NVML: a snapshot on
 // a GPU machine, KindUnavailable (and no crash) without a driver.
 func TestNVMLReaderSystem(t *testing.T) {
-	r, err := NewNVMLReader(NVMLOptions{})
+	r, err := NewNVMLReader(ReaderOptions{})
 	if err != nil {
 		if !errors.Is(err, KindUnavailable) {
 			t.Fatalf("err = %v, want KindUnavailable", err)
@@ -180,7 +181,7 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lib := tt.machine.Interface()
-			r, err := NewNVMLReaderFrom(lib, NVMLOptions{ProcRoot: proc})
+			r, err := NewNVMLReaderFrom(lib, ReaderOptions{ProcRoot: proc})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -201,7 +202,7 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 
 func TestNVMLReaderErrors(t *testing.T) {
 	lib := nvmltest.Machine{GPUs: []nvmltest.GPU{{MemoryRet: nvml.ERROR_GPU_IS_LOST}}}.Interface()
-	r, err := NewNVMLReaderFrom(lib, NVMLOptions{})
+	r, err := NewNVMLReaderFrom(lib, ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func TestNVMLReaderErrors(t *testing.T) {
 
 func TestNVMLReaderClose(t *testing.T) {
 	lib := nvmltest.Machine{GPUs: []nvmltest.GPU{{Total: testGiB}}, ShutdownRet: nvml.ERROR_UNKNOWN}.Interface()
-	r, err := NewNVMLReaderFrom(lib, NVMLOptions{})
+	r, err := NewNVMLReaderFrom(lib, ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,18 +238,46 @@ func TestNVMLReaderClose(t *testing.T) {
 	}
 }
 
-func TestNVMLReaderZeroValue(t *testing.T) {
-	var r NVMLReader
-	if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) {
-		t.Errorf("zero NVMLReader: %v", err)
+// TestAutoReaderNVMLClose: NewAutoReader prefers NVML, never runs
+// nvidia-smi then, and the reader it returns shuts NVML down on Close.
+func TestAutoReaderNVMLClose(t *testing.T) {
+	lib := nvmltest.Machine{GPUs: []nvmltest.GPU{{Total: testGiB, Free: testGiB}}}.Interface()
+	var smiRuns atomic.Int32
+	opts := ReaderOptions{ProcRoot: t.TempDir(), SMIRun: func(context.Context, string, ...string) ([]byte, error) {
+		smiRuns.Add(1)
+		return nil, errors.New("not expected")
+	}}
+	r, err := newAutoReader(t.Context(), opts, func(o ReaderOptions) (*DeviceReader, error) { return NewNVMLReaderFrom(lib, o) })
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := r.Close(); err != nil {
-		t.Errorf("Close = %v", err)
+	if r.Source() != SourceNVML || smiRuns.Load() != 0 {
+		t.Fatalf("Source = %q after %d nvidia-smi runs; want nvml and none", r.Source(), smiRuns.Load())
+	}
+	if s, err := r.Snapshot(t.Context()); err != nil || s.Source != SourceNVML || len(s.Devices) != 1 {
+		t.Fatalf("Snapshot = %+v, %v", s, err)
+	}
+	if n := len(lib.ShutdownCalls()); n != 0 {
+		t.Fatalf("Shutdown calls before Close = %d", n)
+	}
+	for range 2 {
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(lib.ShutdownCalls()); n != 1 {
+		t.Errorf("Shutdown calls = %d, want 1", n)
+	}
+	if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) {
+		t.Errorf("Snapshot after Close = %v", err)
+	}
+	if n := len(lib.DeviceGetCountCalls()); n != 1 {
+		t.Errorf("NVML read %d times, want once (none after Close)", n)
 	}
 }
 
 func TestNVMLReaderConcurrent(t *testing.T) {
-	r, err := NewNVMLReaderFrom(bench8GPU().Interface(), NVMLOptions{ProcRoot: t.TempDir()})
+	r, err := NewNVMLReaderFrom(bench8GPU().Interface(), ReaderOptions{ProcRoot: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +324,7 @@ func BenchmarkNVMLSnapshot8GPU(b *testing.B) {
 		cmds[uint32(1000+i)] = "/usr/local/bin/ollama runner --model /blobs/sha256-x --port 40000"
 		cmds[uint32(2000+i)] = "/opt/ComfyUI/venv/bin/python main.py --listen"
 	}
-	r, err := NewNVMLReaderFrom(bench8GPU().Interface(), NVMLOptions{ProcRoot: writeProc(b, cmds, "")})
+	r, err := NewNVMLReaderFrom(bench8GPU().Interface(), ReaderOptions{ProcRoot: writeProc(b, cmds, "")})
 	if err != nil {
 		b.Fatal(err)
 	}

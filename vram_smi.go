@@ -11,8 +11,8 @@ import (
 	"github.com/vramguard/vramguard/internal/smi"
 )
 
-// vramDefaultSMITimeout bounds one nvidia-smi run when SMIOptions.Timeout
-// is 0. nvidia-smi hangs when the driver is wedged.
+// vramDefaultSMITimeout bounds one nvidia-smi run when
+// ReaderOptions.SMITimeout is 0. nvidia-smi hangs when the driver is wedged.
 const vramDefaultSMITimeout = 10 * time.Second
 
 // vramPIDMax is PID_MAX_LIMIT on 64-bit Linux; a larger PID is garbage.
@@ -21,77 +21,54 @@ const vramPIDMax = 1 << 22
 // errSMITimeout is the cause when one nvidia-smi run exceeds its limit.
 var errSMITimeout = errors.New("nvidia-smi did not answer in time")
 
-// SMIOptions configures an SMIReader. The zero value runs the nvidia-smi
-// found on PATH, allows each run 10 seconds, and resolves process commands
-// under /proc.
-type SMIOptions struct {
-	// Path is the nvidia-smi executable; "" looks up "nvidia-smi" on PATH.
-	Path string
-	// Timeout bounds each nvidia-smi run (two per snapshot); 0 means 10s.
-	// Negative is refused.
-	Timeout time.Duration
-	// ProcRoot is where procfs is mounted; "" means /proc. See NVMLOptions.
-	ProcRoot string
-	// Run runs nvidia-smi and returns its standard output. nil runs Path
-	// with os/exec, killing it when ctx is done. Set it to reach
-	// nvidia-smi another way (ssh, docker exec) or in tests; Path is then
-	// passed through unchecked ("" becomes "nvidia-smi").
-	Run func(ctx context.Context, path string, args ...string) ([]byte, error)
-}
-
-// SMIReader reads device memory and compute processes by running
-// nvidia-smi. It is slower than NVMLReader (two process starts per
-// snapshot) but needs neither cgo nor a matching NVML library.
-//
-// It is safe for concurrent use; it holds no state between snapshots. The
-// zero value is not usable: its Snapshot returns KindUnavailable.
-type SMIReader struct {
+// smiSource reads device memory and compute processes by running
+// nvidia-smi: slower than NVML (two process starts per snapshot), but it
+// needs neither cgo nor a matching NVML library. It holds no state between
+// snapshots.
+type smiSource struct {
 	path    string
 	timeout time.Duration
 	run     func(ctx context.Context, path string, args ...string) ([]byte, error)
 	proc    vramProcFS
 }
 
-var _ VRAMReader = (*SMIReader)(nil)
-
 // NewSMIReader returns a reader that runs nvidia-smi. It returns an *Error
-// of KindUnavailable when the executable is not found, and KindInvalidInput
-// for a negative timeout. It does not run nvidia-smi; NewAutoReader does.
-func NewSMIReader(opts SMIOptions) (*SMIReader, error) {
+// of KindUnavailable when the executable is not found. It does not run
+// nvidia-smi; NewAutoReader does.
+func NewSMIReader(opts ReaderOptions) (*DeviceReader, error) {
 	const op = "new nvidia-smi reader"
-	if opts.Timeout < 0 {
-		return nil, invalid(op, "", "negative timeout %v", opts.Timeout)
+	if err := opts.validate(op); err != nil {
+		return nil, err
 	}
-	r := &SMIReader{path: opts.Path, timeout: opts.Timeout, run: opts.Run, proc: newVRAMProcFS(opts.ProcRoot)}
-	if r.timeout == 0 {
-		r.timeout = vramDefaultSMITimeout
+	s := &smiSource{path: opts.SMIPath, timeout: opts.SMITimeout, run: opts.SMIRun, proc: newVRAMProcFS(opts.ProcRoot)}
+	if s.timeout == 0 {
+		s.timeout = vramDefaultSMITimeout
 	}
-	if r.path == "" {
-		r.path = "nvidia-smi"
+	if s.path == "" {
+		s.path = "nvidia-smi"
 	}
-	if r.run == nil {
-		path, err := exec.LookPath(r.path)
+	if s.run == nil {
+		path, err := exec.LookPath(s.path)
 		if err != nil {
 			return nil, newError(op, "", KindUnavailable, err)
 		}
-		r.path, r.run = path, smi.Run
+		s.path, s.run = path, smi.Run
 	}
-	return r, nil
+	return &DeviceReader{src: s}, nil
 }
 
-// Snapshot runs the GPU query and then the compute-apps query. A failed
+func (r *smiSource) name() string { return SourceSMI }
+
+func (r *smiSource) close() error { return nil }
+
+// snapshot runs the GPU query and then the compute-apps query. A failed
 // GPU query fails the snapshot (KindUnavailable; KindTimeout when the run
-// exceeded SMIOptions.Timeout; KindCanceled with context.Cause(ctx) when
-// ctx is done), and so does any line of it that cannot be read, since a
-// device missing from a snapshot would look absent. A failed apps query
-// only leaves ProcessesKnown false; unreadable apps lines are skipped.
-//
-// nvidia-smi lists compute processes only (not graphics contexts), in MiB.
-func (r *SMIReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
+// exceeded the timeout; KindCanceled with context.Cause(ctx) when ctx is
+// done), and so does any line of it that cannot be read, since a device
+// missing from a snapshot would look absent. A failed apps query only
+// leaves ProcessesKnown false; unreadable apps lines are skipped.
+func (r *smiSource) snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 	const op = "nvidia-smi snapshot"
-	if r.run == nil {
-		return nil, newError(op, "", KindUnavailable, errors.New("reader not made by NewSMIReader"))
-	}
 	out, err := r.query(ctx, smi.QueryGPUs)
 	if err != nil {
 		return nil, r.runError(op, ctx, err)
@@ -127,7 +104,7 @@ func (r *SMIReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 // processes returns the sane apps on the device with the given UUID: no
 // PID 0 or beyond PID_MAX_LIMIT, no figure above the device's total, one
 // entry per PID.
-func (r *SMIReader) processes(apps []smi.App, uuid string, total uint64) []GPUProcess {
+func (r *smiSource) processes(apps []smi.App, uuid string, total uint64) []GPUProcess {
 	procs := []GPUProcess{}
 	for _, a := range apps {
 		switch {
@@ -146,7 +123,7 @@ func (r *SMIReader) processes(apps []smi.App, uuid string, total uint64) []GPUPr
 	return procs
 }
 
-func (r *SMIReader) query(ctx context.Context, query string) ([]byte, error) {
+func (r *smiSource) query(ctx context.Context, query string) ([]byte, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, r.timeout, errSMITimeout)
 	defer cancel()
 	out, err := r.run(ctx, r.path, query, smi.Format)
@@ -156,7 +133,7 @@ func (r *SMIReader) query(ctx context.Context, query string) ([]byte, error) {
 	return out, err
 }
 
-func (r *SMIReader) runError(op string, ctx context.Context, err error) error {
+func (r *smiSource) runError(op string, ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return newError(op, "", KindCanceled, context.Cause(ctx))
@@ -165,42 +142,4 @@ func (r *SMIReader) runError(op string, ctx context.Context, err error) error {
 	default:
 		return newError(op, "", KindUnavailable, err)
 	}
-}
-
-// Close does nothing; it lets callers of NewAutoReader close whichever
-// reader they got.
-func (r *SMIReader) Close() error { return nil }
-
-// AutoOptions configures NewAutoReader. The zero value uses the defaults of
-// both readers.
-type AutoOptions struct {
-	NVML NVMLOptions
-	SMI  SMIOptions
-}
-
-// NewAutoReader returns the best VRAM reader this machine offers: an
-// *NVMLReader when NVML initialises, else an *SMIReader if nvidia-smi is
-// found and answers one snapshot within ctx. When neither works it returns
-// an *Error of KindUnavailable wrapping both failures; callers then run
-// without GPU truth (EnsureFree and friends accept a nil reader).
-//
-// The reader returned has a Close method (both types implement io.Closer);
-// close it when done, which shuts NVML down.
-func NewAutoReader(ctx context.Context, opts AutoOptions) (VRAMReader, error) {
-	const op = "new auto reader"
-	nr, nerr := NewNVMLReader(opts.NVML)
-	if nerr == nil {
-		return nr, nil
-	}
-	sr, serr := NewSMIReader(opts.SMI)
-	if serr == nil {
-		_, serr = sr.Snapshot(ctx)
-		if serr == nil {
-			return sr, nil
-		}
-	}
-	if ctx.Err() != nil {
-		return nil, newError(op, "", KindCanceled, context.Cause(ctx))
-	}
-	return nil, newError(op, "", KindUnavailable, fmt.Errorf("no GPU reader: nvml: %w; nvidia-smi: %w", nerr, serr))
 }

@@ -46,7 +46,7 @@ func smiRecorded(t testing.TB, gpus, apps string) func(ctx context.Context, path
 
 func TestSMIReaderSnapshot(t *testing.T) {
 	proc := writeProc(t, map[uint32]string{2345: "/usr/local/bin/ollama runner --model /blobs/sha256-9 --port 41234"}, "")
-	r, err := NewSMIReader(SMIOptions{Run: smiRecorded(t, "gpus_rtx4090.txt", "apps_ollama_comfyui.txt"), ProcRoot: proc})
+	r, err := NewSMIReader(ReaderOptions{SMIRun: smiRecorded(t, "gpus_rtx4090.txt", "apps_ollama_comfyui.txt"), ProcRoot: proc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestSMIReaderVariants(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := NewSMIReader(SMIOptions{Run: smiRecorded(t, tt.gpus, tt.apps), ProcRoot: t.TempDir()})
+			r, err := NewSMIReader(ReaderOptions{SMIRun: smiRecorded(t, tt.gpus, tt.apps), ProcRoot: t.TempDir()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -140,7 +140,7 @@ func TestSMIReaderGarbageApps(t *testing.T) {
 		}
 		return []byte("GPU-a, 0, 10, zero\nGPU-a, 7, 10, a\nGPU-a, 7, 20, dup\nGPU-a, 8, 9000, toobig\nGPU-a, 99999999, 1, bigpid\nnonsense\nGPU-b, 9, 1, elsewhere\n"), nil
 	}
-	r, err := NewSMIReader(SMIOptions{Run: run, ProcRoot: t.TempDir()})
+	r, err := NewSMIReader(ReaderOptions{SMIRun: run, ProcRoot: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestSMIReaderErrors(t *testing.T) {
 		{"partly garbage", "gpus_garbage.txt", KindUnavailable},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := NewSMIReader(SMIOptions{Run: smiRecorded(t, tt.gpus, "apps_empty.txt")})
+			r, err := NewSMIReader(ReaderOptions{SMIRun: smiRecorded(t, tt.gpus, "apps_empty.txt")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -182,7 +182,7 @@ func TestSMIReaderTimeout(t *testing.T) {
 		<-ctx.Done()
 		return nil, context.Cause(ctx)
 	}
-	r, err := NewSMIReader(SMIOptions{Run: hang, Timeout: 20 * time.Millisecond})
+	r, err := NewSMIReader(ReaderOptions{SMIRun: hang, SMITimeout: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestSMIReaderTimeout(t *testing.T) {
 	cause := errors.New("user stopped")
 	ctx, cancel := context.WithCancelCause(t.Context())
 	time.AfterFunc(10*time.Millisecond, func() { cancel(cause) })
-	r, _ = NewSMIReader(SMIOptions{Run: hang})
+	r, _ = NewSMIReader(ReaderOptions{SMIRun: hang})
 	if _, err := r.Snapshot(ctx); !errors.Is(err, KindCanceled) || !errors.Is(err, cause) {
 		t.Errorf("canceled: %v", err)
 	}
@@ -209,7 +209,7 @@ func TestSMIReaderRunsBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", dir)
-	r, err := NewSMIReader(SMIOptions{ProcRoot: t.TempDir()})
+	r, err := NewSMIReader(ReaderOptions{ProcRoot: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,46 +222,54 @@ func TestSMIReaderRunsBinary(t *testing.T) {
 	}
 }
 
-func TestSMIReaderZeroValue(t *testing.T) {
-	var r SMIReader
-	if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) {
-		t.Errorf("zero SMIReader: %v", err)
-	}
-}
-
 func TestNewSMIReaderMissing(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	if _, err := NewSMIReader(SMIOptions{}); !errors.Is(err, KindUnavailable) {
+	if _, err := NewSMIReader(ReaderOptions{}); !errors.Is(err, KindUnavailable) {
 		t.Errorf("no nvidia-smi on PATH: %v", err)
 	}
-	if _, err := NewSMIReader(SMIOptions{Path: filepath.Join(t.TempDir(), "nvidia-smi")}); !errors.Is(err, KindUnavailable) {
+	if _, err := NewSMIReader(ReaderOptions{SMIPath: filepath.Join(t.TempDir(), "nvidia-smi")}); !errors.Is(err, KindUnavailable) {
 		t.Errorf("missing Path: %v", err)
 	}
-	if _, err := NewSMIReader(SMIOptions{Timeout: -1}); !errors.Is(err, KindInvalidInput) {
+	if _, err := NewSMIReader(ReaderOptions{SMITimeout: -1}); !errors.Is(err, KindInvalidInput) {
 		t.Errorf("negative timeout: %v", err)
 	}
 }
 
 func TestSMIAutoReader(t *testing.T) {
-	nvml, err := NewNVMLReader(NVMLOptions{})
-	if err == nil {
-		nvml.Close()
-		t.Skip("NVML works here; NewAutoReader would not try nvidia-smi")
-	}
-	r, err := NewAutoReader(t.Context(), AutoOptions{SMI: SMIOptions{Run: smiRecorded(t, "gpus_rtx4090.txt", "apps_empty.txt")}})
+	noNVML := func(ReaderOptions) (*DeviceReader, error) { return nil, errors.New("no nvml here") }
+	r, err := newAutoReader(t.Context(), ReaderOptions{SMIRun: smiRecorded(t, "gpus_rtx4090.txt", "apps_empty.txt")}, noNVML)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := r.(*SMIReader); !ok {
-		t.Fatalf("got %T, want *SMIReader", r)
+	if r.Source() != SourceSMI {
+		t.Fatalf("Source = %q, want %q", r.Source(), SourceSMI)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
 	}
 
-	_, err = NewAutoReader(t.Context(), AutoOptions{SMI: SMIOptions{Run: smiRecorded(t, "", "")}})
-	if !errors.Is(err, KindUnavailable) || !strings.Contains(err.Error(), "nvidia-smi: ") {
+	_, err = newAutoReader(t.Context(), ReaderOptions{SMIRun: smiRecorded(t, "", "")}, noNVML)
+	if !errors.Is(err, KindUnavailable) || !strings.Contains(err.Error(), "nvidia-smi: ") || !strings.Contains(err.Error(), "no nvml here") {
 		t.Errorf("neither works: %v", err)
 	}
+	cause := errors.New("gave up")
+	ctx, cancel := context.WithCancelCause(t.Context())
+	cancel(cause)
+	if _, err := newAutoReader(ctx, ReaderOptions{SMIRun: smiRecorded(t, "gpus_rtx4090.txt", "")}, noNVML); !errors.Is(err, KindCanceled) || !errors.Is(err, cause) {
+		t.Errorf("canceled: %v", err)
+	}
+
+	// The public constructor, on this machine: NVML if it works, else
+	// nothing (PATH is empty).
 	t.Setenv("PATH", t.TempDir())
-	if _, err := NewAutoReader(t.Context(), AutoOptions{}); !errors.Is(err, KindUnavailable) {
+	r, err = NewAutoReader(t.Context(), ReaderOptions{})
+	switch {
+	case err == nil:
+		defer r.Close()
+		if r.Source() != SourceNVML {
+			t.Errorf("Source = %q with no nvidia-smi on PATH", r.Source())
+		}
+	case !errors.Is(err, KindUnavailable):
 		t.Errorf("nothing installed: %v", err)
 	}
 }

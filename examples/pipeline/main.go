@@ -6,7 +6,8 @@
 // It prints a timeline (time, step, models resident per /api/ps, device
 // memory and its source) and writes an SVG picture of memory over time.
 // With no Ollama answering at -host it runs against vramguard's built-in
-// simulator with a simulated 24 GiB GPU, and says so on its first line.
+// simulator with a simulated 24 GiB GPU (fallback.go), and says so on its
+// first line.
 //
 //	go run ./examples/pipeline                 # phase mode: 2 loads, verified hand-over
 //	go run ./examples/pipeline -mode per-call  # unload after every call: 5 loads
@@ -26,8 +27,6 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
 	"github.com/vramguard/vramguard/nodes"
 )
 
@@ -83,37 +82,6 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	return cfg, nil
 }
 
-// Sizes of the simulated setup: a 24 GiB GPU on which the orchestrator
-// already holds its UNet, and two models the size of qwen3:8b and llama3.2:3b.
-const (
-	simGPU   = 24 << 30
-	simUNet  = 7 << 30
-	simGen   = "qwen3:8b"
-	simModel = "llama3.2:3b"
-)
-
-func simulator() *sim.Server {
-	reply := func(p string) []sim.Chunk {
-		text := "A lone lighthouse on a rugged cliff at dusk, warm beam cutting through sea mist, crashing waves below, " +
-			"dramatic orange and violet sky, cinematic wide shot, volumetric light, 35mm film grain, highly detailed"
-		if strings.Contains(strings.ToLower(p), "negative") || strings.Contains(strings.ToLower(p), "avoid") {
-			text = "blurry, low resolution, oversaturated, watermark, text, deformed structures, extra limbs, jpeg artifacts"
-		}
-		var cs []sim.Chunk
-		for _, w := range strings.SplitAfter(text, " ") {
-			cs = append(cs, sim.Chunk{Text: w})
-		}
-		return cs
-	}
-	return sim.New(sim.Config{
-		TotalVRAM: simGPU,
-		Models: []sim.ModelConfig{
-			{Name: simGen, SizeVRAM: 5_900_000_000, LoadLatency: 400 * time.Millisecond, TokenLatency: 4 * time.Millisecond, Respond: reply},
-			{Name: simModel, SizeVRAM: 3_400_000_000, LoadLatency: 250 * time.Millisecond, TokenLatency: 3 * time.Millisecond, Respond: reply},
-		},
-	})
-}
-
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
@@ -133,17 +101,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	probe.Close()
 
 	var (
-		srv    *sim.Server
-		reader vramguard.VRAMReader
+		fallback *simulated // nil against a real Ollama
+		reader   vramguard.VRAMReader
 	)
 	if verr != nil {
-		srv = simulator()
-		defer srv.Close()
-		if err := srv.Reserve("diffusion UNet", simUNet); err != nil {
+		if fallback, err = startSimulator(); err != nil {
 			return err
 		}
-		opts.Host = srv.URL().String()
-		reader = &simvram.Reader{S: srv, Name: "Simulated GPU"}
+		defer fallback.close()
+		opts.Host = fallback.host()
+		reader = fallback.reader()
 		fmt.Fprintf(stdout, "vramguard pipeline: no Ollama answered (%v); using the built-in simulator with a simulated 24 GiB GPU (the UNet already holds %s)\n",
 			shortErr(verr), gb(simUNet))
 		if cfg.genModel == "" {
@@ -153,14 +120,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			cfg.model = simModel
 		}
 	} else {
-		r, rerr := vramguard.NewAutoReader(ctx, vramguard.AutoOptions{})
+		r, rerr := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{})
 		if rerr == nil {
-			reader = r
-			if c, ok := r.(io.Closer); ok {
-				defer c.Close()
-			}
+			defer r.Close() // shuts NVML down
+			reader = r      // only on success: a nil *DeviceReader would be a non-nil VRAMReader
 		}
-		fmt.Fprintf(stdout, "vramguard pipeline: Ollama %s at %s; device memory from %s\n", version, hostOf(opts.Host), readerName(reader, rerr))
+		fmt.Fprintf(stdout, "vramguard pipeline: Ollama %s at %s; device memory from %s\n", version, hostOf(opts.Host), readerName(r, rerr))
 	}
 	opts.VRAM = reader
 	c, err := vramguard.NewClient(opts)
@@ -182,7 +147,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer close(sampled)
 		rec.sampleEvery(sctx, reader, 25*time.Millisecond)
 	}()
-	perr := pipeline(ctx, c, srv, reader, rec, cfg)
+	perr := pipeline(ctx, c, fallback, reader, rec, cfg)
 	stopSampling()
 	<-sampled
 
@@ -198,8 +163,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return perr
 }
 
-// pipeline runs the orchestrator's steps.
-func pipeline(ctx context.Context, c *vramguard.OllamaClient, srv *sim.Server, reader vramguard.VRAMReader, rec *recorder, cfg *config) error {
+// pipeline runs the orchestrator's steps. fallback is the simulated GPU,
+// nil on a real one.
+func pipeline(ctx context.Context, c *vramguard.OllamaClient, fallback *simulated, reader vramguard.VRAMReader, rec *recorder, cfg *config) error {
 	rec.addRow(ctx, c, reader, "start", "")
 	guard := vramguard.Guard{Client: c} // per-call: verified unload after each call
 	var phase *vramguard.Phase
@@ -207,8 +173,13 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, srv *sim.Server, r
 	case "naive":
 		guard.KeepLoaded = true // the original design without its fix: Ollama's 5 minutes
 	case "phase":
+		var opts vramguard.PhaseOptions
+		if reader != nil {
+			// Without a reader End could not measure, and would fail.
+			opts.NeedBytes = cfg.bytes
+		}
 		var err error
-		phase, err = c.StartPhase(ctx, "prompts", vramguard.PhaseOptions{NeedBytes: cfg.bytes})
+		phase, err = c.StartPhase(ctx, "prompts", opts)
 		if err != nil {
 			return err
 		}
@@ -260,11 +231,21 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, srv *sim.Server, r
 		switch cfg.mode {
 		case "phase":
 			rep, err := phase.End(ctx)
-			if rep != nil && rep.Handover != nil {
-				note = fmt.Sprintf("verified unload of %d models; %s free", len(rep.Cleanup.Unloads), gb(rep.Handover.FreeAfter))
+			if rep != nil && rep.Cleanup != nil {
+				note = fmt.Sprintf("verified unload of %d models", len(rep.Cleanup.Unloads))
+				if rep.Handover != nil {
+					note += fmt.Sprintf("; %s free", gb(rep.Handover.FreeAfter))
+				}
 			}
 			return err
 		case "per-call":
+			if reader == nil {
+				// EnsureFree cannot measure; it would unload every model
+				// the server lists, other programs' too, only if asked
+				// (AllModels). The guards already unloaded ours.
+				note = "no GPU reader: nothing to measure"
+				return nil
+			}
 			rep, err := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: cfg.bytes})
 			if rep != nil {
 				note = fmt.Sprintf("EnsureFree evicted %d; %s free", len(rep.Evicted), gb(rep.FreeAfter))
@@ -279,17 +260,17 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, srv *sim.Server, r
 		return err
 	}
 
-	err = rec.step("load text encoder", func() error { return loadEncoder(ctx, srv, reader, cfg.bytes) })
+	err = rec.step("load text encoder", func() error { return loadEncoder(ctx, fallback, reader, cfg.bytes) })
 	if err != nil {
 		rec.event("oom", "text encoder")
 		rec.addRow(ctx, c, reader, "load text encoder", "FAILED: "+err.Error())
 		return fmt.Errorf("loading the text encoder: %w", err)
 	}
 	rec.addRow(ctx, c, reader, "load text encoder", gb(cfg.bytes)+" loaded")
-	if srv != nil {
+	if fallback != nil {
 		// The diffusion model would encode prompt and negative here.
 		_ = rec.step("encode and denoise", func() error { return sleep(ctx, 300*time.Millisecond) })
-		srv.Release("text encoder")
+		fallback.free("text encoder")
 		rec.sampleOnce(ctx, reader)
 	}
 	_, _ = prompt, negative
@@ -297,10 +278,10 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, srv *sim.Server, r
 }
 
 // loadEncoder "loads" the text encoder: on the simulator it allocates on the
-// simulated GPU; on a real server it checks that the GPU has the room.
-func loadEncoder(ctx context.Context, srv *sim.Server, reader vramguard.VRAMReader, bytes uint64) error {
-	if srv != nil {
-		return srv.Reserve("text encoder", bytes)
+// simulated GPU; on a real one it checks that the GPU has the room.
+func loadEncoder(ctx context.Context, fallback *simulated, reader vramguard.VRAMReader, bytes uint64) error {
+	if fallback != nil {
+		return fallback.allocate("text encoder", bytes)
 	}
 	if reader == nil {
 		return nil // nothing to check against
@@ -369,17 +350,11 @@ func writeFile(path string, fn func(io.Writer) error) error {
 	return f.Close()
 }
 
-func readerName(r vramguard.VRAMReader, err error) string {
-	if r == nil {
+func readerName(r *vramguard.DeviceReader, err error) string {
+	if err != nil {
 		return "nowhere (no GPU reader: " + shortErr(err) + ")"
 	}
-	switch r.(type) {
-	case *vramguard.NVMLReader:
-		return vramguard.SourceNVML
-	case *vramguard.SMIReader:
-		return vramguard.SourceSMI
-	}
-	return "a VRAM reader"
+	return r.Source()
 }
 
 func hostOf(h string) string {

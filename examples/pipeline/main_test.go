@@ -11,7 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ollama/ollama/api"
 	"go.uber.org/goleak"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -156,5 +160,39 @@ func TestPipelineUsage(t *testing.T) {
 		if !errors.Is(err, errUsage) {
 			t.Errorf("%v: got %v, want a usage error", args, err)
 		}
+	}
+}
+
+// TestPipelineWithoutGPUReader: against a server that answers, on a
+// machine without a GPU reader, the pipeline neither fails its hand-over
+// nor unloads another program's model.
+func TestPipelineWithoutGPUReader(t *testing.T) {
+	if r, err := vramguard.NewAutoReader(t.Context(), vramguard.ReaderOptions{}); err == nil {
+		r.Close()
+		t.Skipf("this machine has a GPU reader (%s)", r.Source())
+	}
+	for _, mode := range []string{"phase", "per-call"} {
+		t.Run(mode, func(t *testing.T) {
+			s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "gen"}, {Name: "ref"}, {Name: "theirs"}}})
+			defer s.Close()
+			forever := &api.Duration{Duration: -1}
+			if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "theirs", Prompt: "x", KeepAlive: forever},
+				func(api.GenerateResponse) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			var stdout bytes.Buffer
+			err := run(t.Context(), []string{"-host", s.URL().String(), "-mode", mode, "-gen-model", "gen", "-model", "ref",
+				"-out", filepath.Join(t.TempDir(), "p.svg")}, &stdout, io.Discard)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, stdout.String())
+			}
+			first, _, _ := strings.Cut(stdout.String(), "\n")
+			if !strings.Contains(first, "no GPU reader") {
+				t.Errorf("first line %q", first)
+			}
+			if s.Listed("gen") || s.Listed("ref") || !s.Listed("theirs") {
+				t.Errorf("listed: gen %v, ref %v, theirs %v; want only theirs", s.Listed("gen"), s.Listed("ref"), s.Listed("theirs"))
+			}
+		})
 	}
 }

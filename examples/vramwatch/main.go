@@ -57,7 +57,8 @@ type cmd struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	tty            bool // stdout is a terminal: redraw in place
-	// newReader opens the GPU reader; nil means vramguard.NewAutoReader.
+	// newReader opens a GPU reader of the caller's (tests); nil means
+	// vramguard.NewAutoReader, closed when run returns.
 	newReader func(context.Context) (vramguard.VRAMReader, error)
 }
 
@@ -146,22 +147,16 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 	}
 
 	w := &watcher{ollama: client, host: host, timeout: max(cfg.interval, 5*time.Second)}
-	newReader := c.newReader
-	if newReader == nil {
-		newReader = func(ctx context.Context) (vramguard.VRAMReader, error) {
-			return vramguard.NewAutoReader(ctx, vramguard.AutoOptions{})
-		}
+	if c.newReader != nil {
+		w.gpu, w.gpuErr = c.newReader(ctx)
+	} else if r, rerr := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{}); rerr != nil {
+		w.gpuErr = rerr // w.gpu stays a nil interface, not a nil *DeviceReader
+	} else {
+		w.gpu = r
+		defer func() { err = errors.Join(err, r.Close()) }() // shuts NVML down
 	}
-	w.gpu, w.gpuErr = newReader(ctx)
 	if ctx.Err() != nil {
 		return nil
-	}
-	if cl, ok := w.gpu.(io.Closer); ok {
-		defer func() {
-			if cerr := cl.Close(); cerr != nil {
-				err = errors.Join(err, &vramguard.Error{Op: "close GPU reader", Kind: vramguard.KindUnavailable, Err: cerr})
-			}
-		}()
 	}
 
 	if cfg.once {
