@@ -207,9 +207,11 @@ func TestKeepAliveIsStickyLastWriterWins(t *testing.T) {
 		t.Errorf("expires_at %v, want about 1h ahead", m.ExpiresAt)
 	}
 
-	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "c", KeepAlive: keepAlive(20 * time.Millisecond)})
-	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "d"}) // inherits 20ms
-	waitFor(t, s, time.Second, "expiry", func() bool { return !s.Listed("tiny") })
+	// Long enough that "d" arrives before the expiry on a busy machine
+	// (after it, "d" would load the model again with the server's default).
+	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "c", KeepAlive: keepAlive(300 * time.Millisecond)})
+	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "d"}) // inherits 300ms
+	waitFor(t, s, 3*time.Second, "expiry", func() bool { return !s.Listed("tiny") })
 	if s.Loads("tiny") != 1 {
 		t.Errorf("Loads = %d, want 1", s.Loads("tiny"))
 	}
