@@ -20,6 +20,8 @@ type Offload struct {
 // CPUBytes returns the model's share in system memory: Size-SizeVRAM.
 func (o *Offload) CPUBytes() int64 { return o.Size - o.SizeVRAM }
 
+// String gives the split in bytes, as ErrOffloaded's message names it:
+// "3221225472 of 6442450944 bytes on the GPU, 3221225472 on the CPU".
 func (o *Offload) String() string {
 	return fmt.Sprintf("%d of %d bytes on the GPU, %d on the CPU", o.SizeVRAM, o.Size, o.CPUBytes())
 }
