@@ -186,6 +186,14 @@ type Generation struct {
 	// Loaded reports that this request loaded the model: the load
 	// duration the server reported reached Options.LoadThreshold.
 	Loaded bool
+	// Offload is set when this generation loaded the model (Loaded) and
+	// Ollama put part of it on the CPU; nil when it is all on the GPU.
+	// It needs Options.VRAM: a server whose reader sees no device, or
+	// whose snapshot fails, is never flagged (a CPU-only server lists
+	// size_vram 0). The check reads /api/ps once per load, after the
+	// generation, or at its first chunk with KeepAliveUnload (the model
+	// may be gone by the end) or Options.FailOnOffload.
+	Offload *Offload
 	// Fallback reports that the subprocess fallback produced the text.
 	// Such a generation has no Metrics, and DoneReason "length" when the
 	// library stopped the CLI at num_predict (counted approximately, see
@@ -250,6 +258,11 @@ func (r *GenerateRequest) validate(op string) error {
 // context.Cause(ctx). With Options.Fallback, a timeout or transient failure
 // is retried once through `ollama run`, provided no chunk had reached fn
 // yet; a failure of both returns the first error's kind with both causes.
+//
+// With Options.VRAM, a load that put the model partly on the CPU is
+// reported in Generation.Offload, Hooks.OnOffload and the log; with
+// Options.FailOnOffload the call fails instead (KindOutOfMemory,
+// ErrOffloaded) and unloads the model.
 func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateRequest, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
 	const op = "generate"
 	if err := req.validate(op); err != nil {
@@ -267,12 +280,28 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 		return nil, err
 	}
 	st := &streamState{flight: f}
+	// Checked at the first chunk when the model may be gone by the end,
+	// or when an offloaded model must not generate at all.
+	st.checkOffload = c.opts.VRAM != nil && (c.opts.FailOnOffload || keepAlive.IsUnload())
 	gen, err := func() (*Generation, error) {
 		defer end() // also when fn panics: a dead generation must not block unloads
 		return c.stream(fctx, req, keepAlive, fn, st)
 	}()
+	if errors.Is(err, errOffloadStop) {
+		return nil, c.failOffloaded(ctx, req.Model, st.offload)
+	}
 	if err == nil {
 		c.reportLoad(gen)
+		if gen.Loaded {
+			off := st.offload
+			if !st.checkOffload {
+				off = c.offloadOf(ctx, req.Model, time.Now())
+			}
+			if off != nil {
+				gen.Offload = off
+				c.reportOffload(req.Model, off)
+			}
+		}
 		return gen, nil
 	}
 	// The fallback starts the text again: it runs only if fn has seen
@@ -344,6 +373,10 @@ type streamState struct {
 	firstChunk time.Duration
 	fnErr      error
 	flight     *flight // marked streaming at the first chunk; nil for none
+	// checkOffload: read /api/ps at the first chunk; offload is what
+	// that found (nil: nothing to flag).
+	checkOffload bool
+	offload      *Offload
 }
 
 // stream runs the generation; st, zero on entry, is left with what it
@@ -375,13 +408,21 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 	}
 	err := generate(wd.ctx, ar, func(r api.GenerateResponse) error {
 		elapsed := time.Since(st.start) // one clock read per chunk
-		if st.chunks == 0 {
+		first := st.chunks == 0
+		if first {
 			st.firstChunk = elapsed
 			if st.flight != nil {
 				st.flight.streaming.Store(true)
 			}
 		}
-		wd.chunkAt(elapsed)
+		wd.chunkAt(elapsed) // the idle timeout covers the check below
+		if first && st.checkOffload {
+			// The model is listed by now: Ollama lists a runner once loaded.
+			st.offload = c.offloadOf(wd.ctx, req.Model, time.Now())
+			if st.offload != nil && c.opts.FailOnOffload {
+				return errOffloadStop // before fn sees any text
+			}
+		}
 		st.chunks++
 		st.text.WriteString(r.Response)
 		st.thinking.WriteString(r.Thinking)
@@ -404,6 +445,9 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		}
 		return nil
 	})
+	if st.offload != nil && c.opts.FailOnOffload {
+		return nil, errOffloadStop // GenerateStreaming unloads and fails
+	}
 	if werr := wd.finish(op, req.Model, ctx, st.fnErr); werr != nil {
 		return nil, werr
 	}

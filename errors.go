@@ -155,6 +155,11 @@ var (
 	ErrSessionEnded = errors.New("session used after its Run returned")
 	// ErrPhaseEnded: a Phase's guard or session was used after Phase.End.
 	ErrPhaseEnded = errors.New("phase has ended")
+	// ErrOffloaded: with Options.FailOnOffload, the model runs partly on
+	// the CPU (/api/ps size_vram below size on a server with a GPU). The
+	// generation fails with KindOutOfMemory, as if the GPU had run out,
+	// and the model is unloaded.
+	ErrOffloaded = errors.New("model partly on the CPU")
 )
 
 // unverified gives a cleanup failure KindUnverified. The failure's own

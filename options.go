@@ -144,6 +144,16 @@ type Options struct {
 	// nvidia-smi is a process, so this cadence is slower.
 	// Zero means DefaultVRAMPollInterval.
 	VRAMPollInterval time.Duration
+	// FailOnOffload makes a generation on a model that Ollama loaded
+	// partly on the CPU (see Offload) fail with a KindOutOfMemory error
+	// wrapping ErrOffloaded instead of running many times slower: the
+	// check is made at the first chunk, before the chunk reaches the
+	// ChunkFunc; the request is canceled, no text is returned, and the
+	// model is unloaded, verified (a failed unload is joined to the
+	// error), before the call returns. It costs one /api/ps request per
+	// generation (shared through the client's poller). Without VRAM it
+	// does nothing: a server without a GPU is never flagged.
+	FailOnOffload bool
 
 	// Logger receives debug and warning events; nil discards them.
 	Logger *slog.Logger
@@ -217,6 +227,10 @@ type Hooks struct {
 	OnFallback func(ModelEvent)
 	// OnVRAMWait: a wait for free device memory ended (see EnsureFree).
 	OnVRAMWait func(VRAMWaitEvent)
+	// OnOffload: a generation's load put the model partly on the CPU
+	// (Model, Size, SizeVRAM), once per such generation; with
+	// Options.FailOnOffload, before the call fails. See Generation.Offload.
+	OnOffload func(ModelEvent)
 }
 
 // ModelEvent is what a hook is told about a model; each hook says which
@@ -225,6 +239,9 @@ type ModelEvent struct {
 	Model        string
 	LoadDuration time.Duration // OnLoad: the load_duration the server reported
 	Err          error         // OnFallback: the failure; OnCleanupFailed: the cleanup's
+	// Size and SizeVRAM, set by OnOffload, are the model's bytes in all
+	// and on the GPU, as /api/ps lists them.
+	Size, SizeVRAM int64
 }
 
 // VRAMWaitEvent describes a finished wait for free device memory.

@@ -39,7 +39,10 @@
 // A ledger stands in for the GPU: a loading or loaded model holds its
 // SizeVRAM, and [Server.Reserve] lets a test play another process that
 // allocates memory on the same GPU. [Server.Memory] and [Server.Holders] are
-// what an NVML query would report.
+// what an NVML query would report. With [Config.StrictVRAM] a load that
+// does not fit fails with Ollama's out-of-memory error, or, with
+// [Config.Offload], holds only what is free and runs the rest on the CPU
+// (/api/ps size_vram below size).
 //
 // # Faults
 //

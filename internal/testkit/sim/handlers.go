@@ -367,7 +367,7 @@ func (s *Server) handlePS(w http.ResponseWriter, r *http.Request) {
 			Name:          m.short,
 			Model:         m.short,
 			Size:          int64(m.cfg.Size),
-			SizeVRAM:      int64(m.cfg.SizeVRAM),
+			SizeVRAM:      int64(rn.vram),
 			Digest:        m.cfg.Digest,
 			Details:       m.cfg.Details,
 			ExpiresAt:     rn.expiresAtFor(now),

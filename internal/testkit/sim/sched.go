@@ -38,6 +38,7 @@ type runner struct {
 	expiry    *timer        // keep-alive timer while idle
 	removal   *timer        // pending removal from /api/ps
 	hold      *holding      // its GPU memory, nil once freed
+	vram      uint64        // bytes on the GPU (size_vram): cfg.SizeVRAM, less after an offload
 }
 
 // expiresAtFor returns what /api/ps reports as expires_at: like Ollama, a
@@ -89,13 +90,14 @@ func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration
 		r = nil
 	}
 	if r == nil {
-		if err := s.admitLocked(m, fs); err != nil {
+		vram, err := s.admitLocked(m, fs)
+		if err != nil {
 			m.stats.LoadFailures++
 			s.notifyLocked()
 			s.mu.Unlock()
 			return nil, 0, err
 		}
-		r = s.startLoadLocked(m, keepAlive, fs.loadFault())
+		r = s.startLoadLocked(m, vram, keepAlive, fs.loadFault())
 	} else if keepAlive != nil {
 		r.keepAlive = *keepAlive
 	}
@@ -148,14 +150,16 @@ func (s *Server) release(r *runner, served bool) {
 }
 
 // admitLocked decides whether m may start loading, evicting idle models
-// under StrictVRAM like Ollama's scheduler.
-func (s *Server) admitLocked(m *model, fs faults) error {
+// under StrictVRAM like Ollama's scheduler, and returns the bytes its
+// runner will hold on the GPU: all of SizeVRAM, or with Config.Offload
+// what is free when that is less.
+func (s *Server) admitLocked(m *model, fs faults) (uint64, error) {
 	need := m.cfg.SizeVRAM
 	if fs.has(FaultOOM) {
-		return oomError(need, s.freeLocked())
+		return 0, oomError(need, s.freeLocked())
 	}
 	if !s.cfg.StrictVRAM || s.freeLocked() >= need {
-		return nil
+		return need, nil
 	}
 	var idle []*runner
 	for _, o := range s.order {
@@ -175,20 +179,26 @@ func (s *Server) admitLocked(m *model, fs faults) error {
 		s.freeHoldingLocked(r, true) // the scheduler waits for the memory
 		s.removeRunnerLocked(r)
 	}
-	if free := s.freeLocked(); free < need {
-		return oomError(need, free)
+	free := s.freeLocked()
+	switch {
+	case free >= need:
+		return need, nil
+	case s.cfg.Offload:
+		return free, nil // the rest goes to the CPU
 	}
-	return nil
+	return 0, oomError(need, free)
 }
 
-// startLoadLocked creates a loading runner for m and starts its loader.
-func (s *Server) startLoadLocked(m *model, keepAlive *time.Duration, fail *statusError) *runner {
+// startLoadLocked creates a loading runner for m, holding vram bytes on
+// the GPU, and starts its loader.
+func (s *Server) startLoadLocked(m *model, vram uint64, keepAlive *time.Duration, fail *statusError) *runner {
 	r := &runner{
 		m:         m,
 		pid:       s.newPIDLocked(),
 		loading:   true,
 		loadDone:  make(chan struct{}),
 		keepAlive: s.cfg.DefaultKeepAlive,
+		vram:      vram,
 	}
 	if keepAlive != nil {
 		r.keepAlive = *keepAlive

@@ -56,6 +56,14 @@ type Config struct {
 	// ledger may exceed TotalVRAM.
 	StrictVRAM bool
 
+	// Offload makes a load that does not fit under StrictVRAM, once idle
+	// models are evicted, split the model between GPU and CPU as Ollama
+	// does instead of failing: the runner holds only the free memory on
+	// the simulated GPU (nothing when none is free), and /api/ps reports
+	// that as size_vram next to the model's full size. FaultOOM still
+	// fails the load.
+	Offload bool
+
 	// ReleaseLag is how long GPU memory stays held after a runner left
 	// /api/ps, like a driver that has not yet reclaimed a dead process's
 	// memory. Zero means none.
@@ -295,7 +303,7 @@ type RunnerState struct {
 	InFlight  int           // requests being served (past loading)
 	KeepAlive time.Duration // the sticky keep-alive (math.MaxInt64 for forever)
 	ExpiresAt time.Time     // as /api/ps reports it
-	SizeVRAM  uint64
+	SizeVRAM  uint64        // on the GPU: the model's SizeVRAM, or less after an offload
 }
 
 // Running returns a snapshot of every runner, loading ones included,
@@ -317,7 +325,7 @@ func (s *Server) Running() []RunnerState {
 				InFlight:  m.inFlight,
 				KeepAlive: r.keepAlive,
 				ExpiresAt: r.expiresAtFor(now),
-				SizeVRAM:  m.cfg.SizeVRAM,
+				SizeVRAM:  r.vram,
 			})
 		}
 	}

@@ -49,8 +49,10 @@ func (s *Server) Memory() (total, used, free uint64) {
 }
 
 // Holders lists who holds memory on the simulated GPU, ordered by PID.
-// A runner holds its model's SizeVRAM from the start of its load until it
-// leaves /api/ps (plus [Config.ReleaseLag]); a crashed runner holds nothing.
+// A runner holds its model's SizeVRAM (less after a [Config.Offload]
+// split, and then nothing, not even an entry, when it runs wholly on the
+// CPU) from the start of its load until it leaves /api/ps (plus
+// [Config.ReleaseLag]); a crashed runner holds nothing.
 // It is safe for concurrent use.
 func (s *Server) Holders() []Holder {
 	s.mu.Lock()
@@ -117,9 +119,13 @@ func (s *Server) newPIDLocked() uint32 {
 	return s.lastPID
 }
 
-// holdLocked records that a new runner for m holds its SizeVRAM.
+// holdLocked records that a new runner holds its GPU share. A runner
+// wholly on the CPU holds nothing: the driver does not list it.
 func (s *Server) holdLocked(r *runner) {
-	r.hold = &holding{name: r.m.short, bytes: r.m.cfg.SizeVRAM, runner: true, pid: r.pid}
+	if r.vram == 0 {
+		return
+	}
+	r.hold = &holding{name: r.m.short, bytes: r.vram, runner: true, pid: r.pid}
 	s.holdings[r.pid] = r.hold
 }
 

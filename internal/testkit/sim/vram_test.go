@@ -95,6 +95,55 @@ func TestStrictVRAM(t *testing.T) {
 	})
 }
 
+func TestOffload(t *testing.T) {
+	big := sim.ModelConfig{Name: "a", Size: 6 * gib, SizeVRAM: 6 * gib, Chunks: 1}
+	ps := func(t *testing.T, c *api.Client) api.ProcessModelResponse {
+		t.Helper()
+		l, err := c.ListRunning(t.Context())
+		if err != nil || len(l.Models) != 1 {
+			t.Fatalf("ListRunning = %+v, %v", l, err)
+		}
+		return l.Models[0]
+	}
+	tests := []struct {
+		name     string
+		reserve  uint64 // held by another program
+		sizeVRAM uint64 // want, in /api/ps and on the GPU
+	}{
+		{name: "fits", reserve: 2 * gib, sizeVRAM: 6 * gib},
+		{name: "split between GPU and CPU", reserve: 7 * gib, sizeVRAM: 3 * gib},
+		{name: "all on the CPU", reserve: 10 * gib, sizeVRAM: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, c := start(t, sim.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Offload: true, Models: []sim.ModelConfig{big}})
+			if err := s.Reserve("orchestrator", tt.reserve); err != nil {
+				t.Fatal(err)
+			}
+			mustGenerate(t, c, &api.GenerateRequest{Model: "a", Prompt: "p", KeepAlive: keepAlive(time.Hour)})
+			if m := ps(t, c); m.Size != 6*gib || m.SizeVRAM != int64(tt.sizeVRAM) {
+				t.Errorf("/api/ps size %d, size_vram %d; want %d, %d", m.Size, m.SizeVRAM, 6*gib, tt.sizeVRAM)
+			}
+			var runners uint64
+			n := 0
+			for _, h := range s.Holders() {
+				if h.Runner {
+					runners += h.Bytes
+					n++
+				}
+			}
+			if runners != tt.sizeVRAM || (tt.sizeVRAM == 0) != (n == 0) {
+				t.Errorf("runners hold %d bytes in %d entries, want %d", runners, n, tt.sizeVRAM)
+			}
+			if r, _ := runner(s, "a:latest"); r.SizeVRAM != tt.sizeVRAM {
+				t.Errorf("Running().SizeVRAM = %d", r.SizeVRAM)
+			}
+			unload(t, c, "a")
+			waitFor(t, s, time.Second, "unload", func() bool { _, used, _ := s.Memory(); return used == tt.reserve })
+		})
+	}
+}
+
 func TestReleaseLag(t *testing.T) {
 	s, c := start(t, sim.Config{ReleaseLag: 150 * time.Millisecond, Models: []sim.ModelConfig{tiny()}})
 	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "p", KeepAlive: keepAlive(0)})
