@@ -431,14 +431,10 @@ func (s *Server) handleShow(w http.ResponseWriter, r *http.Request) {
 		caps = append(caps, omodel.CapabilityThinking)
 	}
 	writeJSON(w, http.StatusOK, api.ShowResponse{
-		Modelfile: modelfile(short, cfg),
-		Template:  "{{ .Prompt }}",
-		Details:   cfg.Details,
-		ModelInfo: map[string]any{
-			"general.architecture":                               cfg.Details.Family,
-			"general.parameter_count":                            cfg.Size,
-			fmt.Sprintf("%s.context_length", cfg.Details.Family): cfg.ContextLength,
-		},
+		Modelfile:    modelfile(short, cfg),
+		Template:     "{{ .Prompt }}",
+		Details:      cfg.Details,
+		ModelInfo:    modelInfo(cfg),
 		Capabilities: caps,
 		ModifiedAt:   added,
 	})

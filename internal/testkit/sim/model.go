@@ -69,6 +69,11 @@ type ModelConfig struct {
 	// of the short name, in hex.
 	Digest string
 
+	// ModelInfo, if set, is /api/show's model_info as is (tests of a
+	// server that reports less). Nil means keys derived from Size: see
+	// [Shape].
+	ModelInfo map[string]any
+
 	// Blob is the digest of the model's weights file, "sha256:<64 hex>",
 	// which /api/show names in the modelfile's FROM line as
 	// <ModelsDir>/blobs/sha256-<hex> (what a runner's --model names). Empty
@@ -130,6 +135,55 @@ func (cfg ModelConfig) withDefaults(short string) ModelConfig {
 		cfg.Blob = "sha256:" + hex.EncodeToString(sum[:])
 	}
 	return cfg
+}
+
+// Shape is the architecture /api/show reports for a model without
+// ModelInfo: a llama shape chosen by Size, so that a bigger model has more
+// and wider blocks. Sizes up to 256 MiB get 8 blocks of 512 (8 heads, all
+// key/value heads), up to 2 GiB the shape of a 1B model (16 × 2048, 32
+// heads, 8 key/value heads), up to 6 GiB a 3B (28 × 3072, 24/8), bigger an
+// 8B (32 × 4096, 32/8). The vocabulary is 32000 tokens.
+type Shape struct {
+	Blocks, Embedding, Heads, HeadsKV, Vocab int
+}
+
+// ShapeOf returns the shape /api/show derives from a model's Size.
+func ShapeOf(size uint64) Shape {
+	switch {
+	case size <= 256<<20:
+		return Shape{Blocks: 8, Embedding: 512, Heads: 8, HeadsKV: 8, Vocab: 32000}
+	case size <= 2<<30:
+		return Shape{Blocks: 16, Embedding: 2048, Heads: 32, HeadsKV: 8, Vocab: 32000}
+	case size <= 6<<30:
+		return Shape{Blocks: 28, Embedding: 3072, Heads: 24, HeadsKV: 8, Vocab: 32000}
+	default:
+		return Shape{Blocks: 32, Embedding: 4096, Heads: 32, HeadsKV: 8, Vocab: 32000}
+	}
+}
+
+// modelInfo is /api/show's model_info for cfg (defaults applied).
+func modelInfo(cfg ModelConfig) map[string]any {
+	if cfg.ModelInfo != nil {
+		return cfg.ModelInfo
+	}
+	arch := cfg.Details.Family
+	if arch == "" {
+		arch = "llama"
+	}
+	sh := ShapeOf(cfg.Size)
+	return map[string]any{
+		"general.architecture":            arch,
+		"general.parameter_count":         cfg.Size,
+		arch + ".context_length":          cfg.ContextLength,
+		arch + ".block_count":             sh.Blocks,
+		arch + ".embedding_length":        sh.Embedding,
+		arch + ".attention.head_count":    sh.Heads,
+		arch + ".attention.head_count_kv": sh.HeadsKV,
+		arch + ".attention.key_length":    sh.Embedding / sh.Heads,
+		arch + ".attention.value_length":  sh.Embedding / sh.Heads,
+		arch + ".vocab_size":              sh.Vocab,
+		"tokenizer.ggml.tokens":           nil, // as Ollama shows arrays without verbose
+	}
 }
 
 // vocabulary is the word list of the default generator.

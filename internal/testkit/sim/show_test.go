@@ -44,3 +44,37 @@ func TestShowModelfileFrom(t *testing.T) {
 		}
 	}
 }
+
+// TestShowModelInfo: /api/show reports the architecture keys of the shape
+// derived from Size, or ModelInfo as given.
+func TestShowModelInfo(t *testing.T) {
+	info := map[string]any{"general.architecture": "llama"}
+	_, c := start(t, sim.Config{Models: []sim.ModelConfig{
+		{Name: "big", Size: 5 << 30},
+		{Name: "bare", ModelInfo: info},
+	}})
+	resp, err := c.Show(t.Context(), &api.ShowRequest{Model: "big"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := sim.ShapeOf(5 << 30)
+	for key, want := range map[string]int{
+		"llama.block_count":             sh.Blocks,
+		"llama.embedding_length":        sh.Embedding,
+		"llama.attention.head_count":    sh.Heads,
+		"llama.attention.head_count_kv": sh.HeadsKV,
+		"llama.attention.key_length":    sh.Embedding / sh.Heads,
+		"llama.context_length":          sim.DefaultContextLength,
+	} {
+		if got, _ := resp.ModelInfo[key].(float64); int(got) != want {
+			t.Errorf("%s = %v, want %d", key, resp.ModelInfo[key], want)
+		}
+	}
+	resp, err = c.Show(t.Context(), &api.ShowRequest{Model: "bare"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.ModelInfo) != 1 {
+		t.Errorf("bare: model_info %v, want %v", resp.ModelInfo, info)
+	}
+}
