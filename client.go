@@ -44,11 +44,12 @@ type OllamaClient struct {
 	// /proc (tests point it at a fake tree).
 	procRoot string
 
-	book     *book       // models in flight, in use, warm; phases; closed (book.go)
-	tasks    tasks       // background work and its joining (tasks.go)
-	releases releaseList // ReleaseVRAM's functions (cleanup.go)
-	ps       *poller     // the /api/ps requests unloads share (poller.go)
-	closing  closeState  // Close and Shutdown (client.go)
+	book      *book       // models in flight, in use, warm; phases; closed (book.go)
+	tasks     tasks       // background work and its joining (tasks.go)
+	releases  releaseList // ReleaseVRAM's functions (cleanup.go)
+	ps        *poller     // the /api/ps requests unloads share (poller.go)
+	admission admission   // Options.Budget's checks (admission.go)
+	closing   closeState  // Close and Shutdown (client.go)
 }
 
 // NewClient validates opts and returns a client. It does not contact the
@@ -271,6 +272,12 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	if err := keepAlive.validate(); err != nil {
 		return nil, newError(op, req.Model, KindInvalidInput, err)
 	}
+	// Options.Budget: a load is admitted before the request goes out.
+	admitted, err := c.admit(ctx, op, req)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	// An unload of the model by this client cuts the request while it
 	// has no chunk yet (cancelLoads).
 	fctx, fcancel := context.WithCancelCause(ctx)

@@ -135,6 +135,9 @@ type Options struct {
 	// VRAM, when set, reports device memory in ReleaseVRAM and lets
 	// UnloadModel wait for the GPU to give the memory back (VerifyVRAM).
 	VRAM VRAMReader
+	// Budget, when set, is checked before each load a generation of this
+	// client would cause (see Budget). Needs VRAM.
+	Budget *Budget
 	// VerifyVRAM makes UnloadModel also wait until device free memory has
 	// risen after Ollama stopped listing the model. Needs VRAM.
 	VerifyVRAM bool
@@ -171,6 +174,9 @@ func (o Options) validate() error {
 	}
 	if ut := cmp.Or(o.UnloadTimeout, DefaultUnloadTimeout); o.SettleWindow >= ut {
 		return invalid(op, "", "settle window %v is not shorter than the unload timeout %v", o.SettleWindow, ut)
+	}
+	if o.Budget != nil && (o.VRAM == nil || o.Budget.Device < 0) {
+		return invalid(op, "", "a budget needs a VRAM reader and a device index of 0 or more")
 	}
 	if o.VerifyVRAM && o.VRAM == nil {
 		return invalid(op, "", "VerifyVRAM needs a VRAM reader")
@@ -213,6 +219,9 @@ func (o *Options) setDefaults() {
 type Hooks struct {
 	// OnLoad: a generation loaded its model (Model, LoadDuration).
 	OnLoad func(ModelEvent)
+	// OnAdmit: Options.Budget admitted a load (Model; Size: the
+	// estimate the budget was checked with).
+	OnAdmit func(ModelEvent)
 	// OnReuse: a generation found its model already loaded (Model).
 	OnReuse func(ModelEvent)
 	// OnUnloadRequested: an unload request is about to be sent (Model).

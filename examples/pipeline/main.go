@@ -128,6 +128,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "vramguard pipeline: Ollama %s at %s; device memory from %s\n", version, hostOf(opts.Host), readerName(r, rerr))
 	}
 	opts.VRAM = reader
+	if reader != nil && cfg.mode != "naive" {
+		// The LLM side is admitted against a budget too: each load must
+		// leave room for the text encoder that comes next, making room
+		// (largest Ollama models first) when it would not.
+		opts.Budget = &vramguard.Budget{Headroom: cfg.bytes, MakeRoom: true}
+	}
 	c, err := vramguard.NewClient(opts)
 	if err != nil {
 		return err

@@ -147,7 +147,7 @@ func TestPipelineModes(t *testing.T) {
 					kinds[c.Kind]++
 				}
 			}
-			if kinds["load"] == 0 || kinds["eviction verified"] == 0 {
+			if kinds["load"] == 0 || kinds["eviction verified"] == 0 || kinds["admitted"] == 0 {
 				t.Errorf("markers %v", kinds)
 			}
 		})

@@ -21,7 +21,7 @@ type sample struct {
 // event is a lifecycle event, drawn as a marker.
 type event struct {
 	at    time.Duration
-	kind  string // "load", "unload requested", "eviction verified", "oom"
+	kind  string // "admitted", "load", "unload requested", "eviction verified", "oom"
 	model string
 }
 
@@ -69,6 +69,7 @@ func (r *recorder) event(kind, model string) {
 
 func (r *recorder) hooks() vramguard.Hooks {
 	return vramguard.Hooks{
+		OnAdmit:            func(e vramguard.ModelEvent) { r.event("admitted", e.Model) },
 		OnLoad:             func(e vramguard.ModelEvent) { r.event("load", e.Model) },
 		OnUnloadRequested:  func(e vramguard.ModelEvent) { r.event("unload requested", e.Model) },
 		OnEvictionVerified: func(u vramguard.UnloadReport) { r.event("eviction verified", u.Model) },

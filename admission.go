@@ -1,0 +1,204 @@
+package vramguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// ErrOverBudget: a load would break Options.Budget. The error is an
+// *Error of KindOutOfMemory whose cause is a *BudgetError.
+var ErrOverBudget = errors.New("load would break the VRAM budget")
+
+// Budget is what the Ollama models may take of one device, checked before
+// each load a generation of this client would cause, from the device's own
+// readings (Options.VRAM, which it needs). A model the server lists is no
+// load and is not checked.
+type Budget struct {
+	// Device is the device's index, as the VRAM reader reports it.
+	Device int
+	// MaxBytes caps the device memory held by Ollama runners (this
+	// client's models and any other's) after the load; zero: no cap.
+	MaxBytes uint64
+	// Headroom is memory that must stay free on the device after the load,
+	// for other programs (a desktop, a diffusion model loaded later);
+	// zero: the load must only fit.
+	Headroom uint64
+	// MakeRoom makes a load that would break the budget first call
+	// EnsureFree, which unloads the largest Ollama models (verified) and
+	// waits for the driver to give the memory back, instead of failing at
+	// once.
+	MakeRoom bool
+}
+
+// BudgetError says why a load was refused: what the model needs (its
+// estimate), what the device had, and who held it.
+type BudgetError struct {
+	Model    string
+	Budget   Budget
+	Estimate *ModelEstimate
+	Free     uint64 // free bytes on the device at the last reading
+	Held     uint64 // bytes Ollama runners held on the device
+	// Holders are the device's processes at the last reading, largest
+	// first; nil when the reader cannot list them.
+	Holders []GPUProcess
+}
+
+func (e *BudgetError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s needs %s on device %d", e.Model, vramFormatBytes(uint64(e.Estimate.Total)), e.Budget.Device)
+	if e.Budget.Headroom > 0 {
+		fmt.Fprintf(&b, " plus %s headroom", vramFormatBytes(e.Budget.Headroom))
+	}
+	fmt.Fprintf(&b, "; %s free", vramFormatBytes(e.Free))
+	if e.Budget.MaxBytes > 0 {
+		fmt.Fprintf(&b, ", Ollama holds %s of a %s cap", vramFormatBytes(e.Held), vramFormatBytes(e.Budget.MaxBytes))
+	}
+	if len(e.Holders) > 0 {
+		b.WriteString("; held by ")
+		for i, p := range e.Holders {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "pid %d %s (%s)", p.PID, p.Command, vramFormatBytes(p.UsedBytes))
+		}
+	}
+	return b.String()
+}
+
+// Unwrap returns ErrOverBudget.
+func (e *BudgetError) Unwrap() error { return ErrOverBudget }
+
+// admission serializes a client's budget checks and counts the loads it
+// admitted that the server does not list yet, so that two generations
+// admitted together are not both measured against the same free memory.
+type admission struct {
+	mu      sync.Mutex
+	pending map[*admitted]struct{}
+}
+
+type admitted struct {
+	model string
+	need  uint64
+}
+
+// admit checks the budget before a generation on req.Model; done must be
+// called when the generation ends. Without a budget, or for a model the
+// server lists, it does nothing.
+func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateRequest) (done func(), err error) {
+	b := c.opts.Budget
+	if b == nil {
+		return func() {}, nil
+	}
+	a := &c.admission
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ms, err := c.running(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if findRunning(ms, req.Model) != nil {
+		return func() {}, nil
+	}
+	for p := range a.pending {
+		if NormalizeModelName(p.model) == NormalizeModelName(req.Model) {
+			return func() {}, nil // its load was admitted already
+		}
+	}
+	numCtx := 0
+	if v, ok := req.Options["num_ctx"]; ok {
+		if n, ok := optionInt(v); ok && n > 0 {
+			numCtx = n
+		}
+	}
+	est, err := c.EstimateModel(ctx, req.Model, numCtx)
+	if err != nil {
+		return nil, err
+	}
+	need := uint64(max(est.Total, 0))
+	// Loads admitted but not listed yet hold nothing the device shows.
+	var pending uint64
+	for p := range a.pending {
+		if findRunning(ms, p.model) == nil {
+			pending += p.need
+		}
+	}
+	berr, err := c.checkBudget(ctx, b, req.Model, est, need+pending)
+	if err != nil {
+		return nil, err
+	}
+	if berr != nil && b.MakeRoom {
+		target := need + pending
+		if b.MaxBytes > 0 && berr.Held+need+pending > b.MaxBytes {
+			// Unloading Ollama models lowers what they hold as much as
+			// it raises what is free.
+			target = max(target, berr.Free+(berr.Held+need+pending-b.MaxBytes))
+		}
+		c.log.Debug("making room for a load", "model", req.Model, "need", need, "target", target)
+		if _, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom}); eerr != nil {
+			c.log.Debug("making room failed", "model", req.Model, "err", eerr)
+		}
+		if berr, err = c.checkBudget(ctx, b, req.Model, est, need+pending); err != nil {
+			return nil, err
+		}
+	}
+	if berr != nil {
+		return nil, newError(op, req.Model, KindOutOfMemory, berr)
+	}
+	c.callHook(func() {
+		if c.opts.Hooks.OnAdmit != nil {
+			c.opts.Hooks.OnAdmit(ModelEvent{Model: req.Model, Size: est.Total})
+		}
+	})
+	p := &admitted{model: req.Model, need: need}
+	if a.pending == nil {
+		a.pending = make(map[*admitted]struct{})
+	}
+	a.pending[p] = struct{}{}
+	return func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.pending, p)
+	}, nil
+}
+
+// checkBudget reads the device and returns a *BudgetError when a load of
+// need bytes would break b, or nil when it fits.
+func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string, est *ModelEstimate, need uint64) (*BudgetError, error) {
+	const op = "budget"
+	snap, err := c.opts.VRAM.Snapshot(ctx)
+	if err != nil {
+		return nil, c.callError(ctx, op, model, err)
+	}
+	d := snap.Device(b.Device)
+	if d == nil {
+		return nil, invalid(op, model, "device %d is not among the %d the VRAM reader reports", b.Device, len(snap.Devices))
+	}
+	e := &BudgetError{Model: model, Budget: *b, Estimate: est, Free: d.Free}
+	for _, p := range d.Processes {
+		if p.Role == RoleOllamaRunner {
+			e.Held += p.UsedBytes
+		}
+	}
+	over := d.Free < need || d.Free-need < b.Headroom
+	if b.MaxBytes > 0 && e.Held+need > b.MaxBytes {
+		over = true
+	}
+	if !over {
+		return nil, nil
+	}
+	e.Holders = slices.Clone(d.Processes)
+	slices.SortStableFunc(e.Holders, func(x, y GPUProcess) int {
+		switch {
+		case x.UsedBytes > y.UsedBytes:
+			return -1
+		case x.UsedBytes < y.UsedBytes:
+			return 1
+		}
+		return 0
+	})
+	return e, nil
+}

@@ -1,0 +1,97 @@
+package vramguard_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/internal/testkit/simvram"
+)
+
+// budgetSim is threeModelSim with "big" and "mid" loaded by another
+// program and a diffusion model holding 12 GiB, so 2 GiB of the 24 are
+// free; c has the budget b.
+func budgetSim(t *testing.T, b vramguard.Budget) (*sim.Server, *vramguard.OllamaClient, *vramguard.ModelEstimate) {
+	t.Helper()
+	s := threeModelSim(t, sim.Config{StrictVRAM: true})
+	loadForever(t, s, "big", "mid")
+	if err := s.Reserve("comfyui", 8*gib); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := countedClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}, Budget: &b})
+	est, err := c.EstimateModel(t.Context(), "small", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c, est
+}
+
+func free(t *testing.T, s *sim.Server) uint64 {
+	t.Helper()
+	_, _, f := s.Memory()
+	return f
+}
+
+// With MakeRoom, a load that would leave less than the headroom free first
+// unloads the largest Ollama models, as few as needed, then loads.
+func TestBudgetMakesRoomBeforeLoad(t *testing.T) {
+	const headroom = 4 * gib
+	s, c, est := budgetSim(t, vramguard.Budget{Headroom: headroom, MakeRoom: true})
+	if f := free(t, s); f >= uint64(est.Total)+headroom {
+		t.Fatalf("%d bytes free already: the test needs a device short of room", f)
+	}
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, vramguard.KeepAliveUnload, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.Listed("big") || !s.Listed("mid") {
+		t.Errorf("listed: big %v, mid %v; want the largest (big) unloaded and mid kept", s.Listed("big"), s.Listed("mid"))
+	}
+	if s.Loads("small") != 1 {
+		t.Errorf("small loaded %d times, want 1", s.Loads("small"))
+	}
+}
+
+// Without MakeRoom, a load past the cap is refused before anything is
+// sent, with an error that names the budget, the need and the holders.
+func TestBudgetRefusesNamingHolders(t *testing.T) {
+	s, c, est := budgetSim(t, vramguard.Budget{MaxBytes: 15 * gib})
+	_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	var be *vramguard.BudgetError
+	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.Is(err, vramguard.ErrOverBudget) || !errors.As(err, &be) {
+		t.Fatalf("GenerateStreaming = %v; want KindOutOfMemory wrapping a *BudgetError", err)
+	}
+	if be.Estimate.Total != est.Total || be.Held != 14*gib || be.Budget.MaxBytes != 15*gib {
+		t.Errorf("BudgetError %+v: want the estimate, 14 GiB held by Ollama and the 15 GiB cap", be)
+	}
+	roles := map[vramguard.ProcessRole]int{}
+	for _, p := range be.Holders {
+		roles[p.Role]++
+	}
+	if roles[vramguard.RoleOllamaRunner] != 2 || len(be.Holders) != 3 {
+		t.Errorf("holders %+v: want the two runners and the diffusion model", be.Holders)
+	}
+	if n := s.Requests("small"); n != 0 {
+		t.Errorf("%d requests for small reached the server", n)
+	}
+	if !s.Listed("big") || !s.Listed("mid") {
+		t.Error("a refused load unloaded another program's model")
+	}
+}
+
+// A model the server lists is no load: the budget is not checked.
+func TestBudgetSkipsResidentModel(t *testing.T) {
+	s, c, _ := budgetSim(t, vramguard.Budget{MaxBytes: 1})
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveServerDefault, nil); err != nil {
+		t.Fatalf("a generation on a resident model: %v", err)
+	}
+	if s.Loads("mid") != 1 {
+		t.Errorf("mid loaded %d times", s.Loads("mid"))
+	}
+}
+
+func TestBudgetNeedsReader(t *testing.T) {
+	if _, err := vramguard.NewClient(vramguard.Options{Budget: &vramguard.Budget{Headroom: 1}}); !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Errorf("NewClient with a budget and no VRAM reader: %v, want KindInvalidInput", err)
+	}
+}
