@@ -28,9 +28,9 @@ type Budget struct {
 	// zero: the load must only fit.
 	Headroom uint64
 	// MakeRoom makes a load that would break the budget first call
-	// EnsureFree, which unloads the largest Ollama models (verified) and
-	// waits for the driver to give the memory back, instead of failing at
-	// once.
+	// EnsureFree, which unloads the largest Ollama models (verified; this
+	// client's generations on them are waited for, not cut) and waits for
+	// the driver to give the memory back, instead of failing at once.
 	MakeRoom bool
 }
 
@@ -76,9 +76,25 @@ func (e *BudgetError) Unwrap() error { return ErrOverBudget }
 // admitted that the server does not list yet, so that two generations
 // admitted together are not both measured against the same free memory.
 type admission struct {
+	once sync.Once
+	slot chan struct{} // held by the check in progress
+
 	mu      sync.Mutex
 	pending map[*admitted]struct{}
 }
+
+// acquire takes the check slot, or fails when ctx is done first.
+func (a *admission) acquire(ctx context.Context) error {
+	a.once.Do(func() { a.slot = make(chan struct{}, 1) })
+	select {
+	case a.slot <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (a *admission) release() { <-a.slot }
 
 type admitted struct {
 	model string
@@ -94,8 +110,10 @@ func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateReques
 		return func() {}, nil
 	}
 	a := &c.admission
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	if err := a.acquire(ctx); err != nil {
+		return nil, newError(op, req.Model, KindCanceled, err)
+	}
+	defer a.release()
 	ms, err := c.running(ctx)
 	if err != nil {
 		return nil, err
@@ -103,11 +121,18 @@ func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateReques
 	if findRunning(ms, req.Model) != nil {
 		return func() {}, nil
 	}
+	a.mu.Lock()
+	var pending uint64 // loads admitted but not listed yet hold nothing the device shows
 	for p := range a.pending {
 		if NormalizeModelName(p.model) == NormalizeModelName(req.Model) {
+			a.mu.Unlock()
 			return func() {}, nil // its load was admitted already
 		}
+		if findRunning(ms, p.model) == nil {
+			pending += p.need
+		}
 	}
+	a.mu.Unlock()
 	numCtx := 0
 	if v, ok := req.Options["num_ctx"]; ok {
 		if n, ok := optionInt(v); ok && n > 0 {
@@ -118,14 +143,10 @@ func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateReques
 	if err != nil {
 		return nil, err
 	}
-	need := uint64(max(est.Total, 0))
-	// Loads admitted but not listed yet hold nothing the device shows.
-	var pending uint64
-	for p := range a.pending {
-		if findRunning(ms, p.model) == nil {
-			pending += p.need
-		}
+	if est.Total <= 0 {
+		return nil, newError(op, req.Model, KindServer, fmt.Errorf("estimate of %d bytes", est.Total))
 	}
+	need := uint64(est.Total)
 	berr, err := c.checkBudget(ctx, b, req.Model, est, need+pending)
 	if err != nil {
 		return nil, err
@@ -138,7 +159,7 @@ func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateReques
 			target = max(target, berr.Free+(berr.Held+need+pending-b.MaxBytes))
 		}
 		c.log.Debug("making room for a load", "model", req.Model, "need", need, "target", target)
-		if _, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom}); eerr != nil {
+		if _, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom}, unloadMode{keepLoads: true}); eerr != nil {
 			c.log.Debug("making room failed", "model", req.Model, "err", eerr)
 		}
 		if berr, err = c.checkBudget(ctx, b, req.Model, est, need+pending); err != nil {
@@ -154,6 +175,8 @@ func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateReques
 		}
 	})
 	p := &admitted{model: req.Model, need: need}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if a.pending == nil {
 		a.pending = make(map[*admitted]struct{})
 	}

@@ -18,6 +18,7 @@ type book struct {
 	warm     map[string]struct{}             // models used with a keep-alive other than unload
 	uses     map[string]*use                 // normalized model -> guarded users
 	phases   map[*Phase]struct{}             // phases not yet ended
+	begun    map[string]uint64               // normalized model -> generations begun so far
 }
 
 func newBook() *book {
@@ -26,6 +27,7 @@ func newBook() *book {
 		warm:     make(map[string]struct{}),
 		uses:     make(map[string]*use),
 		phases:   make(map[*Phase]struct{}),
+		begun:    make(map[string]uint64),
 	}
 }
 
@@ -89,6 +91,7 @@ func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseF
 		b.inflight[key] = make(map[*flight]struct{})
 	}
 	b.inflight[key][f] = struct{}{}
+	b.begun[key]++
 	if u := b.uses[key]; u != nil {
 		u.touched = true // a guarded use's request goes out
 	}
@@ -104,11 +107,13 @@ func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseF
 	}, nil
 }
 
-// inFlight returns the number of this client's generations on model.
-func (b *book) inFlight(model string) int {
+// inFlight returns the number of this client's generations on model, and
+// how many have begun so far (for forget).
+func (b *book) inFlight(model string) (n int, begun uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.inflight[NormalizeModelName(model)])
+	key := NormalizeModelName(model)
+	return len(b.inflight[key]), b.begun[key]
 }
 
 // loadingModels returns the models on which this client has a generation
@@ -148,11 +153,17 @@ func (b *book) cancelLoads(model string) int {
 	return n
 }
 
-// forget drops model from the warm set once it was verified gone.
-func (b *book) forget(model string) {
+// forget drops model from the warm set once it was verified gone, unless
+// a generation began on it since the count the verdict rests on (begun, as
+// inFlight returned it): that one may load it again with its keep-alive,
+// and Close must still unload it.
+func (b *book) forget(model string, begun uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.warm, NormalizeModelName(model))
+	key := NormalizeModelName(model)
+	if b.begun[key] == begun {
+		delete(b.warm, key)
+	}
 }
 
 // acquire registers a guarded user of model. release returns whether the

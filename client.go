@@ -272,6 +272,9 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	if err := keepAlive.validate(); err != nil {
 		return nil, newError(op, req.Model, KindInvalidInput, err)
 	}
+	if err := c.checkOpen(op, req.Model); err != nil {
+		return nil, err
+	}
 	// Options.Budget: a load is admitted before the request goes out.
 	admitted, err := c.admit(ctx, op, req)
 	if err != nil {

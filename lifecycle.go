@@ -440,7 +440,7 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		errs = append(errs, err)
 		if p.opts.NeedBytes > 0 {
 			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes})
+			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes}, unloadMode{keepLoads: true})
 			cancel()
 			rep.Handover = er
 			errs = append(errs, eerr)

@@ -20,8 +20,10 @@ type poller struct {
 	timeout  time.Duration // bounds one shared request
 	group    singleflight.Group
 
-	mu   sync.Mutex
-	last listing // the latest completed request
+	mu      sync.Mutex
+	last    listing       // the latest completed request
+	running int           // shared requests in flight (0 or 1)
+	idle    chan struct{} // closed when running drops to zero; nil when none waits
 }
 
 func newPoller(a *api.Client, opts Options) *poller {
@@ -37,8 +39,8 @@ type listing struct {
 
 // get returns a listing whose request went out at or after since: the
 // latest one if it qualifies, else the one in flight, else a new one, sent
-// no sooner than one interval after the previous request. It waits at
-// most until ctx is done.
+// no sooner than one interval after the previous request (the caller
+// waits for that, bounded by ctx). It waits at most until ctx is done.
 func (p *poller) get(ctx context.Context, since time.Time) (listing, error) {
 	for {
 		p.mu.Lock()
@@ -47,24 +49,13 @@ func (p *poller) get(ctx context.Context, since time.Time) (listing, error) {
 		if !last.sent.IsZero() && !last.sent.Before(since) {
 			return last, nil
 		}
-		ch := p.group.DoChan("ps", func() (any, error) {
-			p.mu.Lock()
-			prev := p.last.sent
-			p.mu.Unlock()
-			if wait := time.Until(prev.Add(p.interval)); !prev.IsZero() && wait > 0 {
-				time.Sleep(wait) // one request per interval, shared by every waiter
+		// One request per interval, shared by every waiter.
+		if wait := time.Until(last.sent.Add(p.interval)); !last.sent.IsZero() && wait > 0 {
+			if err := sleepCtx(ctx, wait); err != nil {
+				return listing{}, err
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
-			defer cancel()
-			l := listing{sent: time.Now()}
-			l.resp, l.err = p.list(ctx)
-			p.mu.Lock()
-			if l.sent.After(p.last.sent) {
-				p.last = l
-			}
-			p.mu.Unlock()
-			return l, nil
-		})
+		}
+		ch := p.group.DoChan("ps", p.fetch)
 		select {
 		case r := <-ch:
 			l := r.Val.(listing)
@@ -75,5 +66,57 @@ func (p *poller) get(ctx context.Context, since time.Time) (listing, error) {
 		case <-ctx.Done():
 			return listing{}, context.Cause(ctx)
 		}
+	}
+}
+
+// fetch makes the shared request, unless another went out less than an
+// interval ago (a waiter raced it): that one's listing is returned, and
+// the waiter asks again. Its run is counted for join.
+func (p *poller) fetch() (any, error) {
+	p.mu.Lock()
+	if prev := p.last; !prev.sent.IsZero() && time.Since(prev.sent) < p.interval {
+		p.mu.Unlock()
+		return prev, nil
+	}
+	p.running++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		if p.running--; p.running == 0 && p.idle != nil {
+			close(p.idle)
+			p.idle = nil
+		}
+		p.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	defer cancel()
+	l := listing{sent: time.Now()}
+	l.resp, l.err = p.list(ctx)
+	p.mu.Lock()
+	if l.sent.After(p.last.sent) {
+		p.last = l
+	}
+	p.mu.Unlock()
+	return l, nil
+}
+
+// join waits for the shared request in flight, if any, or until ctx is
+// done: Shutdown leaves no request of the client running.
+func (p *poller) join(ctx context.Context) error {
+	p.mu.Lock()
+	if p.running == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	if p.idle == nil {
+		p.idle = make(chan struct{})
+	}
+	idle := p.idle
+	p.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }

@@ -80,5 +80,8 @@ func (c *OllamaClient) shutdown() error {
 		}
 		errs = append(errs, err)
 	}
+	// A shared /api/ps request whose waiters gave up ends within the
+	// unload timeout; none outlives Close.
+	_ = c.ps.join(context.Background())
 	return errors.Join(errs...)
 }

@@ -291,12 +291,14 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 			return fail(err)
 		}
 	}
+	var begun uint64 // this client's generations on the model, begun before the last count
 	for {
 		// Our generations are counted before the listing's request goes
 		// out (it may be another unload's, sent later): one that ends
 		// after the count and makes the model resident is in both.
 		cut() // a generation of ours that began since
-		ours := c.book.inFlight(model)
+		ours, b := c.book.inFlight(model)
+		begun = b
 		l, err := c.ps.get(wctx, time.Now())
 		if err == nil {
 			err = l.err
@@ -321,9 +323,9 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 				// a load that began before the last unload would have
 				// shown by now.
 				if absentSince.IsZero() {
-					absentSince = time.Now()
+					absentSince = l.sent
 				}
-				if time.Since(absentSince) >= c.opts.SettleWindow {
+				if l.sent.Sub(absentSince) >= c.opts.SettleWindow { // both ends are requests' send times
 					checks |= CheckSettled
 					break
 				}
@@ -411,7 +413,7 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 	rep.Verified = true
 	rep.Elapsed = time.Since(start)
 
-	c.book.forget(model)
+	c.book.forget(model, begun)
 	c.log.Debug("eviction verified", "model", model, "was_loaded", rep.WasLoaded,
 		"attempts", rep.Attempts, "elapsed", rep.Elapsed)
 	c.callHook(func() {

@@ -23,7 +23,7 @@ func startLoad(t *testing.T, s *sim.Server, c *OllamaClient, model string) <-cha
 			&GenerateRequest{Model: model, Prompt: "x"}, KeepAliveFor(time.Hour), nil)
 		done <- err
 	}()
-	if err := s.WaitFor(t.Context(), func() bool { return c.book.inFlight(model) == 1 && s.Requests(model) == n+1 }); err != nil {
+	if err := s.WaitFor(t.Context(), func() bool { f, _ := c.book.inFlight(model); return f == 1 && s.Requests(model) == n+1 }); err != nil {
 		t.Fatal(err)
 	}
 	return done

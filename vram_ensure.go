@@ -68,12 +68,14 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if err := c.checkOpen("ensure free", ""); err != nil {
 		return nil, err
 	}
-	return c.ensureFree(ctx, req)
+	return c.ensureFree(ctx, req, unloadMode{})
 }
 
 // ensureFree is EnsureFree for the library's own calls (Phase.End, which
 // Close makes too).
-func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
+// mode is the unloads' (the library's own calls do not cut the client's
+// generations: unloadMode{keepLoads: true}).
+func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode unloadMode) (*EnsureReport, error) {
 	const op = "ensure free"
 	start := time.Now()
 	if req.Bytes > maxBytes || req.Reserve > maxBytes {
@@ -121,7 +123,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	victims := pickVictims(running, need, free, req.AllModels)
 	var errs []error
 	if len(victims) > 0 {
-		reps, err := c.unloadMany(ctx, victims, unloadMode{})
+		reps, err := c.unloadMany(ctx, victims, mode)
 		rep.Evicted = reps
 		if err != nil {
 			errs = append(errs, err)

@@ -1,0 +1,71 @@
+package vramguard
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+)
+
+// A generation with a keep-alive that begins while an unload's last poll
+// is in flight may load the model after that poll: the unload must not
+// drop it from what Close unloads.
+func TestUnloadKeepsNewerWarmModel(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a", LoadLatency: 300 * time.Millisecond})
+	c := newTestClient(t, s, Options{})
+	inner := c.ps.list
+	polls := 0
+	genDone := make(chan error, 1)
+	c.ps.list = func(ctx context.Context) (*api.ProcessResponse, error) {
+		if polls++; polls == 2 {
+			time.Sleep(60 * time.Millisecond) // past the settle window after the unload
+			go func() {
+				_, err := c.GenerateStreaming(context.Background(), &GenerateRequest{Model: "a", Prompt: "x"}, KeepAliveFor(time.Hour), nil)
+				genDone <- err
+			}()
+			for n, _ := c.book.inFlight("a"); n == 0; n, _ = c.book.inFlight("a") {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		return inner(ctx)
+	}
+	if _, err := c.UnloadModel(t.Context(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-genDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Listed("a") {
+		t.Error("Close left a model this client used with a 1h keep-alive resident")
+	}
+}
+
+// The shared /api/ps request of a caller that gave up does not outlive
+// Close.
+func TestPollerJoinedByClose(t *testing.T) {
+	s := newSim(t, sim.Config{PSDelay: time.Second}, sim.ModelConfig{Name: "a"})
+	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Running(ctx); err == nil {
+		t.Fatal("Running returned before the delayed /api/ps reply")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	if n := runtime.Stack(buf, true); strings.Contains(string(buf[:n]), "(*poller).fetch") {
+		t.Error("a shared /api/ps request still runs after Close returned")
+	}
+}
