@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -101,8 +102,36 @@ func (c *OllamaClient) EstimateModel(ctx context.Context, model string, numCtx i
 	}
 	e := &ModelEstimate{Model: model, NumCtx: numCtx, Weights: weights}
 	e.KVCache, e.Compute = shape.kvCache(numCtx), shape.compute(numCtx)
-	e.Total = e.Weights + e.KVCache + e.Compute
+	e.Total = satAdd(e.Weights, e.KVCache, e.Compute)
 	return e, nil
+}
+
+// satMul and satAdd saturate at math.MaxInt64 (negative terms count as
+// zero): a huge num_ctx or a hostile model_info gives a huge estimate,
+// never a negative or a small one.
+func satMul(xs ...int64) int64 {
+	f, p := 1.0, int64(1)
+	for _, x := range xs {
+		x = max(x, 0)
+		f *= float64(x)
+		if f >= math.MaxInt64/2 { // float64 rounding leaves a margin
+			return math.MaxInt64
+		}
+		p *= x
+	}
+	return p
+}
+
+func satAdd(xs ...int64) int64 {
+	var sum int64
+	for _, x := range xs {
+		x = max(x, 0)
+		if sum > math.MaxInt64-x {
+			return math.MaxInt64
+		}
+		sum += x
+	}
+	return sum
 }
 
 func cmpOr(a, b int) int {
@@ -119,7 +148,7 @@ type modelShape struct {
 
 // f16 K and V caches, as Ollama allocates them by default.
 func (s modelShape) kvCache(numCtx int) int64 {
-	return int64(numCtx) * s.blocks * s.headsKV * (s.keyLen + s.valueLen) * 2
+	return satMul(int64(numCtx), s.blocks, s.headsKV, satAdd(s.keyLen, s.valueLen), 2)
 }
 
 // compute is Ollama's graph estimate for llama (fs/ggml GraphSize,
@@ -127,7 +156,8 @@ func (s modelShape) kvCache(numCtx int) int64 {
 func (s modelShape) compute(numCtx int) int64 {
 	n := int64(numCtx)
 	b := min(n, 512)
-	return max(4*b*(1+4*s.embedding+n*(1+s.heads)), 4*b*(s.embedding+s.vocab))
+	per := satAdd(satMul(4, s.embedding), 1, satMul(n, satAdd(s.heads, 1)))
+	return max(satMul(4, b, per), satMul(4, b, satAdd(s.embedding, s.vocab)))
 }
 
 // readShape reads the architecture keys of /api/show's model_info.

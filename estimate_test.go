@@ -2,6 +2,7 @@ package vramguard
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -133,5 +134,28 @@ func TestParamNumCtx(t *testing.T) {
 		if got := paramNumCtx(in); got != want {
 			t.Errorf("paramNumCtx(%q) = %d, want %d", in, got, want)
 		}
+	}
+}
+
+// A model_info large enough to overflow int64 saturates: the estimate is
+// huge, never negative or small (a budget would admit it).
+func TestEstimateSaturates(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "huge", Size: 1 << 30, ModelInfo: map[string]any{
+		"general.architecture":          "llama",
+		"llama.block_count":             1 << 40,
+		"llama.embedding_length":        1 << 40,
+		"llama.attention.head_count":    1 << 40,
+		"llama.attention.head_count_kv": 1 << 40,
+	}})
+	c := newTestClient(t, s, Options{})
+	e, err := c.EstimateModel(t.Context(), "huge", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Total != math.MaxInt64 || e.KVCache <= 0 || e.Compute <= 0 {
+		t.Errorf("estimate of a hostile model_info: %+v, want saturated, positive parts", e)
+	}
+	if satMul(math.MaxInt64, 3) != math.MaxInt64 || satAdd(math.MaxInt64, 1) != math.MaxInt64 || satMul(3, -1) != 0 {
+		t.Error("saturation is wrong")
 	}
 }

@@ -223,7 +223,8 @@ type PhaseOptions struct {
 	// ErrNoVRAMReader.
 	NeedBytes uint64
 	Device    int
-	// Timeout bounds End; zero means the client's CleanupTimeout.
+	// Timeout bounds each of End's steps (the wait for running uses, the
+	// unloads, the hand-over); zero means the client's CleanupTimeout.
 	Timeout time.Duration
 }
 

@@ -154,8 +154,11 @@ type Options struct {
 	// ChunkFunc; the request is canceled, no text is returned, and the
 	// model is unloaded, verified (a failed unload is joined to the
 	// error), before the call returns. It costs one /api/ps request per
-	// generation (shared through the client's poller). Without VRAM it
-	// does nothing: a server without a GPU is never flagged.
+	// generation (shared through the client's poller). At the first chunk
+	// the library cannot tell who loaded the model: a generation on a
+	// model another program loaded partly on the CPU fails too, and that
+	// model is unloaded. Without VRAM it does nothing: a server without a
+	// GPU is never flagged.
 	FailOnOffload bool
 
 	// Logger receives debug and warning events; nil discards them.
