@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of the module for the given time each (default 3s).
-# `make fuzz-short` (part of `make test`) uses 3s, `make fuzz` a minute.
+# `make fuzz-short` (part of `make test`) uses 2s, `make fuzz` a minute.
 # Crashers are written by `go test` under the package's testdata/fuzz and
 # become regression cases that plain `go test` runs from then on.
 set -euo pipefail
