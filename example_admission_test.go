@@ -1,0 +1,85 @@
+package vramguard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/internal/testkit/simvram"
+)
+
+func ExampleOllamaClient_Shutdown() {
+	s, c := startSim()
+	defer s.Close()
+	if _, err := c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "x"},
+		vramguard.KeepAliveFor(2*time.Minute), nil); err != nil {
+		log.Fatal(err)
+	}
+	// A deadline of the caller's for the whole shutdown, as with net/http:
+	// the model left warm is unloaded, verified, within it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Shutdown(ctx); err != nil {
+		log.Fatal(err)
+	}
+	_, err := c.Running(context.Background())
+	fmt.Println(s.Listed("llama3.2"), errors.Is(err, vramguard.ErrClosed))
+	// Output: false true
+}
+
+// A budget for the LLM side: every load must leave 10 GiB free for the
+// text encoder that comes next. A diffusion process holds 14 of the 24 GiB,
+// so the 5 GiB model is refused, naming who holds the memory, and nothing
+// is sent to the server.
+func ExampleBudget() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
+	defer s.Close()
+	if err := s.Reserve("comfyui", 14<<30); err != nil {
+		log.Fatal(err)
+	}
+	c, err := vramguard.NewClient(vramguard.Options{
+		Host:   s.URL().String(),
+		VRAM:   &simvram.Reader{S: s},
+		Budget: &vramguard.Budget{Headroom: 10 << 30},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	_, err = c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: "qwen3:8b", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	var be *vramguard.BudgetError
+	if errors.As(err, &be) {
+		fmt.Println(errors.Is(err, vramguard.KindOutOfMemory), be.Holders[0].Command, s.Requests("qwen3:8b"))
+	}
+	// Output: true comfyui 0
+}
+
+// FailOnOffload: a model Ollama could load only partly on the GPU fails
+// the call at its first chunk and is unloaded, instead of generating many
+// times slower.
+func ExampleOffload() {
+	s := sim.New(sim.Config{StrictVRAM: true, Offload: true, Models: []sim.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
+	defer s.Close()
+	if err := s.Reserve("comfyui", 21<<30); err != nil { // 3 of 24 GiB left
+		log.Fatal(err)
+	}
+	c, err := vramguard.NewClient(vramguard.Options{
+		Host:          s.URL().String(),
+		VRAM:          &simvram.Reader{S: s},
+		FailOnOffload: true,
+		PollInterval:  5 * time.Millisecond,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	_, err = c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: "qwen3:8b", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil)
+	fmt.Println(errors.Is(err, vramguard.ErrOffloaded), errors.Is(err, vramguard.KindOutOfMemory), s.Listed("qwen3:8b"))
+	// Output: true true false
+}
