@@ -4,8 +4,9 @@ PKGS      := ./...
 # The packages that run real Ollama servers (the harness and the stand-in
 # llama-server test themselves against them too): they run once, in
 # test-integration.
-REAL_PKGS := ./internal/testkit/ollamatest ./internal/testkit/standin/... ./internal/suites/integration ./internal/suites/reliability
-UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/integration -e /internal/suites/reliability -e /internal/testkit/ollamatest -e /internal/testkit/standin)
+# internal/testkit/gpucheck runs its CPU path against a real server too.
+REAL_PKGS := ./internal/testkit/ollamatest ./internal/testkit/standin/... ./internal/testkit/gpucheck ./internal/suites/integration ./internal/suites/reliability
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/integration -e /internal/suites/reliability -e /internal/testkit/ollamatest -e /internal/testkit/standin -e /internal/testkit/gpucheck)
 # go-nvml from v0.13.1-0 ships an nvml.h whose DEPRECATED marks are live:
 # the first cgo build of every program importing vramguard would print about
 # 150 lines of -Wdeprecated-declarations warnings, which only the builder's

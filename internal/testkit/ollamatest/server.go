@@ -32,6 +32,13 @@ type Options struct {
 	// cached build of Version (built first if missing; see Binary).
 	Binary string
 
+	// Standin is the stand-in llama-server binary installed for versions
+	// that run models in llama-server (UsesLlamaServer). Empty means
+	// StandinBinary, which builds it and so needs the go command; a
+	// program running where there is no Go (a GPU machine) passes one
+	// built ahead.
+	Standin string
+
 	// Env holds extra KEY=VALUE entries for the server process, such as
 	// "OLLAMA_KEEP_ALIVE=1m". They override the harness's own settings.
 	Env []string
@@ -128,11 +135,14 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	// cannot be built here: the stand-in takes its place.
 	var standinBin string
 	if UsesLlamaServer(version) {
-		p, err := StandinBinary(ctx)
-		if err != nil {
-			return nil, err
+		standinBin = opts.Standin
+		if standinBin == "" {
+			p, err := StandinBinary(ctx)
+			if err != nil {
+				return nil, err
+			}
+			standinBin = p
 		}
-		standinBin = p
 	}
 
 	removeStaleDirs()

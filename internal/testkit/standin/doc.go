@@ -86,6 +86,10 @@
 // [Knobs], read from the JSON file named by [EnvControl] when the process
 // starts and again at every request, set the load time, the time per token,
 // crashes, out-of-memory at load, hangs and the reported model size.
+// DeviceBytes makes a runner hold real device memory through the CUDA
+// driver API (opened at run time, cgo builds on Linux; [HoldDeviceMemory])
+// so that a GPU check sees what NVML sees of a real runner; without a GPU
+// the runner says so on stderr and loads without it.
 // [WriteKnobs] replaces the file atomically. With [EnvLog] set, every
 // process start, request and self-chosen exit is appended to a JSON-lines
 // log that [ReadEvents] reads back, so tests can see what reached the

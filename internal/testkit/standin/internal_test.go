@@ -91,7 +91,7 @@ func TestKnobsForModel(t *testing.T) {
 		LoadMS: 5, TokenMS: 6, Hang: HangCompletion,
 		Models: map[string]Knobs{
 			"abc":    {TokenMS: 1, OOMAtLoad: true},
-			"abcdef": {LoadMS: 9},
+			"abcdef": {LoadMS: 9, DeviceBytes: 1 << 30},
 			"zzz":    {ExitAtLoad: true},
 		},
 	}
@@ -99,7 +99,7 @@ func TestKnobsForModel(t *testing.T) {
 		path string
 		want Knobs
 	}{
-		{"/blobs/sha256-abcdef01", Knobs{LoadMS: 9, TokenMS: 6, Hang: HangCompletion}},
+		{"/blobs/sha256-abcdef01", Knobs{LoadMS: 9, TokenMS: 6, Hang: HangCompletion, DeviceBytes: 1 << 30}},
 		{"/blobs/sha256-abc999", Knobs{LoadMS: 5, TokenMS: 1, Hang: HangCompletion, OOMAtLoad: true}},
 		{"/blobs/sha256-000", Knobs{LoadMS: 5, TokenMS: 6, Hang: HangCompletion}},
 		{"", Knobs{LoadMS: 5, TokenMS: 6, Hang: HangCompletion}},
@@ -131,7 +131,7 @@ func TestReadWriteKnobs(t *testing.T) {
 		t.Fatalf("no path: %+v, %v", k, err)
 	}
 	want := Knobs{LoadMS: 1, TokenMS: 2, EOSAfter: 3, CrashAfterTokens: 4, OOMAtLoad: true, OOMHealth: true,
-		ExitAtLoad: true, Hang: HangLoad, ModelBytes: 5, Models: map[string]Knobs{"x": {TokenMS: 7}}}
+		ExitAtLoad: true, Hang: HangLoad, ModelBytes: 5, DeviceBytes: 6, Models: map[string]Knobs{"x": {TokenMS: 7}}}
 	if err := WriteKnobs(path, want); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestReadWriteKnobs(t *testing.T) {
 		t.Fatalf("round trip: %+v, %v", got, err)
 	}
 	b, _ := os.ReadFile(path)
-	for _, field := range []string{"load_ms", "token_ms", "eos_after", "crash_after_tokens", "oom_at_load", "oom_health", "exit_at_load", "hang", "model_bytes", "models"} {
+	for _, field := range []string{"load_ms", "token_ms", "eos_after", "crash_after_tokens", "oom_at_load", "oom_health", "exit_at_load", "hang", "model_bytes", "device_bytes", "models"} {
 		if !strings.Contains(string(b), `"`+field+`"`) {
 			t.Errorf("file lacks %q:\n%s", field, b)
 		}
@@ -149,7 +149,7 @@ func TestReadWriteKnobs(t *testing.T) {
 		t.Fatalf("temporary files left: %v", entries)
 	}
 
-	for _, bad := range []Knobs{{Hang: "forever"}, {EOSAfter: -1}, {Models: map[string]Knobs{"": {}}}, {Models: map[string]Knobs{"m": {Hang: "x"}}}} {
+	for _, bad := range []Knobs{{Hang: "forever"}, {EOSAfter: -1}, {DeviceBytes: -1}, {Models: map[string]Knobs{"": {}}}, {Models: map[string]Knobs{"m": {Hang: "x"}}}} {
 		if err := WriteKnobs(path, bad); err == nil {
 			t.Errorf("WriteKnobs(%+v) accepted invalid knobs", bad)
 		}

@@ -53,8 +53,9 @@ const (
 //
 // The stand-in reads the file named by EnvControl when the process starts
 // (load behaviour: LoadMS, Hang "load", OOMAtLoad, OOMHealth, ExitAtLoad,
-// ModelBytes) and again at every completion and chat request (generation
-// behaviour: TokenMS, EOSAfter, CrashAfterTokens, Hang "completion"). A
+// ModelBytes, DeviceBytes) and again at every completion and chat request
+// (generation behaviour: TokenMS, EOSAfter, CrashAfterTokens, Hang
+// "completion"). A
 // change therefore affects the next request of a running runner and the
 // next load.
 type Knobs struct {
@@ -114,6 +115,18 @@ type Knobs struct {
 	// reported exactly. Zero means the size of the --model file.
 	ModelBytes int64 `json:"model_bytes,omitempty"`
 
+	// DeviceBytes, when positive, makes the runner allocate that many
+	// bytes of device memory on CUDA device 0 at the end of its load and
+	// hold them until it exits, through the CUDA driver API opened at run
+	// time (libcuda.so.1; see HoldDeviceMemory), so that the GPU's own
+	// figures (NVML, nvidia-smi) show a runner that really holds VRAM.
+	// Without a GPU, or in a stand-in built without cgo, it logs a
+	// "no GPU" warning and loads without device memory; a GPU that
+	// refuses the allocation fails the load as OOMAtLoad does. Ollama is
+	// not told: the stand-in lists no devices, so /api/ps shows size_vram
+	// 0 whatever the driver says.
+	DeviceBytes int64 `json:"device_bytes,omitempty"`
+
 	// Models holds overrides per model: a runner whose --model path
 	// contains the key (for example the hex digits of a blob digest) uses
 	// the key's non-zero fields instead of the global ones. When several
@@ -140,6 +153,9 @@ func (k Knobs) Validate() error {
 		}
 		if k.ModelBytes < 0 {
 			errs = append(errs, fmt.Errorf("standin: knobs%s: negative model_bytes %d", where, k.ModelBytes))
+		}
+		if k.DeviceBytes < 0 {
+			errs = append(errs, fmt.Errorf("standin: knobs%s: negative device_bytes %d", where, k.DeviceBytes))
 		}
 	}
 	check("", k)
@@ -194,6 +210,9 @@ func (k Knobs) ForModel(modelPath string) Knobs {
 	}
 	if o.ModelBytes != 0 {
 		out.ModelBytes = o.ModelBytes
+	}
+	if o.DeviceBytes != 0 {
+		out.DeviceBytes = o.DeviceBytes
 	}
 	return out
 }

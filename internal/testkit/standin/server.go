@@ -45,6 +45,10 @@ type Config struct {
 	// listens on, before the model starts loading. Tests pass --port 0
 	// and learn the port here.
 	OnListen func(net.Addr)
+	// CUDALibrary is the CUDA driver library Knobs.DeviceBytes allocates
+	// through; "" means DefaultCUDALibrary. Tests name a missing file to
+	// take the no-GPU path on any machine.
+	CUDALibrary string
 }
 
 // Main runs the stand-in as a program: it runs until SIGINT or SIGTERM (or
@@ -103,6 +107,7 @@ func Run(ctx context.Context, cfg Config) int {
 		knobs:  &knobSource{path: getenv(EnvControl), model: o.model, log: lg},
 		exitCh: make(chan exitRequest, 1),
 		stop:   make(chan struct{}),
+		cuda:   cfg.CUDALibrary,
 	}
 	return r.run(ctx, cfg.OnListen)
 }
@@ -146,6 +151,7 @@ type runner struct {
 	knobs  *knobSource
 	exitCh chan exitRequest // a handler asks the process to exit
 	stop   chan struct{}    // closed when the process shuts down
+	cuda   string           // Config.CUDALibrary
 
 	chats atomic.Int64 // numbers chat completion ids
 	tasks atomic.Int64 // numbers generations, as llama-server's task ids
@@ -283,6 +289,29 @@ func (r *runner) lifecycle(ctx context.Context, k Knobs, addr *net.TCPAddr) int 
 		}, failedLoadLines(o.model)...)...)
 		r.events.exit(ExitLoad, "exit_at_load")
 		return ExitLoad
+	}
+
+	if k.DeviceBytes > 0 {
+		hold, err := HoldDeviceMemory(r.cuda, k.DeviceBytes)
+		switch {
+		case errors.Is(err, ErrNoGPU):
+			// No "error:" in the line: Ollama would take it for the
+			// runner's last error.
+			r.log.linef("warn: vramguard stand-in: device_bytes %d not held, running without device memory (%s)", k.DeviceBytes, noErrorPrefix.Replace(err.Error()))
+		case err != nil:
+			if errors.Is(err, errDeviceOOM) {
+				r.log.block(oomLines(k.DeviceBytes)...)
+			}
+			r.log.block(append([]string{
+				fmt.Sprintf("llama_model_load: vramguard stand-in: %s", noErrorPrefix.Replace(err.Error())),
+			}, failedLoadLines(o.model)...)...)
+			r.events.exit(ExitLoad, "device_bytes")
+			return ExitLoad
+		default:
+			defer hold.Release()
+			r.log.linef("load_tensors: vramguard stand-in: holding %d bytes of device memory on CUDA%d (%s), %d of %d bytes free after the allocation",
+				hold.Bytes, hold.Device, hold.Name, hold.Free, hold.Total)
+		}
 	}
 
 	size := k.ModelBytes
