@@ -197,9 +197,12 @@ func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking boo
 	if g.Async && !panicking {
 		t := g.Client.CleanupAsync(ctx, opts)
 		select {
-		case <-t.Done(): // refused at once: the client is closed
+		case <-t.Done():
+			// Refused at once (the client is closed): clean up here.
+			// Otherwise it ran already, and its failure, like any
+			// background cleanup's, comes from Wait or Close (once).
 			if _, err := t.Wait(); !errors.Is(err, ErrClosed) {
-				return err
+				return nil
 			}
 		default:
 			return nil
