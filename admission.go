@@ -58,13 +58,7 @@ func (e *BudgetError) Error() string {
 		fmt.Fprintf(&b, ", Ollama holds %s of a %s cap", vramFormatBytes(e.Held), vramFormatBytes(e.Budget.MaxBytes))
 	}
 	if len(e.Holders) > 0 {
-		b.WriteString("; held by ")
-		for i, p := range e.Holders {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			fmt.Fprintf(&b, "pid %d %s (%s)", p.PID, p.Command, vramFormatBytes(p.UsedBytes))
-		}
+		vramWriteHolders(&b, e.Holders)
 	}
 	return b.String()
 }
@@ -214,14 +208,6 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 		return nil, nil
 	}
 	e.Holders = slices.Clone(d.Processes)
-	slices.SortStableFunc(e.Holders, func(x, y GPUProcess) int {
-		switch {
-		case x.UsedBytes > y.UsedBytes:
-			return -1
-		case x.UsedBytes < y.UsedBytes:
-			return 1
-		}
-		return 0
-	})
+	vramSortHolders(e.Holders)
 	return e, nil
 }

@@ -1,6 +1,7 @@
 package vramguard
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -98,7 +99,7 @@ func (c *OllamaClient) EstimateModel(ctx context.Context, model string, numCtx i
 		return nil, newError(op, model, KindServer, errors.New("/api/tags does not list the model"))
 	}
 	if numCtx == 0 {
-		numCtx = cmpOr(paramNumCtx(show.Parameters), DefaultEstimateNumCtx)
+		numCtx = cmp.Or(paramNumCtx(show.Parameters), DefaultEstimateNumCtx)
 	}
 	e := &ModelEstimate{Model: model, NumCtx: numCtx, Weights: weights}
 	e.KVCache, e.Compute = shape.kvCache(numCtx), shape.compute(numCtx)
@@ -132,13 +133,6 @@ func satAdd(xs ...int64) int64 {
 		sum += x
 	}
 	return sum
-}
-
-func cmpOr(a, b int) int {
-	if a > 0 {
-		return a
-	}
-	return b
 }
 
 // modelShape is the part of a model's architecture the estimate uses.

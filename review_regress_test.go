@@ -61,11 +61,22 @@ func TestPollerJoinedByClose(t *testing.T) {
 	if _, err := c.Running(ctx); err == nil {
 		t.Fatal("Running returned before the delayed /api/ps reply")
 	}
+	// The caller gave up; its request is still in flight, so the check
+	// below can see one.
+	if !fetching() {
+		t.Fatal("no shared /api/ps request in flight after the caller gave up: the check below would prove nothing")
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 1<<20)
-	if n := runtime.Stack(buf, true); strings.Contains(string(buf[:n]), "(*poller).fetch") {
+	if fetching() {
 		t.Error("a shared /api/ps request still runs after Close returned")
 	}
+}
+
+// fetching reports whether a goroutine of the poller's shared request runs.
+func fetching() bool {
+	buf := make([]byte, 1<<20)
+	n := runtime.Stack(buf, true)
+	return strings.Contains(string(buf[:n]), "(*poller).fetch")
 }

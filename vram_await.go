@@ -65,22 +65,28 @@ func (e *InsufficientVRAMError) Error() string {
 	case len(e.Holders) == 0:
 		b.WriteString("; no process listed (the memory is held by the driver or by processes it does not show)")
 	default:
-		b.WriteString("; held by ")
-		for i, p := range e.Holders {
-			if i == vramHoldersShown {
-				fmt.Fprintf(&b, " and %d more", len(e.Holders)-i)
-				break
-			}
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(vramDescribeHolder(p))
-		}
+		vramWriteHolders(&b, e.Holders)
 	}
 	if e.LastErr != nil {
 		fmt.Fprintf(&b, "; last reading failed: %v", e.LastErr)
 	}
 	return b.String()
+}
+
+// vramWriteHolders writes "; held by " and the first vramHoldersShown
+// holders, largest first as given.
+func vramWriteHolders(b *strings.Builder, holders []GPUProcess) {
+	b.WriteString("; held by ")
+	for i, p := range holders {
+		if i == vramHoldersShown {
+			fmt.Fprintf(b, " and %d more", len(holders)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(vramDescribeHolder(p))
+	}
 }
 
 // Unwrap returns Err and LastErr, so that errors.Is sees the context's

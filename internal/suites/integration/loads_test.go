@@ -31,10 +31,7 @@ func TestUnloadSeesOthersLoad(t *testing.T) {
 		// called, and how long the model must then stay absent.
 		offsets, watch := raceOffsets(t, s)
 		c := newClient(t, s, vramguard.Options{})
-		blob, err := c.ModelBlob(t.Context(), modelA)
-		if err != nil || blob == "" {
-			t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
-		}
+		blob := blobOf(t, c)
 		for _, off := range offsets {
 			t.Run(fmt.Sprintf("api load, unload at %v", off), func(t *testing.T) {
 				// The other program: a raw client, the server's default
@@ -143,6 +140,16 @@ func cleanUp(t *testing.T, s *ollamatest.Server, c *vramguard.OllamaClient, done
 	}
 }
 
+// blobOf returns modelA's weights blob as c's server names it.
+func blobOf(t *testing.T, c *vramguard.OllamaClient) string {
+	t.Helper()
+	blob, err := c.ModelBlob(t.Context(), modelA)
+	if err != nil || blob == "" {
+		t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
+	}
+	return blob
+}
+
 // serverRunners returns the runners of s (not of other packages' servers)
 // serving blob; none for an external server, whose processes are not ours
 // to see.
@@ -205,10 +212,7 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 				}
 			}},
 		})
-		blob, err := c.ModelBlob(t.Context(), modelA)
-		if err != nil || blob == "" {
-			t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
-		}
+		blob := blobOf(t, c)
 		// The baseline: a whole load, in this run.
 		g, err := c.GenerateStreaming(t.Context(), req(modelA, 1), vramguard.KeepAliveUnload, nil)
 		if err != nil {

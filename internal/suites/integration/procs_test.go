@@ -123,10 +123,7 @@ func TestRunnerProcessesClassified(t *testing.T) {
 				t.Fatal(err)
 			}
 			seen := stop()
-			blob, err := c.ModelBlob(t.Context(), modelA)
-			if err != nil || blob == "" {
-				t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
-			}
+			blob := blobOf(t, c)
 
 			var runners, discovery int
 			for _, p := range seen {

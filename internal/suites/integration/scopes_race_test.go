@@ -32,10 +32,7 @@ func TestPhaseEndSeesOthersLoad(t *testing.T) {
 		// The second client: it unloads the phase's model before the race,
 		// and cleans up after each case.
 		u := newClient(t, s, vramguard.Options{})
-		blob, err := u.ModelBlob(t.Context(), modelA)
-		if err != nil || blob == "" {
-			t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
-		}
+		blob := blobOf(t, u)
 		for _, off := range offsets {
 			t.Run(fmt.Sprintf("api load, end at %v", off), func(t *testing.T) {
 				c := newClient(t, s, vramguard.Options{})
@@ -87,10 +84,7 @@ func TestGuardCleanupSeesOthersLoad(t *testing.T) {
 	eachVersionAlone(t, func(t *testing.T, s *ollamatest.Server) {
 		offsets, watch := raceOffsets(t, s)
 		u := newClient(t, s, vramguard.Options{})
-		blob, err := u.ModelBlob(t.Context(), modelA)
-		if err != nil || blob == "" {
-			t.Fatalf("ModelBlob(%s) = %q, %v", modelA, blob, err)
-		}
+		blob := blobOf(t, u)
 		for _, off := range offsets {
 			t.Run(fmt.Sprintf("api load, cleanup at %v", off), func(t *testing.T) {
 				// The unload requests the cleanup sends, and its report
