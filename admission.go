@@ -95,30 +95,30 @@ type admitted struct {
 	need  uint64
 }
 
-// admit checks the budget before a generation on req.Model; done must be
-// called when the generation ends. Without a budget, or for a model the
-// server lists, it does nothing.
-func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateRequest) (done func(), err error) {
+// admit checks the budget before a generation on model (options are the
+// request's, for num_ctx); done must be called when the generation ends.
+// Without a budget, or for a model the server lists, it does nothing.
+func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[string]any) (done func(), err error) {
 	b := c.opts.Budget
 	if b == nil {
 		return func() {}, nil
 	}
 	a := &c.admission
 	if err := a.acquire(ctx); err != nil {
-		return nil, newError(op, req.Model, KindCanceled, err)
+		return nil, newError(op, model, KindCanceled, err)
 	}
 	defer a.release()
 	ms, err := c.running(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if findRunning(ms, req.Model) != nil {
+	if findRunning(ms, model) != nil {
 		return func() {}, nil
 	}
 	a.mu.Lock()
 	var pending uint64 // loads admitted but not listed yet hold nothing the device shows
 	for p := range a.pending {
-		if NormalizeModelName(p.model) == NormalizeModelName(req.Model) {
+		if NormalizeModelName(p.model) == NormalizeModelName(model) {
 			a.mu.Unlock()
 			return func() {}, nil // its load was admitted already
 		}
@@ -128,20 +128,20 @@ func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateReques
 	}
 	a.mu.Unlock()
 	numCtx := 0
-	if v, ok := req.Options["num_ctx"]; ok {
+	if v, ok := options["num_ctx"]; ok {
 		if n, ok := optionInt(v); ok && n > 0 {
 			numCtx = n
 		}
 	}
-	est, err := c.EstimateModel(ctx, req.Model, numCtx)
+	est, err := c.EstimateModel(ctx, model, numCtx)
 	if err != nil {
 		return nil, err
 	}
 	if est.Total <= 0 {
-		return nil, newError(op, req.Model, KindServer, fmt.Errorf("estimate of %d bytes", est.Total))
+		return nil, newError(op, model, KindServer, fmt.Errorf("estimate of %d bytes", est.Total))
 	}
 	need := uint64(est.Total)
-	berr, err := c.checkBudget(ctx, b, req.Model, est, need+pending)
+	berr, err := c.checkBudget(ctx, b, model, est, need+pending)
 	if err != nil {
 		return nil, err
 	}
@@ -152,23 +152,23 @@ func (c *OllamaClient) admit(ctx context.Context, op string, req *GenerateReques
 			// it raises what is free.
 			target = max(target, berr.Free+(berr.Held+need+pending-b.MaxBytes))
 		}
-		c.log.Debug("making room for a load", "model", req.Model, "need", need, "target", target)
+		c.log.Debug("making room for a load", "model", model, "need", need, "target", target)
 		if _, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom}, unloadMode{keepLoads: true}); eerr != nil {
-			c.log.Debug("making room failed", "model", req.Model, "err", eerr)
+			c.log.Debug("making room failed", "model", model, "err", eerr)
 		}
-		if berr, err = c.checkBudget(ctx, b, req.Model, est, need+pending); err != nil {
+		if berr, err = c.checkBudget(ctx, b, model, est, need+pending); err != nil {
 			return nil, err
 		}
 	}
 	if berr != nil {
-		return nil, newError(op, req.Model, KindOutOfMemory, berr)
+		return nil, newError(op, model, KindOutOfMemory, berr)
 	}
 	c.callHook(func() {
 		if c.opts.Hooks.OnAdmit != nil {
-			c.opts.Hooks.OnAdmit(ModelEvent{Model: req.Model, Size: est.Total})
+			c.opts.Hooks.OnAdmit(ModelEvent{Model: model, Size: est.Total})
 		}
 	})
-	p := &admitted{model: req.Model, need: need}
+	p := &admitted{model: model, need: need}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.pending == nil {

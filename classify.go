@@ -3,6 +3,7 @@ package vramguard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -238,4 +239,22 @@ func classify(err error) Kind {
 		return KindTransient
 	}
 	return classifyMessage(err.Error())
+}
+
+// visionTexts are the servers' refusals of images sent to a model that
+// cannot see them.
+var visionTexts = []string{
+	"received image but vision model not loaded", // ollama runner (llama.cpp engine), up to v0.24
+	"missing data required for image input",      // ollama runner (Ollama's engine)
+	"image input is not supported",               // llama-server, v0.30+
+	"does not support vision",
+}
+
+// serverError wraps an error of the server (or of the way to it) with its
+// kind, and with ErrNoVision when the server refused images.
+func serverError(op, model string, err error) *Error {
+	if containsAny(strings.ToLower(err.Error()), visionTexts) {
+		return newError(op, model, KindInvalidInput, fmt.Errorf("%w: %w", ErrNoVision, err))
+	}
+	return newError(op, model, classify(err), err)
 }

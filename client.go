@@ -157,18 +157,30 @@ type GenerateRequest struct {
 	// Think asks a thinking model to think (true) or not (false); nil
 	// leaves the model's default.
 	Think *bool
+	// Images go to a vision model with the prompt: PNG, JPEG or WebP
+	// (told by their bytes, not a name), each at most MaxImageBytes. They
+	// are checked before anything is sent, and so is the model: one whose
+	// capabilities (/api/show) lack vision fails with ErrNoVision.
+	Images []api.ImageData
+	// Format asks for structured output: the JSON string "json", or a JSON
+	// schema object (json.RawMessage(`{"type":"object",...}`)). Empty:
+	// free text.
+	Format json.RawMessage
 	// Timeouts override the client's for this call (zero fields inherit).
 	Timeouts Timeouts
 }
 
-// Chunk is one streamed piece of a generation, with progress so far.
+// Chunk is one streamed piece of a generation or a chat, with progress so
+// far.
 type Chunk struct {
 	Text     string // the new text in this chunk
 	Thinking string // the new thinking text, for models that report it separately
-	Index    int    // 1 for the first chunk
-	Bytes    int    // bytes of text received so far, this chunk included
-	Elapsed  time.Duration
-	Done     bool
+	// ToolCalls are the tool calls this chunk of a chat reply carries.
+	ToolCalls []api.ToolCall
+	Index     int // 1 for the first chunk
+	Bytes     int // bytes of text received so far, this chunk included
+	Elapsed   time.Duration
+	Done      bool
 }
 
 // ChunkFunc receives chunks in order. Returning an error stops the
@@ -176,11 +188,13 @@ type Chunk struct {
 // returns a KindCanceled error wrapping it.
 type ChunkFunc func(Chunk) error
 
-// Generation is the result of a successful generation.
+// Generation is the result of a successful generation or chat.
 type Generation struct {
-	Model      string
-	Text       string
-	Thinking   string
+	Model    string
+	Text     string // the reply: a generation's response, a chat's message content
+	Thinking string
+	// ToolCalls are the tools a chat's model asked to call, in order.
+	ToolCalls  []api.ToolCall
 	DoneReason string // "stop", "length", ...
 	Chunks     int
 	Metrics    api.Metrics
@@ -238,9 +252,25 @@ func (r *GenerateRequest) validate(op string) error {
 	if !utf8.ValidString(r.Prompt) || !utf8.ValidString(r.System) {
 		return invalid(op, r.Model, "prompt is not valid UTF-8")
 	}
-	for k, v := range r.Options {
+	if err := validOptions(op, r.Model, r.Options); err != nil {
+		return err
+	}
+	if err := validFormat(op, r.Model, r.Format); err != nil {
+		return err
+	}
+	var total int
+	for i, img := range r.Images {
+		if err := validImage(op, r.Model, fmt.Sprintf("image %d", i+1), img, &total); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validOptions(op, model string, opts map[string]any) error {
+	for k, v := range opts {
 		if err := validOption(v, 0); err != nil {
-			return invalid(op, r.Model, "option %q: %v", k, err)
+			return invalid(op, model, "option %q: %v", k, err)
 		}
 	}
 	return nil
@@ -259,6 +289,14 @@ func (r *GenerateRequest) validate(op string) error {
 // context.Cause(ctx). With Options.Fallback, a timeout or transient failure
 // is retried once through `ollama run`, provided no chunk had reached fn
 // yet; a failure of both returns the first error's kind with both causes.
+// The CLI cannot carry images: such a request is not retried
+// (ErrFallbackUnsupported).
+//
+// Images and Format are checked before anything is sent (KindInvalidInput:
+// ErrImageFormat, ErrImageTooLarge, a Format that is neither "json" nor a
+// schema object); a request with images first asks the server whether the
+// model can see them, and fails with ErrNoVision if not. A server that
+// refuses them itself gets the same ErrNoVision.
 //
 // With Options.VRAM, a load that put the model partly on the CPU is
 // reported in Generation.Offload, Hooks.OnOffload and the log; with
@@ -269,14 +307,86 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	if err := req.validate(op); err != nil {
 		return nil, err
 	}
-	if err := keepAlive.validate(); err != nil {
-		return nil, newError(op, req.Model, KindInvalidInput, err)
+	r := *req
+	cl := &call{
+		op:       op,
+		model:    r.Model,
+		options:  r.Options,
+		timeouts: r.Timeouts,
+		images:   len(r.Images) > 0,
+		cli:      &r,
+		send: func(ctx context.Context, own bool, ka *api.Duration, fn func(piece) error) error {
+			ar := &api.GenerateRequest{
+				Model:     r.Model,
+				Prompt:    r.Prompt,
+				System:    r.System,
+				Options:   r.Options,
+				Images:    r.Images,
+				Format:    r.Format,
+				KeepAlive: ka,
+			}
+			if r.Think != nil {
+				ar.Think = &api.ThinkValue{Value: *r.Think}
+			}
+			h := func(g api.GenerateResponse) error {
+				return fn(piece{text: g.Response, thinking: g.Thinking, done: g.Done, doneReason: g.DoneReason, metrics: g.Metrics})
+			}
+			if own {
+				return c.generateNDJSON(ctx, ar, h)
+			}
+			return c.api.Generate(ctx, ar, h)
+		},
 	}
-	if err := c.checkOpen(op, req.Model); err != nil {
+	if cl.images {
+		cl.cli, cl.noCLI = nil, "images"
+	}
+	return c.run(ctx, cl, keepAlive, fn)
+}
+
+// call is one generation or chat, validated and ready to stream.
+type call struct {
+	op       string
+	model    string
+	options  map[string]any
+	timeouts Timeouts
+	images   bool // the model must see images (checkVision)
+	// send streams the request with the keep-alive ka, through the
+	// client's own reader (own) or the api client, calling fn per reply
+	// line.
+	send func(ctx context.Context, own bool, ka *api.Duration, fn func(piece) error) error
+	// cli is what the CLI fallback runs; nil when the CLI cannot carry the
+	// call, and then noCLI says what it cannot carry.
+	cli   *GenerateRequest
+	noCLI string
+}
+
+// piece is one reply line of a generation or a chat, reduced to what the
+// stream reads.
+type piece struct {
+	text, thinking string
+	toolCalls      []api.ToolCall
+	done           bool
+	doneReason     string
+	metrics        api.Metrics
+}
+
+// run is the path every generation and chat takes: checks, admission,
+// the book's accounting, the stream, the offload check and the fallback.
+func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
+	op := cl.op
+	if err := keepAlive.validate(); err != nil {
+		return nil, newError(op, cl.model, KindInvalidInput, err)
+	}
+	if err := c.checkOpen(op, cl.model); err != nil {
 		return nil, err
 	}
+	if cl.images {
+		if err := c.checkVision(ctx, op, cl.model); err != nil {
+			return nil, err
+		}
+	}
 	// Options.Budget: a load is admitted before the request goes out.
-	admitted, err := c.admit(ctx, op, req)
+	admitted, err := c.admit(ctx, op, cl.model, cl.options)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +395,7 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	// has no chunk yet (cancelLoads).
 	fctx, fcancel := context.WithCancelCause(ctx)
 	defer fcancel(nil)
-	f, end, err := c.book.begin(op, req.Model, keepAlive, fcancel)
+	f, end, err := c.book.begin(op, cl.model, keepAlive, fcancel)
 	if err != nil {
 		return nil, err
 	}
@@ -295,21 +405,21 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 	st.checkOffload = c.opts.VRAM != nil && (c.opts.FailOnOffload || keepAlive.IsUnload())
 	gen, err := func() (*Generation, error) {
 		defer end() // also when fn panics: a dead generation must not block unloads
-		return c.stream(fctx, req, keepAlive, fn, st)
+		return c.stream(fctx, cl, keepAlive, fn, st)
 	}()
 	if errors.Is(err, errOffloadStop) {
-		return nil, c.failOffloaded(ctx, req.Model, st.offload)
+		return nil, c.failOffloaded(ctx, cl.model, st.offload)
 	}
 	if err == nil {
 		c.reportLoad(gen)
 		if gen.Loaded {
 			off := st.offload
 			if !st.checkOffload {
-				off = c.offloadOf(ctx, req.Model, time.Now())
+				off = c.offloadOf(ctx, cl.model, time.Now())
 			}
 			if off != nil {
 				gen.Offload = off
-				c.reportOffload(req.Model, off)
+				c.reportOffload(cl.model, off)
 			}
 		}
 		return gen, nil
@@ -320,6 +430,12 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 		return nil, err
 	}
 	e := err.(*Error)
+	if cl.cli == nil {
+		c.log.Debug("request failed; the ollama CLI cannot carry it", "op", op, "model", cl.model, "what", cl.noCLI)
+		return nil, newError(op, cl.model, e.Kind, errors.Join(e.Err,
+			fmt.Errorf("fallback refused: %w: %s", ErrFallbackUnsupported, cl.noCLI)))
+	}
+	req := cl.cli
 	// The CLI cannot carry most options: dropping a seed or a temperature
 	// silently would return a text the caller did not ask for.
 	_, dropped := cliOptions(req.Options)
@@ -377,9 +493,10 @@ type streamState struct {
 	start      time.Time
 	text       strings.Builder
 	thinking   strings.Builder
+	toolCalls  []api.ToolCall
 	chunks     int
 	done       bool
-	last       api.GenerateResponse // the done line's fields
+	last       piece // the done line's fields
 	firstChunk time.Duration
 	fnErr      error
 	flight     *flight // marked streaming at the first chunk; nil for none
@@ -389,34 +506,20 @@ type streamState struct {
 	offload      *Offload
 }
 
-// stream runs the generation; st, zero on entry, is left with what it
-// received (GenerateStreaming reads st.chunks after a failure).
-func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka KeepAlive, fn ChunkFunc, st *streamState) (*Generation, error) {
-	const op = "generate"
-	t := req.Timeouts.or(c.opts.Timeouts)
+// stream runs the generation or chat; st, zero on entry, is left with what
+// it received (run reads st.chunks after a failure).
+func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn ChunkFunc, st *streamState) (*Generation, error) {
+	op, model := cl.op, cl.model
+	t := cl.timeouts.or(c.opts.Timeouts)
 
 	wd := newWatchdog(ctx, t)
 	defer wd.release()
 
-	ar := &api.GenerateRequest{
-		Model:     req.Model,
-		Prompt:    req.Prompt,
-		System:    req.System,
-		Options:   req.Options,
-		KeepAlive: ka.apiDuration(),
-	}
-	if req.Think != nil {
-		ar.Think = &api.ThinkValue{Value: *req.Think}
-	}
-
 	st.start = wd.start
 	// The client's own reader when it owns the HTTP client (ndjson.go):
 	// no line limit for the done line's context array, no 8 MiB buffer.
-	generate, own := c.api.Generate, c.readsOwnStream()
-	if own {
-		generate = c.generateNDJSON
-	}
-	err := generate(wd.ctx, ar, func(r api.GenerateResponse) error {
+	own := c.readsOwnStream()
+	err := cl.send(wd.ctx, own, ka.apiDuration(), func(r piece) error {
 		elapsed := time.Since(st.start) // one clock read per chunk
 		first := st.chunks == 0
 		if first {
@@ -428,26 +531,28 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		wd.chunkAt(elapsed) // the idle timeout covers the check below
 		if first && st.checkOffload {
 			// The model is listed by now: Ollama lists a runner once loaded.
-			st.offload = c.offloadOf(wd.ctx, req.Model, time.Now())
+			st.offload = c.offloadOf(wd.ctx, model, time.Now())
 			if st.offload != nil && c.opts.FailOnOffload {
 				return errOffloadStop // before fn sees any text
 			}
 		}
 		st.chunks++
-		st.text.WriteString(r.Response)
-		st.thinking.WriteString(r.Thinking)
-		if r.Done {
+		st.text.WriteString(r.text)
+		st.thinking.WriteString(r.thinking)
+		st.toolCalls = append(st.toolCalls, r.toolCalls...)
+		if r.done {
 			st.done = true
 			st.last = r
 		}
 		if fn != nil {
 			if err := fn(Chunk{
-				Text:     r.Response,
-				Thinking: r.Thinking,
-				Index:    st.chunks,
-				Bytes:    st.text.Len(),
-				Elapsed:  elapsed,
-				Done:     r.Done,
+				Text:      r.text,
+				Thinking:  r.thinking,
+				ToolCalls: r.toolCalls,
+				Index:     st.chunks,
+				Bytes:     st.text.Len(),
+				Elapsed:   elapsed,
+				Done:      r.done,
 			}); err != nil {
 				st.fnErr = err
 				return err
@@ -456,47 +561,48 @@ func (c *OllamaClient) stream(ctx context.Context, req *GenerateRequest, ka Keep
 		return nil
 	})
 	if st.offload != nil && c.opts.FailOnOffload {
-		return nil, errOffloadStop // GenerateStreaming unloads and fails
+		return nil, errOffloadStop // run unloads and fails
 	}
-	if werr := wd.finish(op, req.Model, ctx, st.fnErr); werr != nil {
+	if werr := wd.finish(op, model, ctx, st.fnErr); werr != nil {
 		return nil, werr
 	}
 	var cut *replyCut
 	switch {
 	case errors.As(err, &cut) && !st.done:
 		// Our reader: the body ended or broke inside the stream.
-		return nil, newError(op, req.Model, KindTransient,
+		return nil, newError(op, model, KindTransient,
 			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
 	case errors.As(err, &cut):
-		return nil, newError(op, req.Model, KindTransient, err)
+		return nil, newError(op, model, KindTransient, err)
 	case errors.Is(err, errMalformedLine) || errors.Is(err, ErrReplyTooLarge):
 		// A line that the same request would get again: not retryable.
-		return nil, newError(op, req.Model, KindServer, err)
+		return nil, newError(op, model, KindServer, err)
 	case !own && err != nil && !st.done && isPartialLine(err):
 		// The connection was cut inside a line: the api client hands the
 		// partial line over as an error text. It is a cut stream, not a
 		// server's verdict.
-		return nil, newError(op, req.Model, KindTransient,
+		return nil, newError(op, model, KindTransient,
 			fmt.Errorf("%w after %d chunks: partial line %.40q", ErrIncompleteStream, st.chunks, err.Error()))
 	case !own && err != nil && !st.done && isCutStream(err):
 		// From Ollama v0.30 the api client returns the reader's error when
 		// the stream breaks (v0.17 returned nil): a cut stream either way.
-		return nil, newError(op, req.Model, KindTransient,
+		return nil, newError(op, model, KindTransient,
 			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
 	case err != nil:
-		return nil, newError(op, req.Model, classify(err), err)
+		return nil, serverError(op, model, err)
 	case !st.done:
-		return nil, newError(op, req.Model, KindTransient,
+		return nil, newError(op, model, KindTransient,
 			fmt.Errorf("%w after %d chunks", ErrIncompleteStream, st.chunks))
 	}
 	return &Generation{
-		Model:      req.Model,
+		Model:      model,
 		Text:       st.text.String(),
 		Thinking:   st.thinking.String(),
-		DoneReason: st.last.DoneReason,
+		ToolCalls:  st.toolCalls,
+		DoneReason: st.last.doneReason,
 		Chunks:     st.chunks,
-		Metrics:    st.last.Metrics,
-		Loaded:     st.last.LoadDuration >= c.opts.LoadThreshold,
+		Metrics:    st.last.metrics,
+		Loaded:     st.last.metrics.LoadDuration >= c.opts.LoadThreshold,
 		FirstChunk: st.firstChunk,
 		Elapsed:    time.Since(st.start),
 	}, nil

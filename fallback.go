@@ -60,6 +60,21 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 	return gen, nil
 }
 
+// cliFormat is the --format flag's value for a request's format: "json",
+// or the schema on one line (every CLI version sends "json" as the JSON
+// string and anything else as it is); "" for none.
+func cliFormat(f json.RawMessage) string {
+	var s string
+	if json.Unmarshal(f, &s) == nil {
+		return s // validFormat let only "json" through
+	}
+	var b bytes.Buffer
+	if json.Compact(&b, f) != nil || b.String() == "null" {
+		return ""
+	}
+	return b.String()
+}
+
 // runCLI runs the CLI; f is marked streaming at its first output.
 func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateRequest, ka KeepAlive, fn ChunkFunc, f *flight) (*Generation, error) {
 	const op = "generate (cli)"
@@ -70,6 +85,9 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 	args := []string{"run", req.Model, "--nowordwrap", "--keepalive", ka.cliFlag()}
 	if req.Think != nil {
 		args = append(args, fmt.Sprintf("--think=%t", *req.Think))
+	}
+	if f := cliFormat(req.Format); f != "" {
+		args = append(args, "--format", f)
 	}
 	cmd := exec.CommandContext(wd.ctx, path, args...)
 	cmd.Env = os.Environ()

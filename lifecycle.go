@@ -79,23 +79,48 @@ func (s *Session) KeepAlive() KeepAlive {
 // Generate runs one generation on the session's model (req.Model may be
 // empty; if set it must name the same model).
 func (s *Session) Generate(ctx context.Context, req *GenerateRequest, fn ChunkFunc) (*Generation, error) {
+	const op = "generate"
 	if req == nil {
-		return nil, invalid("generate", s.model, "request is nil")
-	}
-	if s.ended.Load() {
-		return nil, newError("generate", s.model, KindInvalidInput, ErrSessionEnded)
-	}
-	if p := s.g.Phase; p != nil && p.isSealed() {
-		return nil, newError("phase "+p.name, s.model, KindInvalidInput, ErrPhaseEnded)
+		return nil, invalid(op, s.model, "request is nil")
 	}
 	r := *req
-	if r.Model == "" {
-		r.Model = s.model
-	} else if NormalizeModelName(r.Model) != NormalizeModelName(s.model) {
-		return nil, invalid("generate", r.Model, "session is for model %q", s.model)
+	if err := s.check(op, &r.Model); err != nil {
+		return nil, err
 	}
 	// The phase, if any, counted this use when Run began.
 	return s.g.Client.GenerateStreaming(ctx, &r, s.KeepAlive(), fn)
+}
+
+// Chat runs one chat turn on the session's model (req.Model may be empty;
+// if set it must name the same model), with the same keep-alive and
+// accounting as Generate.
+func (s *Session) Chat(ctx context.Context, req *ChatRequest, fn ChunkFunc) (*Generation, error) {
+	const op = "chat"
+	if req == nil {
+		return nil, invalid(op, s.model, "request is nil")
+	}
+	r := *req
+	if err := s.check(op, &r.Model); err != nil {
+		return nil, err
+	}
+	return s.g.Client.ChatStreaming(ctx, &r, s.KeepAlive(), fn)
+}
+
+// check refuses a session used out of its scope, and fills in or checks
+// a request's model.
+func (s *Session) check(op string, model *string) error {
+	if s.ended.Load() {
+		return newError(op, s.model, KindInvalidInput, ErrSessionEnded)
+	}
+	if p := s.g.Phase; p != nil && p.isSealed() {
+		return newError("phase "+p.name, s.model, KindInvalidInput, ErrPhaseEnded)
+	}
+	if *model == "" {
+		*model = s.model
+	} else if NormalizeModelName(*model) != NormalizeModelName(s.model) {
+		return invalid(op, *model, "session is for model %q", s.model)
+	}
+	return nil
 }
 
 func (g *Guard) validate(op, model string) error {
@@ -174,15 +199,29 @@ func (g *Guard) Generate(ctx context.Context, req *GenerateRequest, fn ChunkFunc
 	if req == nil {
 		return nil, invalid("guard", "", "request is nil")
 	}
-	err = g.Run(ctx, req.Model, func(ctx context.Context, s *Session) error {
+	return g.one(ctx, req.Model, func(ctx context.Context, s *Session) (*Generation, error) {
+		return s.Generate(ctx, req, fn)
+	})
+}
+
+// Chat is Run with a single chat turn on req.Model.
+func (g *Guard) Chat(ctx context.Context, req *ChatRequest, fn ChunkFunc) (gen *Generation, err error) {
+	if req == nil {
+		return nil, invalid("guard", "", "request is nil")
+	}
+	return g.one(ctx, req.Model, func(ctx context.Context, s *Session) (*Generation, error) {
+		return s.Chat(ctx, req, fn)
+	})
+}
+
+// one is Run with a single call: a call that worked and a cleanup that
+// failed return both the generation and the cleanup's error.
+func (g *Guard) one(ctx context.Context, model string, do func(context.Context, *Session) (*Generation, error)) (gen *Generation, err error) {
+	err = g.Run(ctx, model, func(ctx context.Context, s *Session) error {
 		var err error
-		gen, err = s.Generate(ctx, req, fn)
+		gen, err = do(ctx, s)
 		return err
 	})
-	if err != nil && gen != nil {
-		// The generation worked but the cleanup failed: keep both.
-		return gen, err
-	}
 	return gen, err
 }
 

@@ -16,10 +16,10 @@ import (
 	"github.com/ollama/ollama/envconfig"
 )
 
-// This file is vramguard's own reader of Ollama's /api/generate reply. The
-// api client's reader (api.Client.Generate) stops at a line over 8 MiB
-// (v0.17 silently, v0.30 and later with bufio.ErrTooLong) and allocates an
-// 8 MiB buffer per call. Ollama's done line carries the deprecated
+// This file is vramguard's own reader of Ollama's /api/generate and
+// /api/chat replies. The api client's reader (api.Client.Generate, .Chat)
+// stops at a line over 8 MiB (v0.17 silently, v0.30 and later with
+// bufio.ErrTooLong) and allocates an 8 MiB buffer per call. Ollama's done line carries the deprecated
 // `context` array, every token of prompt and reply: 40 to 60 MB for a 10 MB
 // prompt, which turned finished generations into cut streams. This reader
 // checks that array and drops it as it reads, without keeping it, and caps
@@ -87,35 +87,55 @@ func (c *OllamaClient) readsOwnStream() bool {
 // a line too long to keep wraps ErrReplyTooLarge, and lines of any length
 // are read when what makes them long is the context array.
 func (c *OllamaClient) generateNDJSON(ctx context.Context, req *api.GenerateRequest, fn api.GenerateResponseFunc) error {
-	resp, err := c.postGenerate(ctx, req, "application/x-ndjson")
+	return c.readNDJSON(ctx, "/api/generate", req, func(r *replyLine) error { return fn(r.GenerateResponse) })
+}
+
+// chatNDJSON is api.Client.Chat read by replyReader, as generateNDJSON is
+// api.Client.Generate.
+func (c *OllamaClient) chatNDJSON(ctx context.Context, req *api.ChatRequest, fn api.ChatResponseFunc) error {
+	return c.readNDJSON(ctx, "/api/chat", req, func(r *replyLine) error {
+		return fn(api.ChatResponse{
+			Model:      r.Model,
+			CreatedAt:  r.CreatedAt,
+			Message:    r.Message,
+			Done:       r.Done,
+			DoneReason: r.DoneReason,
+			Metrics:    r.Metrics,
+		})
+	})
+}
+
+// readNDJSON posts req to path and calls fn with each reply line.
+func (c *OllamaClient) readNDJSON(ctx context.Context, path string, req any, fn func(*replyLine) error) error {
+	resp, err := c.postJSON(ctx, path, req, "application/x-ndjson")
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	rr := newReplyReader(resp.Body, replyBufferSize, maxReplyLine)
 	for {
-		r, err := rr.next()
+		_, err := rr.next()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		if err := fn(*r); err != nil {
+		if err := fn(&rr.line); err != nil {
 			return err
 		}
 	}
 }
 
-// postGenerate sends req to /api/generate through the client's own HTTP
+// postJSON sends req as JSON to path through the client's own HTTP
 // client. A status of 400 and up comes back as the error the api client
 // would return (replyStatusError), with the body closed.
-func (c *OllamaClient) postGenerate(ctx context.Context, req *api.GenerateRequest, accept string) (*http.Response, error) {
+func (c *OllamaClient) postJSON(ctx context.Context, path string, req any, accept string) (*http.Response, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.JoinPath("/api/generate").String(), bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.JoinPath(path).String(), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -155,10 +175,12 @@ func replyStatusError(resp *http.Response) error {
 	return api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status, ErrorMessage: e.Error}
 }
 
-// replyLine is one decoded line: a response, or an error.
+// replyLine is one decoded line: a response, or an error. A chat's line
+// has its text in Message instead of Response.
 type replyLine struct {
 	api.GenerateResponse
-	Error string `json:"error"`
+	Message api.Message `json:"message"`
+	Error   string      `json:"error"`
 	// Context shadows GenerateResponse.Context (the shallower field wins):
 	// the array is checked, as []int would be, and not kept.
 	Context contextTokens `json:"context"`

@@ -438,7 +438,7 @@ func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
 	if c.hc == nil {
 		return c.api.Generate(ctx, req, func(api.GenerateResponse) error { return nil })
 	}
-	resp, err := c.postGenerate(ctx, req, "application/json")
+	resp, err := c.postJSON(ctx, "/api/generate", req, "application/json")
 	if err != nil {
 		return err
 	}
