@@ -420,7 +420,7 @@ func TestChatThroughAPIClient(t *testing.T) {
 	req := &ChatRequest{Model: "tiny", Messages: []api.Message{{Role: "user", Content: "x"}}}
 	var joined strings.Builder
 	gen, err := c.ChatStreaming(t.Context(), req, KeepAliveUnload, func(ch Chunk) error { joined.WriteString(ch.Text); return nil })
-	if err != nil || gen.Text == "" || gen.Text != joined.String() || gen.Chunks != 6 {
+	if err != nil || gen.Text == "" || gen.Text != joined.String() || gen.Chunks < 6 {
 		t.Fatalf("got %+v, %v; streamed %q", gen, err, joined.String())
 	}
 	if err := s.FailNext("tiny", sim.CloseAfter(3)); err != nil {
