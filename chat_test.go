@@ -430,3 +430,30 @@ func TestChatThroughAPIClient(t *testing.T) {
 		t.Fatalf("cut stream: got %v, want KindTransient wrapping ErrIncompleteStream", err)
 	}
 }
+
+// The capabilities question is bounded by the call's first-chunk timeout:
+// a server that never answers /api/show is a KindTimeout, not a hang.
+func TestVisionCheckBoundedByFirstChunk(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
+		if r.Path == "/api/show" {
+			return faultproxy.Stall(time.Minute)
+		}
+		return faultproxy.Pass()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c := newProxyClient(t, p, Options{Timeouts: Timeouts{FirstChunk: 100 * time.Millisecond}})
+	_, err = c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
+	if !errors.Is(err, KindTimeout) || !errors.Is(err, ErrFirstChunkTimeout) {
+		t.Fatalf("got %v, want KindTimeout wrapping ErrFirstChunkTimeout", err)
+	}
+	if fired := p.Stats().Fired; fired.IsZero() || time.Since(fired) > 3*time.Second {
+		t.Errorf("the stall began at %v: the timeout did not cut it", fired)
+	}
+	if n := s.Requests("tiny"); n != 0 {
+		t.Errorf("%d requests sent after the check timed out", n)
+	}
+}
