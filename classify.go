@@ -246,7 +246,8 @@ func classify(err error) Kind {
 var visionTexts = []string{
 	"received image but vision model not loaded", // ollama runner (llama.cpp engine), up to v0.24
 	"missing data required for image input",      // ollama runner (Ollama's engine)
-	"image input is not supported",               // llama-server, v0.30+
+	"image input is not supported",               // llama-server chat (500), v0.30+
+	"does not support multimodal",                // llama-server completion (400), v0.30+
 	"does not support vision",
 }
 
