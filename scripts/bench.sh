@@ -142,6 +142,17 @@ ua=$(med "$out/root.txt" BenchmarkUnloadRequest/client=api.Generate ns/op)
 up=$(med "$out/root.txt" BenchmarkUnloadRequest/client=http.Post ns/op)
 say "one unload request: api.Generate $(calc "$ua / 1000" 1) µs and $(med "$out/root.txt" BenchmarkUnloadRequest/client=api.Generate B/op) B/op; plain POST $(calc "$up / 1000" 1) µs and $(med "$out/root.txt" BenchmarkUnloadRequest/client=http.Post B/op) B/op"
 
+# 2b. Chat: ChatStreaming vs the raw api.Client.Chat on the same stream.
+say ""
+say "## 2b. Chat: ChatStreaming vs the raw api.Client.Chat (10,000 chunks + done, -count $count)"
+runroot '^BenchmarkChatStreamingVsRaw$' -test.count "$count" >"$out/chat.txt"
+stat -col /client "$out/chat.txt"
+ch_raw=$(med "$out/chat.txt" BenchmarkChatStreamingVsRaw/chunks=10000/client=raw ns/op)
+ch_vg=$(med "$out/chat.txt" BenchmarkChatStreamingVsRaw/chunks=10000/client=vramguard ns/op)
+chb_raw=$(med "$out/chat.txt" BenchmarkChatStreamingVsRaw/chunks=10000/client=raw B/op)
+chb_vg=$(med "$out/chat.txt" BenchmarkChatStreamingVsRaw/chunks=10000/client=vramguard B/op)
+say "chat time vramguard/raw $(calc "$ch_vg / $ch_raw") (target <= 1: $(verdict "$ch_vg <= $ch_raw")); bytes $(calc "$chb_vg / $chb_raw") (target <= 0.5: $(verdict "$chb_vg <= 0.5 * $chb_raw"))"
+
 # 3. Real servers.
 say ""
 say "## 3. Real Ollama servers (up to $real_rounds rounds of unload 6x and workflow 2x; vramguard PollInterval ${poll_ms} ms, bare loop polls every 1 ms)"
