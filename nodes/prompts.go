@@ -15,6 +15,7 @@ type fixedData struct {
 	Instructions string
 	StyleHint    string
 	Pass, Passes int
+	JSON         bool // the dual prompt asks for dualSchema's object
 }
 
 // The fixed requests of PromptRefiner, NegativePrompt and DualStreamRefiner.
@@ -48,9 +49,14 @@ Reply with the negative prompt only: one line of comma-separated terms, no label
 
 Description: {{.Description}}
 
+{{if .JSON -}}
+Reply with a JSON object with two string fields, nothing before or after:
+{"positive": "<the positive prompt>", "negative": "<the negative prompt>"}
+{{- else -}}
 Reply in exactly this format, two lines, nothing before or after:
 Positive: <the positive prompt>
-Negative: <the negative prompt>`))
+Negative: <the negative prompt>
+{{- end}}`))
 )
 
 // renderFixed executes one of the fixed templates.

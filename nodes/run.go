@@ -110,6 +110,9 @@ type Result struct {
 	Reasoning string
 	// Model is the model that wrote the prompt.
 	Model string
+	// DualFormat says how DualStreamRefiner asked for the two prompts
+	// and read them; zero for the other nodes.
+	DualFormat DualFormat
 	// Generations are the raw generations, one per pass, for metrics.
 	Generations []*vramguard.Generation
 }

@@ -81,6 +81,7 @@ func TestFixedPromptsGolden(t *testing.T) {
 		{"refine-single", refineTemplate, fixedData{Prompt: "a lighthouse, dusk", Pass: 1, Passes: 1}},
 		{"negative", negativeTemplate, fixedData{Prompt: "a lighthouse, dusk", StyleHint: styleHint(c)}},
 		{"dual", dualTemplate, fixedData{Description: goldenData.Description, StyleHint: styleHint(c)}},
+		{"dual-json", dualTemplate, fixedData{Description: goldenData.Description, StyleHint: styleHint(c), JSON: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
