@@ -1,8 +1,13 @@
 package vramguard_test
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/ollama/ollama/api"
+	"github.com/vramguard/vramguard"
 )
 
 // BenchmarkStreamingVsRaw is the comparison of issue #14: GenerateStreaming
@@ -23,5 +28,67 @@ func BenchmarkStreamingVsRaw(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkChatStreamingVsRaw is BenchmarkStreamingVsRaw for chat:
+// ChatStreaming and the raw api.Client.Chat on the same /api/chat stream
+// (streamChunks message chunks and a done line), with the same target
+// (BENCHMARKS.md §5: no slower, at most half the bytes).
+func BenchmarkChatStreamingVsRaw(b *testing.B) {
+	for _, side := range []string{"raw", "vramguard"} {
+		b.Run(fmt.Sprintf("chunks=%d/client=%s", streamChunks, side), func(b *testing.B) {
+			c, client := newStreamClients(b)
+			b.ReportAllocs()
+			for b.Loop() {
+				if side == "raw" {
+					chatRaw(b, client)
+				} else {
+					chatVramguard(b, c)
+				}
+			}
+		})
+	}
+}
+
+var benchMessages = []api.Message{{Role: "system", Content: "You write prompts."}, {Role: "user", Content: "a castle at dawn"}}
+
+// chatVramguard is one chat through ChatStreaming with a callback that
+// counts the chunks.
+func chatVramguard(b *testing.B, c *vramguard.OllamaClient) {
+	n := 0
+	gen, err := c.ChatStreaming(context.Background(), &vramguard.ChatRequest{Model: "bench", Messages: benchMessages},
+		vramguard.KeepAliveUnload, func(vramguard.Chunk) error {
+			n++
+			return nil
+		})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if n != streamChunks+1 || gen.Chunks != n || len(gen.Text) == 0 {
+		b.Fatalf("%d callbacks, %d chunks, %d bytes", n, gen.Chunks, len(gen.Text))
+	}
+}
+
+// chatRaw is what a correct user of api.Client.Chat does: count,
+// accumulate the content and check that done arrived.
+func chatRaw(b *testing.B, client *api.Client) {
+	var (
+		text strings.Builder
+		n    int
+		done bool
+	)
+	err := client.Chat(context.Background(), &api.ChatRequest{Model: "bench", Messages: benchMessages, KeepAlive: &api.Duration{}},
+		func(r api.ChatResponse) error {
+			n++
+			text.WriteString(r.Message.Content)
+			done = done || r.Done
+			return nil
+		})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !done || n != streamChunks+1 || text.Len() == 0 {
+		b.Fatalf("done %v, %d callbacks, %d bytes", done, n, text.Len())
 	}
 }

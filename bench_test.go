@@ -43,16 +43,32 @@ func streamBody(n int) []byte {
 	return buf.Bytes()
 }
 
+// chatBody renders an Ollama /api/chat reply of n text chunks and a final
+// done line: the same words as streamBody, in message.content.
+func chatBody(n int) []byte {
+	const created = "2025-11-29T16:49:16.123456789Z"
+	words := strings.Fields("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa")
+	var buf bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&buf, `{"model":"bench","created_at":%q,"message":{"role":"assistant","content":" %s"},"done":false}`+"\n", created, words[i%len(words)])
+	}
+	fmt.Fprintf(&buf, `{"model":"bench","created_at":%q,"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop",`+
+		`"total_duration":2000000000,"load_duration":1000000,`+
+		`"prompt_eval_count":8,"prompt_eval_duration":1000000,"eval_count":%d,"eval_duration":1500000000}`+"\n", created, n)
+	return buf.Bytes()
+}
+
 // streamServer starts a local HTTP server that answers every
-// /api/generate with the same pre-rendered stream, so that a benchmark
-// measures client cost only. It returns the server's URL and an HTTP
+// /api/generate (and /api/chat) with the same pre-rendered stream, so that
+// a benchmark measures client cost only. It returns the server's URL and an HTTP
 // client with its own transport; both are closed at the end of b.
 func streamServer(b *testing.B) (*url.URL, *http.Client) {
 	b.Helper()
-	body := streamBody(streamChunks)
+	bodies := map[string][]byte{"/api/generate": streamBody(streamChunks), "/api/chat": chatBody(streamChunks)}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		if r.URL.Path != "/api/generate" {
+		body, ok := bodies[r.URL.Path]
+		if !ok {
 			http.NotFound(w, r)
 			return
 		}

@@ -381,7 +381,7 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 		return nil, err
 	}
 	if cl.images {
-		if err := c.checkVision(ctx, op, cl.model); err != nil {
+		if err := c.checkVision(ctx, op, cl.model, cl.timeouts.or(c.opts.Timeouts)); err != nil {
 			return nil, err
 		}
 	}

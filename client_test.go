@@ -16,42 +16,49 @@ import (
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
-func TestGenerateStreamingSuccess(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 12, LoadLatency: 30 * time.Millisecond})
-	c := newTestClient(t, s, Options{})
+func TestStreamingSuccess(t *testing.T) {
+	for _, ep := range endpoints() {
+		t.Run(ep.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 12, LoadLatency: 30 * time.Millisecond})
+			c := newTestClient(t, s, Options{})
 
-	var got []Chunk
-	gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "a red fox"},
-		KeepAliveFor(time.Minute), func(ch Chunk) error { got = append(got, ch); return nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	var joined strings.Builder
-	for i, ch := range got {
-		if ch.Index != i+1 {
-			t.Errorf("chunk %d has Index %d", i, ch.Index)
-		}
-		joined.WriteString(ch.Text)
-		if ch.Bytes != joined.Len() {
-			t.Errorf("chunk %d: Bytes %d, want %d", i, ch.Bytes, joined.Len())
-		}
-	}
-	if gen.Text != joined.String() || gen.Text == "" {
-		t.Errorf("Text %q, chunks joined %q", gen.Text, joined.String())
-	}
-	if !got[len(got)-1].Done || gen.DoneReason != "stop" || gen.Chunks != len(got) {
-		t.Errorf("done %v reason %q chunks %d/%d", got[len(got)-1].Done, gen.DoneReason, gen.Chunks, len(got))
-	}
-	if !gen.Loaded || gen.Metrics.LoadDuration <= 0 {
-		t.Errorf("first call: Loaded %v, load %v; want a load", gen.Loaded, gen.Metrics.LoadDuration)
-	}
-	// The keep-alive kept it: the second call reuses it.
-	gen2, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "a red fox"}, KeepAliveFor(time.Minute), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if gen2.Loaded || s.Loads("tiny") != 1 {
-		t.Errorf("second call: Loaded %v, server loads %d; want reuse", gen2.Loaded, s.Loads("tiny"))
+			var got []Chunk
+			gen, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "a red fox"},
+				KeepAliveFor(time.Minute), func(ch Chunk) error { got = append(got, ch); return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			var joined strings.Builder
+			for i, ch := range got {
+				if ch.Index != i+1 {
+					t.Errorf("chunk %d has Index %d", i, ch.Index)
+				}
+				joined.WriteString(ch.Text)
+				if ch.Bytes != joined.Len() {
+					t.Errorf("chunk %d: Bytes %d, want %d", i, ch.Bytes, joined.Len())
+				}
+			}
+			if gen.Text != joined.String() || gen.Text == "" {
+				t.Errorf("Text %q, chunks joined %q", gen.Text, joined.String())
+			}
+			if !got[len(got)-1].Done || gen.DoneReason != "stop" || gen.Chunks != len(got) {
+				t.Errorf("done %v reason %q chunks %d/%d", got[len(got)-1].Done, gen.DoneReason, gen.Chunks, len(got))
+			}
+			if !gen.Loaded || gen.Metrics.LoadDuration <= 0 {
+				t.Errorf("first call: Loaded %v, load %v; want a load", gen.Loaded, gen.Metrics.LoadDuration)
+			}
+			if m := gen.Message(); m.Role != "assistant" || m.Content != gen.Text {
+				t.Errorf("Message() = %+v, want the assistant's reply", m)
+			}
+			// The keep-alive kept it: the second call reuses it.
+			gen2, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "a red fox"}, KeepAliveFor(time.Minute), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gen2.Loaded || s.Loads("tiny") != 1 {
+				t.Errorf("second call: Loaded %v, server loads %d; want reuse", gen2.Loaded, s.Loads("tiny"))
+			}
+		})
 	}
 }
 
@@ -67,33 +74,35 @@ func TestKeepAliveOnTheWire(t *testing.T) {
 		{"server default", KeepAliveServerDefault, true, 5 * time.Minute},
 		{"forever", KeepAliveForever, true, 100 * 365 * 24 * time.Hour},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
-			c := newTestClient(t, s, Options{KeepModelsOnClose: true})
-			if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, tt.ka, nil); err != nil {
-				t.Fatal(err)
-			}
-			if tt.resident {
-				ms, err := c.Running(t.Context())
-				if err != nil {
+	for _, ep := range endpoints() {
+		for _, tt := range tests {
+			t.Run(ep.name+"/"+tt.name, func(t *testing.T) {
+				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+				c := newTestClient(t, s, Options{KeepModelsOnClose: true})
+				if _, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "x"}, tt.ka, nil); err != nil {
 					t.Fatal(err)
 				}
-				e := findRunning(ms, "tiny")
-				if e == nil {
-					t.Fatal("model not resident")
+				if tt.resident {
+					ms, err := c.Running(t.Context())
+					if err != nil {
+						t.Fatal(err)
+					}
+					e := findRunning(ms, "tiny")
+					if e == nil {
+						t.Fatal("model not resident")
+					}
+					if left := time.Until(e.ExpiresAt); left < tt.expires-5*time.Second {
+						t.Errorf("expires in %v, want about %v", left, tt.expires)
+					}
+					return
 				}
-				if left := time.Until(e.ExpiresAt); left < tt.expires-5*time.Second {
-					t.Errorf("expires in %v, want about %v", left, tt.expires)
-				}
-				return
-			}
-			eventually(t, s, "model gone", func() bool { return !s.Listed("tiny") })
-		})
+				eventually(t, s, "model gone", func() bool { return !s.Listed("tiny") })
+			})
+		}
 	}
 }
 
-func TestGenerateStreamingFailures(t *testing.T) {
+func TestStreamingFailures(t *testing.T) {
 	const ms = time.Millisecond
 	tests := []struct {
 		name     string
@@ -119,93 +128,107 @@ func TestGenerateStreamingFailures(t *testing.T) {
 		{name: "total timeout", fault: []sim.Fault{sim.StallAfter(2, 5*time.Second)},
 			timeouts: Timeouts{Total: 150 * ms}, kind: KindTimeout, cause: ErrTotalTimeout, canceled: true},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 8})
-			c := newTestClient(t, s, Options{})
-			model := "tiny"
-			if tt.model != "" {
-				model = tt.model
-			}
-			if len(tt.fault) > 0 {
-				if err := s.FailNext("tiny", tt.fault...); err != nil {
-					t.Fatal(err)
+	for _, ep := range endpoints() {
+		for _, tt := range tests {
+			t.Run(ep.name+"/"+tt.name, func(t *testing.T) {
+				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 8})
+				c := newTestClient(t, s, Options{})
+				model := "tiny"
+				if tt.model != "" {
+					model = tt.model
 				}
+				if len(tt.fault) > 0 {
+					if err := s.FailNext("tiny", tt.fault...); err != nil {
+						t.Fatal(err)
+					}
+				}
+				start := time.Now()
+				gen, err := ep.run(t.Context(), c, &GenerateRequest{Model: model, Prompt: "x", Timeouts: tt.timeouts}, KeepAliveUnload, nil)
+				if err == nil {
+					t.Fatalf("got success %q, want a %v error", gen.Text, tt.kind)
+				}
+				if !errors.Is(err, tt.kind) {
+					t.Fatalf("error %v: kind %v, want %v", err, KindOf(err), tt.kind)
+				}
+				if tt.cause != nil && !errors.Is(err, tt.cause) {
+					t.Errorf("error %v does not wrap %v", err, tt.cause)
+				}
+				if elapsed := time.Since(start); elapsed > 3*time.Second {
+					t.Errorf("took %v: a timeout did not cut the stall", elapsed)
+				}
+				if tt.canceled {
+					eventually(t, s, "server sees the request canceled", func() bool { return s.Cancelled("tiny") == 1 })
+				}
+				// Whatever happened, keep-alive 0 leaves nothing resident.
+				eventually(t, s, "model gone", func() bool { return !s.Listed("tiny") || s.Running()[0].Dead })
+			})
+		}
+	}
+}
+
+func TestStreamingCallerCancel(t *testing.T) {
+	for _, ep := range endpoints() {
+		t.Run(ep.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 100, TokenLatency: 5 * time.Millisecond})
+			c := newTestClient(t, s, Options{})
+			ctx, cancel := context.WithCancelCause(t.Context())
+			stop := errors.New("user pressed stop")
+			_, err := ep.run(ctx, c, &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, func(ch Chunk) error {
+				if ch.Index == 3 {
+					cancel(stop)
+				}
+				return nil
+			})
+			if !errors.Is(err, KindCanceled) || !errors.Is(err, stop) {
+				t.Fatalf("got %v, want KindCanceled wrapping the cause", err)
 			}
-			start := time.Now()
-			gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: model, Prompt: "x", Timeouts: tt.timeouts}, KeepAliveUnload, nil)
-			if err == nil {
-				t.Fatalf("got success %q, want a %v error", gen.Text, tt.kind)
-			}
-			if !errors.Is(err, tt.kind) {
-				t.Fatalf("error %v: kind %v, want %v", err, KindOf(err), tt.kind)
-			}
-			if tt.cause != nil && !errors.Is(err, tt.cause) {
-				t.Errorf("error %v does not wrap %v", err, tt.cause)
-			}
-			if elapsed := time.Since(start); elapsed > 3*time.Second {
-				t.Errorf("took %v: a timeout did not cut the stall", elapsed)
-			}
-			if tt.canceled {
-				eventually(t, s, "server sees the request canceled", func() bool { return s.Cancelled("tiny") == 1 })
-			}
-			// Whatever happened, keep-alive 0 leaves nothing resident.
-			eventually(t, s, "model gone", func() bool { return !s.Listed("tiny") || s.Running()[0].Dead })
+			eventually(t, s, "server sees the cancel", func() bool { return s.Cancelled("tiny") == 1 })
+			eventually(t, s, "model gone", func() bool { return !s.Listed("tiny") })
 		})
 	}
 }
 
-func TestGenerateStreamingCallerCancel(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 100, TokenLatency: 5 * time.Millisecond})
-	c := newTestClient(t, s, Options{})
-	ctx, cancel := context.WithCancelCause(t.Context())
-	stop := errors.New("user pressed stop")
-	_, err := c.GenerateStreaming(ctx, &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, func(ch Chunk) error {
-		if ch.Index == 3 {
-			cancel(stop)
-		}
-		return nil
-	})
-	if !errors.Is(err, KindCanceled) || !errors.Is(err, stop) {
-		t.Fatalf("got %v, want KindCanceled wrapping the cause", err)
-	}
-	eventually(t, s, "server sees the cancel", func() bool { return s.Cancelled("tiny") == 1 })
-	eventually(t, s, "model gone", func() bool { return !s.Listed("tiny") })
-}
-
-func TestGenerateStreamingCallbackError(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 50, TokenLatency: time.Millisecond})
-	c := newTestClient(t, s, Options{})
-	enough := errors.New("enough")
-	_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, func(ch Chunk) error {
-		if ch.Index == 2 {
-			return enough
-		}
-		return nil
-	})
-	if !errors.Is(err, KindCanceled) || !errors.Is(err, enough) {
-		t.Fatalf("got %v, want KindCanceled wrapping the callback's error", err)
+func TestStreamingCallbackError(t *testing.T) {
+	for _, ep := range endpoints() {
+		t.Run(ep.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 50, TokenLatency: time.Millisecond})
+			c := newTestClient(t, s, Options{})
+			enough := errors.New("enough")
+			_, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, func(ch Chunk) error {
+				if ch.Index == 2 {
+					return enough
+				}
+				return nil
+			})
+			if !errors.Is(err, KindCanceled) || !errors.Is(err, enough) {
+				t.Fatalf("got %v, want KindCanceled wrapping the callback's error", err)
+			}
+		})
 	}
 }
 
-func TestGenerateStreamingNoServer(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
-	c, err := NewClient(Options{Host: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, err = c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, nil)
-	if !errors.Is(err, KindUnavailable) {
-		t.Fatalf("got %v (kind %v), want unavailable", err, KindOf(err))
-	}
-	if _, err := c.UnloadModel(t.Context(), "tiny"); !errors.Is(err, KindUnavailable) {
-		t.Fatalf("unload: got %v, want unavailable", err)
+func TestStreamingNoServer(t *testing.T) {
+	for _, ep := range endpoints() {
+		t.Run(ep.name, func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := l.Addr().String()
+			l.Close() // nothing listens there now
+			c, err := NewClient(Options{Host: addr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, err = ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, nil)
+			if !errors.Is(err, KindUnavailable) {
+				t.Fatalf("got %v (kind %v), want unavailable", err, KindOf(err))
+			}
+			if _, err := c.UnloadModel(t.Context(), "tiny"); !errors.Is(err, KindUnavailable) {
+				t.Fatalf("unload: got %v, want unavailable", err)
+			}
+		})
 	}
 }
 

@@ -15,6 +15,18 @@
 // (a load another program started shows only there), re-sending unloads
 // Ollama lost; [UnloadReport.Checked] names the checks made.
 //
+// # Chat, images and structured output
+//
+// [OllamaClient.ChatStreaming] (and [Session.Chat], [Guard.Chat]) runs a
+// chat turn on the same path as a generation, with every promise above:
+// messages, tools and tool calls pass through, [ChatRequest.Format] asks
+// for "json" or a JSON schema, Think a thinking model's reasoning. Images
+// ([GenerateRequest.Images], api.Message.Images) are checked before
+// anything is sent: PNG, JPEG or WebP by their bytes ([ImageType]), at
+// most [MaxImageBytes], and a model that cannot see fails with
+// [ErrNoVision], from /api/show's capabilities or the server's own
+// refusal.
+//
 // # Which call unloads what
 //
 // "Cuts": the call cancels this client's own generations on the model that

@@ -63,7 +63,13 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 // owns its HTTP client).
 func streamFromBody(status int, body []byte, tail error) (*Generation, []Chunk, error) {
 	hc := &http.Client{Transport: &bodyTransport{status: status, body: body, tail: tail}}
-	return streamWith(Options{Host: "http://fuzz.invalid:11434", HTTPClient: hc, KeepModelsOnClose: true})
+	return streamWith(Options{Host: "http://fuzz.invalid:11434", HTTPClient: hc, KeepModelsOnClose: true}, false)
+}
+
+// streamChatFromBody is streamFromBody for a chat.
+func streamChatFromBody(status int, body []byte, tail error) (*Generation, []Chunk, error) {
+	hc := &http.Client{Transport: &bodyTransport{status: status, body: body, tail: tail}}
+	return streamWith(Options{Host: "http://fuzz.invalid:11434", HTTPClient: hc, KeepModelsOnClose: true}, true)
 }
 
 // streamFromBodyAPI is streamFromBody through api.Client.Generate
@@ -71,21 +77,26 @@ func streamFromBody(status int, body []byte, tail error) (*Generation, []Chunk, 
 func streamFromBodyAPI(status int, body []byte, tail error) (*Generation, []Chunk, error) {
 	u, _ := url.Parse("http://fuzz.invalid:11434")
 	hc := &http.Client{Transport: &bodyTransport{status: status, body: body, tail: tail}}
-	return streamWith(Options{API: api.NewClient(u, hc), KeepModelsOnClose: true})
+	return streamWith(Options{API: api.NewClient(u, hc), KeepModelsOnClose: true}, false)
 }
 
-func streamWith(opts Options) (*Generation, []Chunk, error) {
+func streamWith(opts Options, chat bool) (*Generation, []Chunk, error) {
 	c, err := NewClient(opts)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer c.Close()
 	var chunks []Chunk
-	gen, err := c.GenerateStreaming(context.Background(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload,
-		func(ch Chunk) error {
-			chunks = append(chunks, ch)
-			return nil
-		})
+	fn := func(ch Chunk) error {
+		chunks = append(chunks, ch)
+		return nil
+	}
+	var gen *Generation
+	if chat {
+		gen, err = c.ChatStreaming(context.Background(), &ChatRequest{Model: "tiny", Messages: []api.Message{{Role: "user", Content: "x"}}}, KeepAliveUnload, fn)
+	} else {
+		gen, err = c.GenerateStreaming(context.Background(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, fn)
+	}
 	return gen, chunks, err
 }
 
@@ -150,44 +161,64 @@ func streamSeeds(f *testing.F) {
 func FuzzGenerateStream(f *testing.F) {
 	streamSeeds(f)
 	f.Fuzz(func(t *testing.T, body []byte, status uint16, tail uint8) {
-		code := 200
-		if status >= 200 && status < 600 && (status < 300 || status >= 400) {
-			code = int(status) // no 1xx (transport-level) or 3xx (redirects)
-		}
-		var tailErr error
-		switch tail % 4 {
-		case 1:
-			tailErr = syscall.ECONNRESET
-		case 2:
-			tailErr = io.ErrUnexpectedEOF
-		case 3:
-			tailErr = errors.New("http2: stream closed")
-		}
-		gen, chunks, err := streamFromBody(code, body, tailErr)
-		if err != nil {
-			var e *Error
-			if !errors.As(err, &e) || !validKind(e.Kind) || e.Kind == KindCanceled {
-				t.Fatalf("error %v (%T, kind %v): want an *Error of a valid kind", err, err, KindOf(err))
-			}
-			if gen != nil {
-				t.Fatalf("a generation with the error %v", err)
-			}
-			return
-		}
-		if code >= 400 {
-			t.Fatalf("success from a %d reply", code)
-		}
-		if len(chunks) == 0 || !slicesContainsDone(chunks) || !hasDoneLine(body) {
-			t.Fatalf("success without a done line: %d chunks, body %.200q", len(chunks), body)
-		}
-		var text strings.Builder
-		for _, ch := range chunks {
-			text.WriteString(ch.Text)
-		}
-		if gen.Text != text.String() || gen.Chunks != len(chunks) {
-			t.Fatalf("generation text %q (%d chunks) differs from the chunks %q (%d)", gen.Text, gen.Chunks, text.String(), len(chunks))
-		}
+		checkStream(t, body, status, tail, streamFromBody)
 	})
+}
+
+// FuzzChatStream: the same rules for a chat's reply, whose text is in
+// message.content (the generation seeds teach it the shapes of lines).
+func FuzzChatStream(f *testing.F) {
+	streamSeeds(f)
+	line := func(v any) string { b, _ := json.Marshal(v); return string(b) + "\n" }
+	f.Add([]byte(line(api.ChatResponse{Message: api.Message{Role: "assistant", Content: "a castle"}})+
+		line(api.ChatResponse{Message: api.Message{ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "f"}}}}})+
+		line(api.ChatResponse{Done: true, DoneReason: "stop"})), uint16(200), uint8(0))
+	f.Fuzz(func(t *testing.T, body []byte, status uint16, tail uint8) {
+		checkStream(t, body, status, tail, streamChatFromBody)
+	})
+}
+
+func checkStream(t *testing.T, body []byte, status uint16, tail uint8, stream func(int, []byte, error) (*Generation, []Chunk, error)) {
+	code := 200
+	if status >= 200 && status < 600 && (status < 300 || status >= 400) {
+		code = int(status) // no 1xx (transport-level) or 3xx (redirects)
+	}
+	var tailErr error
+	switch tail % 4 {
+	case 1:
+		tailErr = syscall.ECONNRESET
+	case 2:
+		tailErr = io.ErrUnexpectedEOF
+	case 3:
+		tailErr = errors.New("http2: stream closed")
+	}
+	gen, chunks, err := stream(code, body, tailErr)
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) || !validKind(e.Kind) || e.Kind == KindCanceled {
+			t.Fatalf("error %v (%T, kind %v): want an *Error of a valid kind", err, err, KindOf(err))
+		}
+		if gen != nil {
+			t.Fatalf("a generation with the error %v", err)
+		}
+		return
+	}
+	if code >= 400 {
+		t.Fatalf("success from a %d reply", code)
+	}
+	if len(chunks) == 0 || !slicesContainsDone(chunks) || !hasDoneLine(body) {
+		t.Fatalf("success without a done line: %d chunks, body %.200q", len(chunks), body)
+	}
+	var text strings.Builder
+	var calls int
+	for _, ch := range chunks {
+		text.WriteString(ch.Text)
+		calls += len(ch.ToolCalls)
+	}
+	if gen.Text != text.String() || gen.Chunks != len(chunks) || len(gen.ToolCalls) != calls {
+		t.Fatalf("generation text %q (%d chunks, %d tool calls) differs from the chunks %q (%d, %d)",
+			gen.Text, gen.Chunks, len(gen.ToolCalls), text.String(), len(chunks), calls)
+	}
 }
 
 func slicesContainsDone(chunks []Chunk) bool {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
@@ -49,4 +50,37 @@ func eventually(t *testing.T, s *sim.Server, what string, cond func() bool) {
 	if err := s.WaitFor(ctx, cond); err != nil {
 		t.Fatalf("waiting for %s: %v", what, err)
 	}
+}
+
+// endpoint is one way to stream a reply: every streaming contract holds
+// for each (endpoints).
+type endpoint struct {
+	name string
+	run  func(ctx context.Context, c *OllamaClient, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error)
+}
+
+// endpoints returns generation and chat, the chat carrying req as a
+// system and a user message.
+func endpoints() []endpoint {
+	return []endpoint{
+		{"generate", func(ctx context.Context, c *OllamaClient, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error) {
+			return c.GenerateStreaming(ctx, req, ka, fn)
+		}},
+		{"chat", func(ctx context.Context, c *OllamaClient, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error) {
+			return c.ChatStreaming(ctx, chatOf(req), ka, fn)
+		}},
+	}
+}
+
+// chatOf is the chat that asks what req asks.
+func chatOf(req *GenerateRequest) *ChatRequest {
+	if req == nil {
+		return nil
+	}
+	var msgs []api.Message
+	if req.System != "" {
+		msgs = append(msgs, api.Message{Role: "system", Content: req.System})
+	}
+	msgs = append(msgs, api.Message{Role: "user", Content: req.Prompt, Images: req.Images})
+	return &ChatRequest{Model: req.Model, Messages: msgs, Format: req.Format, Think: req.Think, Options: req.Options, Timeouts: req.Timeouts}
 }

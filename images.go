@@ -2,6 +2,7 @@ package vramguard
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -89,12 +90,20 @@ func validFormat(op, model string, f json.RawMessage) error {
 // ErrNoVision when the server lists the model's capabilities without
 // "vision", and with the server's error when the model does not exist.
 // A server that lists no capabilities, or fails otherwise, leaves the
-// verdict to the request itself.
-func (c *OllamaClient) checkVision(ctx context.Context, op, model string) error {
-	resp, err := c.api.Show(ctx, &api.ShowRequest{Model: model})
+// verdict to the request itself. The question counts against the call's
+// first-chunk timeout (t), which bounds it.
+func (c *OllamaClient) checkVision(ctx context.Context, op, model string, t Timeouts) error {
+	sctx, cancel := ctx, context.CancelFunc(func() {})
+	if limit := min(t.FirstChunk, cmp.Or(t.Total, t.FirstChunk)); limit > 0 {
+		sctx, cancel = context.WithTimeoutCause(ctx, limit, ErrFirstChunkTimeout)
+	}
+	defer cancel()
+	resp, err := c.api.Show(sctx, &api.ShowRequest{Model: model})
 	switch {
 	case ctx.Err() != nil:
 		return newError(op, model, KindCanceled, context.Cause(ctx))
+	case sctx.Err() != nil:
+		return newError(op, model, KindTimeout, fmt.Errorf("%w: asking the model's capabilities (/api/show)", context.Cause(sctx)))
 	case err != nil && classify(err) == KindNotFound:
 		return newError(op, model, KindNotFound, err)
 	case err != nil:

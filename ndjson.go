@@ -97,7 +97,7 @@ func (c *OllamaClient) chatNDJSON(ctx context.Context, req *api.ChatRequest, fn 
 		return fn(api.ChatResponse{
 			Model:      r.Model,
 			CreatedAt:  r.CreatedAt,
-			Message:    r.Message,
+			Message:    api.Message{Role: r.Message.Role, Content: r.Message.Content, Thinking: r.Message.Thinking, ToolCalls: r.Message.ToolCalls},
 			Done:       r.Done,
 			DoneReason: r.DoneReason,
 			Metrics:    r.Metrics,
@@ -179,11 +179,20 @@ func replyStatusError(resp *http.Response) error {
 // has its text in Message instead of Response.
 type replyLine struct {
 	api.GenerateResponse
-	Message api.Message `json:"message"`
-	Error   string      `json:"error"`
+	Message replyMessage `json:"message"`
+	Error   string       `json:"error"`
 	// Context shadows GenerateResponse.Context (the shallower field wins):
 	// the array is checked, as []int would be, and not kept.
 	Context contextTokens `json:"context"`
+}
+
+// replyMessage is the part of a chat line's message the stream reads. It
+// is not api.Message, whose UnmarshalJSON decodes every line twice.
+type replyMessage struct {
+	Role      string         `json:"role"`
+	Content   string         `json:"content"`
+	Thinking  string         `json:"thinking"`
+	ToolCalls []api.ToolCall `json:"tool_calls"`
 }
 
 // contextTokens decodes the deprecated context array without keeping it.

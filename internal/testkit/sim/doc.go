@@ -34,6 +34,43 @@
 //   - A crashed runner stays listed in /api/ps and is reloaded silently by
 //     the next request.
 //
+// # Requests and replies
+//
+// Every chat line is the assistant's message: content, thinking, and the
+// tool calls of a [Chunk] (given IDs "call_<8 digits>" where they have
+// none, as Ollama gives each parsed tool call one; generate drops them).
+// Replies come from [ModelConfig.RespondTo], which sees the whole request,
+// else [ModelConfig.Respond], which sees the prompt, else a deterministic
+// default: words derived from the prompt or, when the request sets a
+// format, JSON split across the chunks: {"text":"..."} for "json", and
+// for a JSON schema a small instance of it (strings get the words, numbers
+// 0, booleans false, arrays minItems items, objects every property and
+// required name).
+//
+// [ModelConfig.Thinking], [ModelConfig.Tools] and [ModelConfig.Vision]
+// are reported as /api/show capabilities and checked like Ollama v0.17.4:
+//
+//   - "think": true for a model without Thinking: 400 "\"<model as sent>\"
+//     does not support thinking", before loading.
+//   - chat tools for a model without Tools: 400 "<full name> does not
+//     support tools" ("registry.ollama.ai/library/tiny:latest ..."), before
+//     loading, like scheduleRunner's capability check.
+//   - a format other than absent, null, "", "json" or a JSON object: 500
+//     "invalid format: <%q of the raw value>; expected \"json\" or a valid
+//     JSON Schema object", once the model is loaded (llm/server.go).
+//   - images, on generate or in any chat message, for a model without
+//     Vision: 500 "Failed to create new sequence: failed to process
+//     inputs: this model is missing data required for image input" once
+//     the model is loaded, before any chunk: what the new-engine runner
+//     answers for a model without vision weights. (A v0.17.4 llama-family
+//     text model ignores images instead; the simulator errs so that tests
+//     can see a refusal.)
+//
+// Refused requests count in [Stats].Requests, and a request only for
+// loading (empty prompt or no messages) passes every check but the first
+// two. [Server.Calls] returns what the server received, the last 64
+// requests per model, unloads excepted.
+//
 // # Simulated GPU memory
 //
 // A ledger stands in for the GPU: a loading or loaded model holds its

@@ -66,3 +66,53 @@ func ExampleServer_FailNext() {
 	// Output:
 	// 500 Internal Server Error: llama runner process has terminated: exit status 2
 }
+
+func ExampleServer_Calls() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{
+		Name:  "tiny",
+		Tools: true,
+		// Call a tool once, then answer with what it returned.
+		RespondTo: func(r sim.Call) []sim.Chunk {
+			last := r.Messages[len(r.Messages)-1]
+			if last.Role == "tool" {
+				return []sim.Chunk{{Text: "It is " + last.Content + "."}}
+			}
+			return []sim.Chunk{{ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "get_weather"}}}}}
+		},
+	}}})
+	defer s.Close()
+	c := s.Client()
+	ctx := context.Background()
+	tools := api.Tools{{Type: "function", Function: api.ToolFunction{Name: "get_weather"}}}
+
+	msgs := []api.Message{{Role: "user", Content: "Weather?"}}
+	for range 2 {
+		var reply api.Message
+		err := c.Chat(ctx, &api.ChatRequest{Model: "tiny", Messages: msgs, Tools: tools}, func(r api.ChatResponse) error {
+			reply.Role = r.Message.Role
+			reply.Content += r.Message.Content
+			reply.ToolCalls = append(reply.ToolCalls, r.Message.ToolCalls...)
+			return nil
+		})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		msgs = append(msgs, reply)
+		for _, tc := range reply.ToolCalls {
+			fmt.Println("call", tc.ID, tc.Function.Name)
+			msgs = append(msgs, api.Message{Role: "tool", ToolName: tc.Function.Name, ToolCallID: tc.ID, Content: "sunny"})
+		}
+		if reply.Content != "" {
+			fmt.Println(reply.Role+":", reply.Content)
+		}
+	}
+	for _, call := range s.Calls("tiny") {
+		fmt.Println(call.Endpoint, len(call.Messages), "messages")
+	}
+	// Output:
+	// call call_00000001 get_weather
+	// assistant: It is sunny.
+	// chat 1 messages
+	// chat 3 messages
+}

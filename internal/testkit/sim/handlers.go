@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ollama/ollama/api"
@@ -36,36 +37,35 @@ func (s *Server) routes() http.Handler {
 	return mux
 }
 
-// call is a generate or chat request, reduced to what the simulator uses.
+// call is a generate or chat request being served.
 type call struct {
-	chat      bool
-	model     string // as sent
-	prompt    string
-	empty     bool // no prompt (generate) or no messages (chat)
-	keepAlive *api.Duration
-	stream    bool
-	options   map[string]any
-	think     *api.ThinkValue
+	Call          // as received
+	prompt string // generate's prompt, or the content of chat's last message
+	empty  bool   // no prompt (generate) or no messages (chat)
+	stream bool
 }
 
-// frame builds one reply object of the call's endpoint.
-func (c *call) frame(text, thinking string, done bool, reason string, met api.Metrics) any {
+func (c *call) chat() bool { return c.Endpoint == "chat" }
+
+// frame builds one reply object of the call's endpoint. Tool calls go into
+// a chat message and are dropped by generate.
+func (c *call) frame(ch Chunk, done bool, reason string, met api.Metrics) any {
 	now := time.Now().UTC()
-	if c.chat {
+	if c.chat() {
 		return api.ChatResponse{
-			Model:      c.model,
+			Model:      c.Model,
 			CreatedAt:  now,
-			Message:    api.Message{Role: "assistant", Content: text, Thinking: thinking},
+			Message:    api.Message{Role: "assistant", Content: ch.Text, Thinking: ch.Thinking, ToolCalls: ch.ToolCalls},
 			Done:       done,
 			DoneReason: reason,
 			Metrics:    met,
 		}
 	}
 	return api.GenerateResponse{
-		Model:      c.model,
+		Model:      c.Model,
 		CreatedAt:  now,
-		Response:   text,
-		Thinking:   thinking,
+		Response:   ch.Text,
+		Thinking:   ch.Thinking,
 		Done:       done,
 		DoneReason: reason,
 		Metrics:    met,
@@ -79,13 +79,21 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.serve(w, r, &call{
-		model:     req.Model,
-		prompt:    req.Prompt,
-		empty:     req.Prompt == "",
-		keepAlive: req.KeepAlive,
-		stream:    req.Stream == nil || *req.Stream,
-		options:   req.Options,
-		think:     req.Think,
+		Call: Call{
+			Endpoint:  "generate",
+			Model:     req.Model,
+			Prompt:    req.Prompt,
+			System:    req.System,
+			Images:    req.Images,
+			Format:    req.Format,
+			Think:     req.Think,
+			Options:   req.Options,
+			KeepAlive: req.KeepAlive,
+			Stream:    req.Stream,
+		},
+		prompt: req.Prompt,
+		empty:  req.Prompt == "",
+		stream: req.Stream == nil || *req.Stream,
 	})
 }
 
@@ -104,14 +112,20 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		prompt = req.Messages[n-1].Content
 	}
 	s.serve(w, r, &call{
-		chat:      true,
-		model:     req.Model,
-		prompt:    prompt,
-		empty:     len(req.Messages) == 0,
-		keepAlive: req.KeepAlive,
-		stream:    req.Stream == nil || *req.Stream,
-		options:   req.Options,
-		think:     req.Think,
+		Call: Call{
+			Endpoint:  "chat",
+			Model:     req.Model,
+			Messages:  req.Messages,
+			Tools:     req.Tools,
+			Format:    req.Format,
+			Think:     req.Think,
+			Options:   req.Options,
+			KeepAlive: req.KeepAlive,
+			Stream:    req.Stream,
+		},
+		prompt: prompt,
+		empty:  len(req.Messages) == 0,
+		stream: req.Stream == nil || *req.Stream,
 	})
 }
 
@@ -121,23 +135,31 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, c *call) {
 	start := time.Now()
 
 	s.mu.Lock()
-	m, err := s.lookupLocked(c.model)
+	m, err := s.lookupLocked(c.Model)
 	if err != nil {
 		s.mu.Unlock()
-		writeError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", c.model))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", c.Model))
 		return
 	}
 	m.stats.Requests++
 	s.notifyLocked()
-	if c.empty && c.keepAlive != nil && c.keepAlive.Duration == 0 {
+	if c.empty && c.KeepAlive != nil && c.KeepAlive.Duration == 0 {
 		s.expireLocked(m)
 		s.mu.Unlock()
-		writeJSON(w, http.StatusOK, c.frame("", "", true, "unload", api.Metrics{}))
+		writeJSON(w, http.StatusOK, c.frame(Chunk{}, true, "unload", api.Metrics{}))
 		return
 	}
-	if c.think != nil && c.think.Bool() && !m.cfg.Thinking {
+	s.recordLocked(m, c.Call)
+	// Capabilities are checked before scheduling, as Ollama's handlers and
+	// scheduleRunner do.
+	if c.Think != nil && c.Think.Bool() && !m.cfg.Thinking {
 		s.mu.Unlock()
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q does not support thinking", c.model))
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q does not support thinking", c.Model))
+		return
+	}
+	if len(c.Tools) > 0 && !m.cfg.Tools {
+		s.mu.Unlock()
+		writeError(w, http.StatusBadRequest, m.name+" does not support tools")
 		return
 	}
 	fs := s.takeFaultsLocked(m)
@@ -149,8 +171,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, c *call) {
 		return
 	}
 	var keepAlive *time.Duration
-	if c.keepAlive != nil {
-		keepAlive = &c.keepAlive.Duration
+	if c.KeepAlive != nil {
+		keepAlive = &c.KeepAlive.Duration
 	}
 	rn, loadDur, err := s.acquire(ctx, m, keepAlive, fs)
 	if err != nil {
@@ -170,32 +192,49 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, c *call) {
 	defer s.release(rn, true)
 
 	if c.empty {
-		writeJSON(w, http.StatusOK, c.frame("", "", true, "load", api.Metrics{}))
+		writeJSON(w, http.StatusOK, c.frame(Chunk{}, true, "load", api.Metrics{}))
 		return
 	}
-	s.generate(ctx, w, c, rn, cfg, fs, start, loadDur)
+	// The format and the images are refused only by the loaded runner, as
+	// in Ollama: the model stays loaded.
+	schema, err := parseFormat(c.Format)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if c.ImageCount() > 0 && !cfg.Vision {
+		writeError(w, http.StatusInternalServerError, msgNoVision)
+		return
+	}
+	s.generate(ctx, w, c, rn, cfg, schema, fs, start, loadDur)
 }
 
-// generate streams the reply of a call holding runner rn.
-func (s *Server) generate(ctx context.Context, w http.ResponseWriter, c *call, rn *runner, cfg ModelConfig, fs faults, start time.Time, loadDur time.Duration) {
+// generate streams the reply of a call holding runner rn. schema is the
+// request's parsed format (see parseFormat).
+func (s *Server) generate(ctx context.Context, w http.ResponseWriter, c *call, rn *runner, cfg ModelConfig, schema any, fs faults, start time.Time, loadDur time.Duration) {
 	var chunks []Chunk
-	if cfg.Respond != nil {
+	switch {
+	case cfg.RespondTo != nil:
+		chunks = cfg.RespondTo(c.Call)
+	case cfg.Respond != nil:
 		chunks = cfg.Respond(c.prompt)
-	} else {
+	case schema != nil:
+		chunks = jsonResponse(c.prompt, schema, cfg.Chunks, cfg.Thinking)
+	default:
 		chunks = defaultResponse(c.prompt, cfg.Chunks, cfg.Thinking)
 	}
-	if !cfg.Thinking || (c.think != nil && !c.think.Bool()) {
+	if !cfg.Thinking || (c.Think != nil && !c.Think.Bool()) {
 		chunks = withoutThinking(chunks)
 	}
 	reason := "stop"
-	if n := numPredict(c.options); n > 0 && n < len(chunks) {
+	if n := numPredict(c.Options); n > 0 && n < len(chunks) {
 		chunks, reason = chunks[:n], "length"
 	}
 	if fs.repeat() {
 		chunks = slices.Repeat([]Chunk{{Text: " la"}}, len(chunks))
 	}
 
-	out := &replier{w: w, rc: http.NewResponseController(w), c: c}
+	out := &replier{w: w, rc: http.NewResponseController(w), c: c, ids: &s.toolCallIDs}
 	// stop reports a cut-short generation; a gone client counts as cancelled.
 	stop := func(err error) {
 		if ctx.Err() != nil || !errors.Is(err, errClosed) {
@@ -292,17 +331,37 @@ type replier struct {
 	w              http.ResponseWriter
 	rc             *http.ResponseController
 	c              *call
+	ids            *atomic.Uint64 // numbers tool calls that come without an ID
 	wrote          bool
 	text, thinking strings.Builder // accumulated when not streaming
+	toolCalls      []api.ToolCall  // accumulated when not streaming
 }
 
 func (o *replier) chunk(ch Chunk) error {
+	ch.ToolCalls = o.withIDs(ch.ToolCalls)
 	if !o.c.stream {
 		o.text.WriteString(ch.Text)
 		o.thinking.WriteString(ch.Thinking)
+		o.toolCalls = append(o.toolCalls, ch.ToolCalls...)
 		return nil
 	}
-	return o.line(o.c.frame(ch.Text, ch.Thinking, false, "", api.Metrics{}))
+	return o.line(o.c.frame(ch, false, "", api.Metrics{}))
+}
+
+// withIDs returns tcs with an ID for each call that has none, as Ollama's
+// chat handler gives each parsed tool call ("call_" and 8 characters). It
+// does not modify tcs, which may belong to the test.
+func (o *replier) withIDs(tcs []api.ToolCall) []api.ToolCall {
+	if len(tcs) == 0 {
+		return nil
+	}
+	tcs = slices.Clone(tcs)
+	for i := range tcs {
+		if tcs[i].ID == "" {
+			tcs[i].ID = fmt.Sprintf("call_%08d", o.ids.Add(1))
+		}
+	}
+	return tcs
 }
 
 func (o *replier) line(v any) error {
@@ -320,13 +379,19 @@ func (o *replier) line(v any) error {
 	return o.rc.Flush()
 }
 
+// whole is the single reply object when not streaming.
+func (o *replier) whole(done bool, reason string, met api.Metrics) any {
+	ch := Chunk{Text: o.text.String(), Thinking: o.thinking.String(), ToolCalls: o.toolCalls}
+	return o.c.frame(ch, done, reason, met)
+}
+
 // done sends the final done:true object.
 func (o *replier) done(reason string, met api.Metrics) error {
 	if !o.c.stream {
-		writeJSON(o.w, http.StatusOK, o.c.frame(o.text.String(), o.thinking.String(), true, reason, met))
+		writeJSON(o.w, http.StatusOK, o.whole(true, reason, met))
 		return nil
 	}
-	return o.line(o.c.frame("", "", true, reason, met))
+	return o.line(o.c.frame(Chunk{}, true, reason, met))
 }
 
 // fail ends the reply with an error: a status reply if nothing was sent,
@@ -343,7 +408,7 @@ func (o *replier) fail(msg string) {
 // what it has with done false.
 func (o *replier) cut() {
 	if !o.c.stream {
-		writeJSON(o.w, http.StatusOK, o.c.frame(o.text.String(), o.thinking.String(), false, "", api.Metrics{}))
+		writeJSON(o.w, http.StatusOK, o.whole(false, "", api.Metrics{}))
 	}
 }
 
@@ -426,7 +491,14 @@ func (s *Server) handleShow(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", name))
 		return
 	}
+	// In the order of Ollama's Model.Capabilities.
 	caps := []omodel.Capability{omodel.CapabilityCompletion}
+	if cfg.Tools {
+		caps = append(caps, omodel.CapabilityTools)
+	}
+	if cfg.Vision {
+		caps = append(caps, omodel.CapabilityVision)
+	}
 	if cfg.Thinking {
 		caps = append(caps, omodel.CapabilityThinking)
 	}
@@ -501,8 +573,8 @@ func numPredict(opts map[string]any) int {
 func withoutThinking(chunks []Chunk) []Chunk {
 	out := make([]Chunk, 0, len(chunks))
 	for _, ch := range chunks {
-		if ch.Text != "" {
-			out = append(out, Chunk{Text: ch.Text})
+		if ch.Text != "" || len(ch.ToolCalls) > 0 {
+			out = append(out, Chunk{Text: ch.Text, ToolCalls: ch.ToolCalls})
 		}
 	}
 	return out

@@ -47,7 +47,7 @@ type ModelConfig struct {
 	TokenLatency time.Duration
 
 	// Chunks is how many chunks the default generator produces.
-	// Zero means DefaultChunks. Ignored when Respond is set.
+	// Zero means DefaultChunks. Ignored when Respond or RespondTo is set.
 	Chunks int
 
 	// Thinking marks a thinking model: the default generator then starts with
@@ -56,10 +56,30 @@ type ModelConfig struct {
 	// Thinking gets Ollama's 400 error.
 	Thinking bool
 
+	// Tools marks a model whose template supports tools: /api/show lists
+	// the "tools" capability. A chat request with tools for a model without
+	// Tools gets Ollama's 400 error "<full name> does not support tools"
+	// before the model is loaded.
+	Tools bool
+
+	// Vision marks a model with a vision projector: /api/show lists the
+	// "vision" capability. A request with images for a model without
+	// Vision loads the model and then fails with 500, as Ollama's runner
+	// does (see the package documentation for the text).
+	Vision bool
+
 	// Respond, if set, produces the chunks of a reply to prompt (for chat,
 	// the content of the last message). The per-request option num_predict
 	// caps how many are sent. It must be safe for concurrent use.
+	// RespondTo, if set, is used instead.
 	Respond func(prompt string) []Chunk
+
+	// RespondTo, if set, produces the chunks of a reply to the request r,
+	// for replies that depend on the messages, tools, format or images.
+	// It is used instead of Respond; num_predict caps the chunks as for
+	// Respond. It must be safe for concurrent use and must not modify r's
+	// slices and maps, which [Server.Calls] shares.
+	RespondTo func(r Call) []Chunk
 
 	// Details is reported by /api/ps, /api/tags and /api/show.
 	// A zero value reports a GGUF llama model.
@@ -89,6 +109,11 @@ const ModelsDir = "/sim/.ollama/models"
 type Chunk struct {
 	Text     string // the "response" (generate) or message "content" (chat)
 	Thinking string // the "thinking" field; dropped when the request disables thinking
+
+	// ToolCalls go into the chat message's "tool_calls", each given an ID
+	// ("call_" and 8 digits) if it has none, as Ollama does. Generate
+	// replies drop them.
+	ToolCalls []api.ToolCall
 }
 
 // modelName resolves name like Ollama: key is used for matching, short is
@@ -193,23 +218,37 @@ const vocabulary = "alpha bravo charlie delta echo foxtrot golf hotel " +
 // defaultResponse derives n words deterministically from prompt, preceded
 // by thinking chunks when thinking is set.
 func defaultResponse(prompt string, n int, thinking bool) []Chunk {
-	words := strings.Fields(vocabulary)
-	h := fnv.New32a()
-	h.Write([]byte(prompt))
-	seed := int(h.Sum32() % uint32(len(words)))
-
 	var out []Chunk
 	if thinking {
-		for i := range 3 {
-			out = append(out, Chunk{Thinking: fmt.Sprintf("thought %d. ", i+1)})
-		}
+		out = thoughts()
 	}
-	for i := range n {
-		w := words[(seed+i)%len(words)]
+	for i, w := range words(prompt, n) {
 		if i > 0 {
 			w = " " + w
 		}
 		out = append(out, Chunk{Text: w})
+	}
+	return out
+}
+
+// words returns n words of the vocabulary, chosen by prompt.
+func words(prompt string, n int) []string {
+	vocab := strings.Fields(vocabulary)
+	h := fnv.New32a()
+	h.Write([]byte(prompt))
+	seed := int(h.Sum32() % uint32(len(vocab)))
+	out := make([]string, n)
+	for i := range out {
+		out[i] = vocab[(seed+i)%len(vocab)]
+	}
+	return out
+}
+
+// thoughts returns the thinking chunks of the default generators.
+func thoughts() []Chunk {
+	out := make([]Chunk, 3)
+	for i := range out {
+		out[i] = Chunk{Thinking: fmt.Sprintf("thought %d. ", i+1)}
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 // model is a registered model and its current runner. Guarded by Server.mu.
 type model struct {
 	key, short string
+	name       string // full name, as Ollama's capability errors write it
 	cfg        ModelConfig
 	added      time.Time
 
@@ -18,6 +19,7 @@ type model struct {
 	faults   faults  // for every request
 	next     []faults
 	stats    Stats
+	calls    []recorded // the last maxCalls requests, oldest first
 }
 
 // runner is one load of a model, like an Ollama runner process.

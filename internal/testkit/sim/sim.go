@@ -9,9 +9,11 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ollama/ollama/api"
+	omodel "github.com/ollama/ollama/types/model"
 )
 
 // Defaults used where a [Config] field is zero.
@@ -99,6 +101,9 @@ type Server struct {
 	lastPID  uint32
 	lose     bool
 	psDelay  time.Duration
+	callSeq  uint64 // numbers recorded calls across models
+
+	toolCallIDs atomic.Uint64 // numbers the IDs given to tool calls
 }
 
 // New starts a simulated Ollama server on 127.0.0.1 with cfg. Like
@@ -188,7 +193,13 @@ func (s *Server) AddModel(cfg ModelConfig) error {
 	if _, dup := s.models[key]; dup {
 		return fmt.Errorf("model %q already registered", cfg.Name)
 	}
-	m := &model{key: key, short: short, cfg: cfg.withDefaults(short), added: time.Now()}
+	m := &model{
+		key:   key,
+		short: short,
+		name:  omodel.ParseName(cfg.Name).String(),
+		cfg:   cfg.withDefaults(short),
+		added: time.Now(),
+	}
 	s.models[key] = m
 	s.order = append(s.order, m)
 	s.notifyLocked()

@@ -1,0 +1,459 @@
+package vramguard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"image"
+	"image/color"
+	"image/jpeg"
+	"image/png"
+	"math"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/api"
+	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+)
+
+// testPNG and testJPEG are real 2x2 images.
+func testPNG(t testing.TB) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := png.Encode(&b, testImage()); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+func testJPEG(t testing.TB) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := jpeg.Encode(&b, testImage(), nil); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+func testImage() image.Image {
+	img := image.NewRGBA(image.Rect(0, 0, 2, 2))
+	img.Set(0, 0, color.RGBA{R: 255, A: 255})
+	return img
+}
+
+func TestImageType(t *testing.T) {
+	tests := []struct {
+		name string
+		img  []byte
+		want string
+	}{
+		{"png", testPNG(t), "png"},
+		{"jpeg", testJPEG(t), "jpeg"},
+		{"webp", []byte("RIFF\x24\x00\x00\x00WEBPVP8 "), "webp"},
+		{"gif", []byte("GIF89a\x01\x00\x01\x00"), ""},
+		{"png named by nothing but its first byte", []byte("\x89PN"), ""},
+		{"riff that is not webp", []byte("RIFF\x24\x00\x00\x00WAVEfmt "), ""},
+		{"short riff", []byte("RIFF"), ""},
+		{"text", []byte("a photo of a fox"), ""},
+		{"empty", nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ImageType(tt.img); got != tt.want {
+				t.Errorf("ImageType = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// Every malformed chat, image or format is refused with KindInvalidInput
+// before anything reaches the server.
+func TestChatInvalidInput(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	c := newTestClient(t, s, Options{})
+	ctx := t.Context()
+	user := func(text string) []api.Message { return []api.Message{{Role: "user", Content: text}} }
+	huge := make([]byte, MaxImageBytes+1)
+	copy(huge, testPNG(t))
+	big := make([]byte, MaxImageBytes)
+	copy(big, testPNG(t))
+	badArgs := api.NewToolCallFunctionArguments()
+	badArgs.Set("x", math.Inf(1))
+	tests := []struct {
+		name  string
+		chat  *ChatRequest
+		gen   *GenerateRequest
+		cause error // errors.Is target, optional
+	}{
+		{name: "nil chat", chat: nil},
+		{name: "empty model", chat: &ChatRequest{Messages: user("x")}},
+		{name: "no messages (an unload)", chat: &ChatRequest{Model: "tiny"}},
+		{name: "unknown role", chat: &ChatRequest{Model: "tiny", Messages: []api.Message{{Role: "narrator", Content: "x"}}}},
+		{name: "empty role", chat: &ChatRequest{Model: "tiny", Messages: []api.Message{{Content: "x"}}}},
+		{name: "invalid UTF-8 content", chat: &ChatRequest{Model: "tiny", Messages: user("\xff")}},
+		{name: "17 MB of messages", chat: &ChatRequest{Model: "tiny", Messages: []api.Message{
+			{Role: "system", Content: strings.Repeat("a", 9<<20)}, {Role: "user", Content: strings.Repeat("b", 8<<20)}}}},
+		{name: "negative timeout", chat: &ChatRequest{Model: "tiny", Messages: user("x"), Timeouts: Timeouts{Idle: -1}}},
+		{name: "NaN option", chat: &ChatRequest{Model: "tiny", Messages: user("x"), Options: map[string]any{"temperature": math.NaN()}}},
+		{name: "tool call with an infinite argument", chat: &ChatRequest{Model: "tiny", Messages: []api.Message{
+			{Role: "assistant", ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "f", Arguments: badArgs}}}}}}},
+		{name: "chat image not an image", cause: ErrImageFormat, chat: &ChatRequest{Model: "tiny", Messages: []api.Message{
+			{Role: "user", Content: "x", Images: []api.ImageData{[]byte("GIF89a....")}}}}},
+		{name: "chat image too large", cause: ErrImageTooLarge, chat: &ChatRequest{Model: "tiny", Messages: []api.Message{
+			{Role: "user", Content: "x", Images: []api.ImageData{huge}}}}},
+		{name: "chat images too large together", cause: ErrImageTooLarge, chat: &ChatRequest{Model: "tiny", Messages: []api.Message{
+			{Role: "user", Content: "x", Images: []api.ImageData{big, big}}, {Role: "user", Content: "y", Images: []api.ImageData{big, big}}}}},
+		{name: "chat format xml", chat: &ChatRequest{Model: "tiny", Messages: user("x"), Format: json.RawMessage(`"xml"`)}},
+		{name: "chat format number", chat: &ChatRequest{Model: "tiny", Messages: user("x"), Format: json.RawMessage(`42`)}},
+		{name: "chat format not JSON", chat: &ChatRequest{Model: "tiny", Messages: user("x"), Format: json.RawMessage(`{"type":`)}},
+		{name: "generate image empty", cause: ErrImageFormat, gen: &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{{}}}},
+		{name: "generate image text", cause: ErrImageFormat, gen: &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{[]byte("a fox")}}},
+		{name: "generate image too large", cause: ErrImageTooLarge, gen: &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{huge}}},
+		{name: "generate format array", gen: &GenerateRequest{Model: "tiny", Prompt: "x", Format: json.RawMessage(`["json"]`)}},
+		{name: "generate format yaml", gen: &GenerateRequest{Model: "tiny", Prompt: "x", Format: json.RawMessage(`"yaml"`)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			if tt.gen != nil {
+				_, err = c.GenerateStreaming(ctx, tt.gen, KeepAliveUnload, nil)
+			} else {
+				_, err = c.ChatStreaming(ctx, tt.chat, KeepAliveUnload, nil)
+			}
+			if !errors.Is(err, KindInvalidInput) {
+				t.Fatalf("got %v (kind %v), want invalid input", err, KindOf(err))
+			}
+			if tt.cause != nil && !errors.Is(err, tt.cause) {
+				t.Errorf("error %v does not wrap %v", err, tt.cause)
+			}
+		})
+	}
+	if n := s.Requests(""); n != 0 {
+		t.Errorf("invalid input reached the server %d times", n)
+	}
+}
+
+// Valid formats and images go out: "json", a schema, null (none), and
+// each image type on a vision model.
+func TestChatValidFormatsAndImagesAccepted(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	c := newTestClient(t, s, Options{})
+	for _, f := range []string{`"json"`, ` {"type":"object","properties":{"a":{"type":"string"}}} `, `null`, ``} {
+		if _, err := c.ChatStreaming(t.Context(), &ChatRequest{Model: "tiny", Messages: []api.Message{{Role: "USER", Content: "x"}},
+			Format: json.RawMessage(f)}, KeepAliveUnload, nil); err != nil {
+			t.Errorf("format %q: %v", f, err)
+		}
+	}
+}
+
+// A model whose capabilities (/api/show) lack vision fails with
+// ErrNoVision before the request is sent, on both endpoints, and is not
+// loaded.
+func TestNoVisionRefusedBeforeSending(t *testing.T) {
+	for _, ep := range endpoints() {
+		t.Run(ep.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			c := newTestClient(t, s, Options{})
+			_, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "describe", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
+			if !errors.Is(err, KindInvalidInput) || !errors.Is(err, ErrNoVision) {
+				t.Fatalf("got %v, want KindInvalidInput wrapping ErrNoVision", err)
+			}
+			if !strings.Contains(err.Error(), "completion") {
+				t.Errorf("error %q does not name the model's capabilities", err)
+			}
+			if n := s.Requests("tiny"); n != 0 || s.Listed("tiny") {
+				t.Errorf("%d requests reached the server, listed %v; want none", n, s.Listed("tiny"))
+			}
+			// A model that does not exist is KindNotFound, from the same check.
+			_, err = ep.run(t.Context(), c, &GenerateRequest{Model: "nope", Prompt: "describe", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
+			if !errors.Is(err, KindNotFound) {
+				t.Errorf("missing model: got %v, want KindNotFound", err)
+			}
+		})
+	}
+}
+
+// A server that does not list capabilities lets the request through; its
+// own refusal of the images (each version's text) is ErrNoVision too.
+func TestNoVisionFromTheServer(t *testing.T) {
+	refusals := []string{
+		"received image but vision model not loaded",
+		"this model is missing data required for image input",
+		"image input is not supported - hint: if this is unexpected, you may need to provide the mmproj",
+	}
+	for _, ep := range endpoints() {
+		for _, msg := range refusals {
+			t.Run(ep.name+"/"+msg[:20], func(t *testing.T) {
+				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+				p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
+					switch {
+					case r.Path == "/api/show":
+						return faultproxy.Respond(http.StatusOK, []byte(`{"modelfile":"FROM x"}`))
+					case r.IsGeneration():
+						return faultproxy.RespondError(http.StatusInternalServerError, msg)
+					}
+					return faultproxy.Pass()
+				}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { p.Close() })
+				c, err := NewClient(Options{Host: p.URL().String(), PollInterval: 5 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				_, err = ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "describe", Images: []api.ImageData{testJPEG(t)}}, KeepAliveUnload, nil)
+				if !errors.Is(err, KindInvalidInput) || !errors.Is(err, ErrNoVision) {
+					t.Fatalf("got %v, want KindInvalidInput wrapping ErrNoVision", err)
+				}
+				var se api.StatusError
+				if !errors.As(err, &se) || se.StatusCode != http.StatusInternalServerError {
+					t.Errorf("the server's own error is not kept: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// The CLI fallback cannot carry a chat or images: it is not tried, and
+// the error says so next to its cause. A format it carries.
+func TestFallbackRefusesChatAndImages(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		run  func(c *OllamaClient) error
+	}{
+		{"chat", func(c *OllamaClient) error {
+			_, err := c.ChatStreaming(t.Context(), &ChatRequest{Model: "tiny", Messages: []api.Message{{Role: "user", Content: "x"}}}, KeepAliveUnload, nil)
+			return err
+		}},
+		{"images", func(c *OllamaClient) error {
+			_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
+			return err
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			cli, argsFile := fakeCLI(t, `cat`)
+			c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
+			if tt.name == "images" {
+				// Capabilities unknown, so the request goes out and fails.
+				p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
+					if r.Path == "/api/show" {
+						return faultproxy.Respond(http.StatusOK, []byte(`{}`))
+					}
+					return faultproxy.Pass()
+				}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { p.Close() })
+				c = newProxyClient(t, p, Options{Fallback: true, CLIPath: cli})
+			}
+			if err := s.FailNext("tiny", sim.Busy()); err != nil {
+				t.Fatal(err)
+			}
+			err := tt.run(c)
+			if !errors.Is(err, KindTransient) || !errors.Is(err, ErrFallbackUnsupported) || !strings.Contains(err.Error(), tt.name) {
+				t.Fatalf("got %v, want the busy error (KindTransient) and ErrFallbackUnsupported naming %s", err, tt.name)
+			}
+			if _, err := os.Stat(argsFile); err == nil {
+				t.Error("the CLI ran")
+			}
+		})
+	}
+}
+
+// newProxyClient is newTestClient for a fault proxy.
+func newProxyClient(t *testing.T, p *faultproxy.Proxy, opts Options) *OllamaClient {
+	t.Helper()
+	opts.Host = p.URL().String()
+	opts.PollInterval = 5 * time.Millisecond
+	c, err := NewClient(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return c
+}
+
+func TestFallbackCarriesFormat(t *testing.T) {
+	for _, tt := range []struct{ format, flag string }{
+		{`"json"`, "--format json"},
+		{"{\n  \"type\": \"object\"\n}", `--format {"type":"object"}`},
+	} {
+		t.Run(tt.flag, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			cli, argsFile := fakeCLI(t, `printf '{}'`)
+			c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
+			if err := s.FailNext("tiny", sim.Busy()); err != nil {
+				t.Fatal(err)
+			}
+			gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Format: json.RawMessage(tt.format)}, KeepAliveUnload, nil)
+			if err != nil || !gen.Fallback {
+				t.Fatalf("got %+v, %v; want the fallback's text", gen, err)
+			}
+			args, _ := os.ReadFile(argsFile)
+			if want := "run tiny --nowordwrap --keepalive 0s " + tt.flag + "\n"; !strings.HasPrefix(string(args), want) {
+				t.Errorf("cli got %q, want %q", args, want)
+			}
+		})
+	}
+}
+
+// A chat is a use like a generation: the guard unloads its model,
+// verified; its session ends with Run; a phase keeps it warm until End.
+func TestGuardChat(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	c := newTestClient(t, s, Options{})
+	ctx := t.Context()
+	msgs := []api.Message{{Role: "user", Content: "a fox"}}
+
+	g := Guard{Client: c}
+	gen, err := g.Chat(ctx, &ChatRequest{Model: "tiny", Messages: msgs}, nil)
+	if err != nil || gen.Text == "" {
+		t.Fatalf("Guard.Chat: %+v, %v", gen, err)
+	}
+	if s.Listed("tiny") {
+		t.Error("model resident after Guard.Chat")
+	}
+
+	var kept *Session
+	err = g.Run(ctx, "tiny", func(ctx context.Context, s *Session) error {
+		kept = s
+		if _, err := s.Chat(ctx, &ChatRequest{Model: "other", Messages: msgs}, nil); !errors.Is(err, KindInvalidInput) {
+			t.Errorf("chat on another model: %v, want KindInvalidInput", err)
+		}
+		if _, err := s.Chat(ctx, nil, nil); !errors.Is(err, KindInvalidInput) {
+			t.Errorf("nil chat: %v, want KindInvalidInput", err)
+		}
+		_, err := s.Chat(ctx, &ChatRequest{Messages: msgs}, nil)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := s.Requests("tiny")
+	if _, err := kept.Chat(ctx, &ChatRequest{Messages: msgs}, nil); !errors.Is(err, ErrSessionEnded) {
+		t.Errorf("chat after Run: %v, want ErrSessionEnded", err)
+	}
+	if s.Requests("tiny") != n {
+		t.Error("a session used after Run sent a request")
+	}
+
+	p, err := c.StartPhase(ctx, "prompts", PhaseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := p.Guard()
+	for range 2 {
+		if _, err := pg.Chat(ctx, &ChatRequest{Model: "tiny", Messages: msgs}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !s.Listed("tiny") {
+			t.Fatal("a phase's chat did not keep the model warm")
+		}
+	}
+	if s.Loads("tiny") != 3 { // one per guard above, one for the phase
+		t.Errorf("%d loads, want 3: the phase reloaded", s.Loads("tiny"))
+	}
+	rep, err := p.End(ctx)
+	if err != nil || s.Listed("tiny") {
+		t.Fatalf("End: %+v, %v; listed %v", rep, err, s.Listed("tiny"))
+	}
+	if _, err := pg.Chat(ctx, &ChatRequest{Model: "tiny", Messages: msgs}, nil); !errors.Is(err, ErrPhaseEnded) {
+		t.Errorf("chat after End: %v, want ErrPhaseEnded", err)
+	}
+}
+
+// An unload of a model a chat is loading cuts the chat, as it cuts a
+// generation.
+func TestChatUnloadCutsLoad(t *testing.T) {
+	const load = 2 * time.Second
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: load})
+	c := newTestClient(t, s, Options{})
+	c.procRoot = newFakeProcs(t).root
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.ChatStreaming(context.WithoutCancel(t.Context()), &ChatRequest{Model: "tiny",
+			Messages: []api.Message{{Role: "user", Content: "x"}}}, KeepAliveFor(time.Hour), nil)
+		done <- err
+	}()
+	if err := s.WaitFor(t.Context(), func() bool { f, _ := c.book.inFlight("tiny"); return f == 1 && s.Requests("tiny") == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := c.UnloadModel(t.Context(), "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took >= load/2 {
+		t.Errorf("the unload took %v: it waited for the load (%v)", took, load)
+	}
+	if gerr := <-done; !errors.Is(gerr, KindCanceled) || !errors.Is(gerr, ErrUnloadedWhileLoading) {
+		t.Errorf("the chat returned %v, want KindCanceled wrapping ErrUnloadedWhileLoading", gerr)
+	}
+	if !rep.Verified || rep.CanceledLoads != 1 {
+		t.Errorf("report %+v, want verified with one canceled load", rep)
+	}
+}
+
+// Through the caller's api.Client (Options.API) instead of the client's
+// own reader, a chat keeps the same rules: text whole, a cut stream an
+// error.
+func TestChatThroughAPIClient(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 6})
+	c, err := NewClient(Options{API: s.Client(), PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := &ChatRequest{Model: "tiny", Messages: []api.Message{{Role: "user", Content: "x"}}}
+	var joined strings.Builder
+	gen, err := c.ChatStreaming(t.Context(), req, KeepAliveUnload, func(ch Chunk) error { joined.WriteString(ch.Text); return nil })
+	if err != nil || gen.Text == "" || gen.Text != joined.String() || gen.Chunks < 6 {
+		t.Fatalf("got %+v, %v; streamed %q", gen, err, joined.String())
+	}
+	if err := s.FailNext("tiny", sim.CloseAfter(3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ChatStreaming(t.Context(), req, KeepAliveUnload, nil); !errors.Is(err, KindTransient) || !errors.Is(err, ErrIncompleteStream) {
+		t.Fatalf("cut stream: got %v, want KindTransient wrapping ErrIncompleteStream", err)
+	}
+}
+
+// The capabilities question is bounded by the call's first-chunk timeout:
+// a server that never answers /api/show is a KindTimeout, not a hang.
+func TestVisionCheckBoundedByFirstChunk(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
+		if r.Path == "/api/show" {
+			return faultproxy.Stall(time.Minute)
+		}
+		return faultproxy.Pass()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c := newProxyClient(t, p, Options{Timeouts: Timeouts{FirstChunk: 100 * time.Millisecond}})
+	_, err = c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
+	if !errors.Is(err, KindTimeout) || !errors.Is(err, ErrFirstChunkTimeout) {
+		t.Fatalf("got %v, want KindTimeout wrapping ErrFirstChunkTimeout", err)
+	}
+	if fired := p.Stats().Fired; fired.IsZero() || time.Since(fired) > 3*time.Second {
+		t.Errorf("the stall began at %v: the timeout did not cut it", fired)
+	}
+	if n := s.Requests("tiny"); n != 0 {
+		t.Errorf("%d requests sent after the check timed out", n)
+	}
+}

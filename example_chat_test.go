@@ -1,0 +1,141 @@
+package vramguard_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/ollama/ollama/api"
+	"github.com/vramguard/vramguard"
+)
+
+func ExampleOllamaClient_ChatStreaming() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	msgs := []api.Message{
+		{Role: "system", Content: "You write text-to-image prompts."},
+		{Role: "user", Content: "a castle"},
+	}
+	gen, err := c.ChatStreaming(context.Background(), &vramguard.ChatRequest{Model: "llama3.2", Messages: msgs},
+		vramguard.KeepAliveFor(time.Minute), nil) // warm for the next turn
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(gen.Text)
+
+	// The next turn carries the reply.
+	msgs = append(msgs, gen.Message(), api.Message{Role: "user", Content: "shorter"})
+	gen, err = c.ChatStreaming(context.Background(), &vramguard.ChatRequest{Model: "llama3.2", Messages: msgs},
+		vramguard.KeepAliveUnload, nil) // last turn: unload when it ends
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("reused:", !gen.Loaded)
+	// Output:
+	// a castle at dawn, volumetric light
+	// reused: true
+}
+
+func ExampleOllamaClient_ChatStreaming_format() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	_, err := c.ChatStreaming(context.Background(), &vramguard.ChatRequest{
+		Model:    "llama3.2",
+		Messages: []api.Message{{Role: "user", Content: "a castle"}},
+		Format:   json.RawMessage(`"yaml"`), // "json" or a JSON schema object
+	}, vramguard.KeepAliveUnload, nil)
+	fmt.Println(errors.Is(err, vramguard.KindInvalidInput))
+	// Output: true
+}
+
+func ExampleGuard_Chat() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	g := vramguard.Guard{Client: c} // unload after use, verified
+	gen, err := g.Chat(context.Background(), &vramguard.ChatRequest{
+		Model:    "llama3.2",
+		Messages: []api.Message{{Role: "user", Content: "a castle"}},
+	}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	resident, _ := c.IsResident(context.Background(), "llama3.2")
+	fmt.Println(gen.Text)
+	fmt.Println("resident:", resident)
+	// Output:
+	// a castle at dawn, volumetric light
+	// resident: false
+}
+
+func ExampleSession_Chat() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	g := vramguard.Guard{Client: c}
+	err := g.Run(context.Background(), "llama3.2", func(ctx context.Context, s *vramguard.Session) error {
+		msgs := []api.Message{{Role: "user", Content: "a castle"}}
+		for turn := 1; turn <= 2; turn++ {
+			gen, err := s.Chat(ctx, &vramguard.ChatRequest{Messages: msgs}, nil)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("turn %d: %s\n", turn, gen.Text)
+			msgs = append(msgs, gen.Message(), api.Message{Role: "user", Content: "again"})
+		}
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// turn 1: a castle at dawn, volumetric light
+	// turn 2: a castle at dawn, volumetric light
+}
+
+func ExampleGeneration_Message() {
+	gen := &vramguard.Generation{Text: "a castle at dawn"}
+	m := gen.Message()
+	fmt.Println(m.Role, m.Content)
+	// Output: assistant a castle at dawn
+}
+
+func ExampleImageType() {
+	img, err := os.ReadFile("testdata/fox.png")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(vramguard.ImageType(img))
+	fmt.Println(vramguard.ImageType([]byte("GIF89a")) == "")
+	// Output:
+	// png
+	// true
+}
+
+func ExampleErrNoVision() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+
+	img, err := os.ReadFile("testdata/fox.png")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// llama3.2 is a text model: the server's /api/show says so, and the
+	// request is never sent.
+	_, err = c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{
+		Model: "llama3.2", Prompt: "describe this", Images: []api.ImageData{img},
+	}, vramguard.KeepAliveUnload, nil)
+	fmt.Println(errors.Is(err, vramguard.ErrNoVision), errors.Is(err, vramguard.KindInvalidInput))
+	// Output: true true
+}
