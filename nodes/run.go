@@ -157,9 +157,15 @@ func validText(op, model, name, s string, required bool) error {
 // validInput checks the text fields of an input (name, value pairs; the
 // first is required) and their total size.
 func validInput(op, model string, fields ...string) error {
+	return validFields(op, model, true, fields...)
+}
+
+// validFields checks name, value pairs of text fields, the first required
+// if firstRequired, and their total size.
+func validFields(op, model string, firstRequired bool, fields ...string) error {
 	total := 0
 	for i := 0; i+1 < len(fields); i += 2 {
-		if err := validText(op, model, fields[i], fields[i+1], i == 0); err != nil {
+		if err := validText(op, model, fields[i], fields[i+1], firstRequired && i == 0); err != nil {
 			return err
 		}
 		total += len(fields[i+1])
