@@ -457,3 +457,134 @@ func TestVisionCheckBoundedByFirstChunk(t *testing.T) {
 		t.Errorf("%d requests sent after the check timed out", n)
 	}
 }
+
+// What the caller sends reaches the server as sent: messages with their
+// roles, images, tool calls and tool results; tools; format; think;
+// options; the keep-alive. The model's tool calls come back in the
+// chunks and the generation.
+func TestChatPassesThrough(t *testing.T) {
+	args := api.NewToolCallFunctionArguments()
+	args.Set("city", "Lyon")
+	call := api.ToolCall{ID: "call_1", Function: api.ToolCallFunction{Name: "weather", Arguments: args}}
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "llava", Vision: true, Tools: true, Thinking: true,
+		RespondTo: func(r sim.Call) []sim.Chunk {
+			return []sim.Chunk{{Text: "let me check"}, {ToolCalls: []api.ToolCall{call}}, {Text: "."}}
+		}})
+	c := newTestClient(t, s, Options{})
+	var tool api.Tool
+	if err := json.Unmarshal([]byte(`{"type":"function","function":{"name":"weather","description":"the weather",
+		"parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}`), &tool); err != nil {
+		t.Fatal(err)
+	}
+	img := testPNG(t)
+	think := true
+	schema := json.RawMessage(`{"type":"object","properties":{"answer":{"type":"string"}}}`)
+	req := &ChatRequest{
+		Model: "llava",
+		Messages: []api.Message{
+			{Role: "system", Content: "be brief"},
+			{Role: "user", Content: "what is this, and the weather?", Images: []api.ImageData{img}},
+			{Role: "assistant", ToolCalls: []api.ToolCall{call}},
+			{Role: "tool", Content: "sunny", ToolName: "weather", ToolCallID: "call_1"},
+		},
+		Tools:   api.Tools{tool},
+		Format:  schema,
+		Think:   &think,
+		Options: map[string]any{"seed": 7, "temperature": 0.2},
+	}
+	var streamed []api.ToolCall
+	gen, err := c.ChatStreaming(t.Context(), req, KeepAliveFor(90*time.Second), func(ch Chunk) error {
+		streamed = append(streamed, ch.ToolCalls...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gen.Text != "let me check." || len(gen.ToolCalls) != 1 || gen.ToolCalls[0].Function.Name != "weather" || len(streamed) != 1 {
+		t.Errorf("reply %q, tool calls %+v (streamed %d); want the text and one weather call", gen.Text, gen.ToolCalls, len(streamed))
+	}
+	if m := gen.Message(); len(m.ToolCalls) != 1 {
+		t.Errorf("Message() lost the tool calls: %+v", m)
+	}
+	calls := s.Calls("llava")
+	if len(calls) != 1 {
+		t.Fatalf("%d calls reached the server, want 1", len(calls))
+	}
+	got := calls[0]
+	if got.Endpoint != "chat" || len(got.Messages) != 4 {
+		t.Fatalf("server got %+v", got)
+	}
+	for i, want := range req.Messages {
+		m := got.Messages[i]
+		if m.Role != want.Role || m.Content != want.Content || m.ToolName != want.ToolName || m.ToolCallID != want.ToolCallID ||
+			len(m.Images) != len(want.Images) || len(m.ToolCalls) != len(want.ToolCalls) {
+			t.Errorf("message %d arrived as %+v, sent %+v", i+1, m, want)
+		}
+	}
+	if !bytes.Equal(got.Messages[1].Images[0], img) {
+		t.Error("the image arrived changed")
+	}
+	if v, _ := got.Messages[2].ToolCalls[0].Function.Arguments.Get("city"); v != "Lyon" {
+		t.Errorf("tool call arguments arrived as %v", v)
+	}
+	if len(got.Tools) != 1 || got.Tools[0].Function.Name != "weather" {
+		t.Errorf("tools arrived as %+v", got.Tools)
+	}
+	if !bytes.Equal(got.Format, schema) || got.Think == nil || !got.Think.Bool() {
+		t.Errorf("format %s, think %v", got.Format, got.Think)
+	}
+	if got.Options["seed"] != float64(7) || got.KeepAlive == nil || got.KeepAlive.Duration != 90*time.Second {
+		t.Errorf("options %v, keep-alive %v", got.Options, got.KeepAlive)
+	}
+}
+
+// A generation's images and format reach a vision model, and a schema's
+// reply parses.
+func TestGenerateImagesAndFormat(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "llava", Vision: true})
+	c := newTestClient(t, s, Options{})
+	schema := json.RawMessage(`{"type":"object","properties":{"positive":{"type":"string"},"negative":{"type":"string"}},"required":["positive","negative"]}`)
+	gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "llava", Prompt: "describe",
+		Images: []api.ImageData{testPNG(t), testJPEG(t)}, Format: schema}, KeepAliveUnload, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pair struct{ Positive, Negative string }
+	if err := json.Unmarshal([]byte(gen.Text), &pair); err != nil || pair.Positive == "" {
+		t.Errorf("reply %q does not follow the schema: %v", gen.Text, err)
+	}
+	got := s.Calls("llava")
+	if len(got) != 1 || got[0].ImageCount() != 2 || !bytes.Equal(got[0].Format, schema) {
+		t.Fatalf("server got %+v", got)
+	}
+}
+
+// When the server only refuses the images after loading the model (its
+// capabilities unknown), the guard's cleanup still leaves nothing
+// resident.
+func TestNoVisionAfterLoadLeavesNothing(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
+		if r.Path == "/api/show" {
+			return faultproxy.Respond(http.StatusOK, []byte(`{}`))
+		}
+		return faultproxy.Pass()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c := newProxyClient(t, p, Options{})
+	g := Guard{Client: c}
+	_, err = g.Chat(t.Context(), &ChatRequest{Model: "tiny", Messages: []api.Message{
+		{Role: "user", Content: "describe", Images: []api.ImageData{testPNG(t)}}}}, nil)
+	if !errors.Is(err, ErrNoVision) || !errors.Is(err, KindInvalidInput) {
+		t.Fatalf("got %v, want KindInvalidInput wrapping ErrNoVision", err)
+	}
+	if s.Loads("tiny") != 1 {
+		t.Fatalf("%d loads: the refusal was not the server's", s.Loads("tiny"))
+	}
+	if s.Listed("tiny") {
+		t.Error("the model stayed resident after the refusal")
+	}
+}

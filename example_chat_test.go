@@ -11,6 +11,7 @@ import (
 
 	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 func ExampleOllamaClient_ChatStreaming() {
@@ -138,4 +139,59 @@ func ExampleErrNoVision() {
 	}, vramguard.KeepAliveUnload, nil)
 	fmt.Println(errors.Is(err, vramguard.ErrNoVision), errors.Is(err, vramguard.KindInvalidInput))
 	// Output: true true
+}
+
+func ExampleChatRequest() {
+	// A model that calls a tool, then answers with its result.
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "qwen3", Tools: true,
+		RespondTo: func(r sim.Call) []sim.Chunk {
+			last := r.Messages[len(r.Messages)-1]
+			if last.Role == "tool" {
+				return []sim.Chunk{{Text: "a castle under a " + last.Content + " sky"}}
+			}
+			args := api.NewToolCallFunctionArguments()
+			args.Set("city", "Carcassonne")
+			return []sim.Chunk{{ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "weather", Arguments: args}}}}}
+		}}}})
+	defer s.Close()
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	var weather api.Tool
+	weather.Type = "function"
+	weather.Function.Name = "weather"
+	weather.Function.Description = "the weather in a city"
+	req := &vramguard.ChatRequest{
+		Model:    "qwen3",
+		Messages: []api.Message{{Role: "user", Content: "a castle in today's weather"}},
+		Tools:    api.Tools{weather},
+	}
+	g := vramguard.Guard{Client: c}
+	err = g.Run(context.Background(), "qwen3", func(ctx context.Context, s *vramguard.Session) error {
+		for {
+			gen, err := s.Chat(ctx, req, nil)
+			if err != nil {
+				return err
+			}
+			if len(gen.ToolCalls) == 0 {
+				fmt.Println(gen.Text)
+				return nil
+			}
+			req.Messages = append(req.Messages, gen.Message())
+			for _, tc := range gen.ToolCalls {
+				city, _ := tc.Function.Arguments.Get("city")
+				fmt.Println("call:", tc.Function.Name, city)
+				req.Messages = append(req.Messages, api.Message{Role: "tool", ToolName: tc.Function.Name, ToolCallID: tc.ID, Content: "stormy"})
+			}
+		}
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// call: weather Carcassonne
+	// a castle under a stormy sky
 }

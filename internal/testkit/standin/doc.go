@@ -40,9 +40,22 @@
 // then /tokenize again for the response's context. `ollama run MODEL` with
 // a prompt argument or piped stdin uses /api/generate too. /api/chat (and
 // the interactive `ollama run`) uses llama-server's own template: POST
-// /v1/chat/completions with OpenAI chunks, and /apply-template plus
-// /tokenize to drop old messages that do not fit. /api/embed uses
-// /tokenize, /detokenize and POST /v1/embeddings.
+// /v1/chat/completions with the messages as they are (system and user
+// roles, "stream": true, n_predict, no rendered prompt) and OpenAI chunks
+// back, and /apply-template plus /tokenize to drop old messages that do not
+// fit. /api/embed uses /tokenize, /detokenize and POST /v1/embeddings.
+//
+// A JSON-schema "format" reaches the runner: /api/chat sends it as
+// "response_format": {"type": "json_schema", "json_schema": {"name":
+// "schema", "schema": S}} (format "json" as {"type": "json_object"}),
+// /api/generate as the "json_schema" field of /completion (format "json"
+// as a GBNF "grammar"). Any other format is refused by Ollama itself, after
+// the model is loaded, with HTTP 500 "invalid format: ...". Images reach
+// the runner too, whatever the model's capabilities: as "image_url" parts
+// of a chat message, or as a /completion prompt object {"prompt_string",
+// "multimodal_data"}. Tools and "think" are refused by Ollama before a load
+// (HTTP 400 "... does not support tools", "\"M\" does not support
+// thinking").
 //
 // # Behaviour
 //
@@ -55,6 +68,28 @@
 // early; without --context-shift a full context ends it with "limit". A
 // prompt that does not fit in a slot's context (-c divided by -np) gets
 // llama-server's 400 "exceed_context_size_error".
+//
+// With a JSON schema (chat "response_format" or "json_schema", completion
+// "json_schema") the answer is, as under llama-server's grammar, an
+// instance of the schema: the stand-in streams its minimal instance piece
+// by piece (objects with their required properties, in schema order; each
+// string one generated word; numbers 0, booleans false, arrays empty) and
+// ends with "eos" ("stop") after the last piece unless n_predict cuts it
+// short. A schema with keywords it does not handle (anyOf, $ref,
+// minLength, ...) is ignored with a line on stderr, and a GBNF "grammar" is
+// never interpreted: the answer is then free text.
+//
+// The stand-in has no multimodal projector, so, like llama-server started
+// without --mmproj (as Ollama starts it for the tiny models), it refuses
+// chat messages with images with HTTP 500 "image input is not supported -
+// hint: if this is unexpected, you may need to provide the mmproj" (audio
+// likewise) and a /completion prompt with "multimodal_data" with HTTP 400
+// "Multimodal data provided, but model does not support multimodal
+// requests."; these texts come from llama.cpp's source, not from a run of
+// the real binary. Ollama v0.34.4 passes the runner's whole JSON error
+// body on as its error message, with the runner's status code.
+// TestRealOllamaChat checks chat, both schema paths and a chat image
+// through the real Ollama v0.34.4.
 //
 // # Failures as Ollama v0.34.4 reports them
 //

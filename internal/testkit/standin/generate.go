@@ -15,6 +15,7 @@ type plan struct {
 	stopType string // why the generation ends after limit tokens
 	stops    []string
 	seed     int64
+	pieces   []string // the tokens of a structured answer; nil: free text
 }
 
 // exceedContext is llama-server's answer to a prompt that does not fit in a
@@ -30,19 +31,27 @@ func exceedContext(nPrompt, nCtx int) apiError {
 }
 
 // plan applies n_predict, the model's own end of sequence (EOSAfter) and
-// the slot's context. A prompt that fills the context is rejected, as
-// llama-server does; otherwise, without --context-shift, the generation
-// stops with "limit" when the context is full.
-func (r *runner) plan(k Knobs, prompt []int, nPredict int, seed int64, stops []string) (plan, *apiError) {
+// the slot's context. A structured answer (pieces, see schemaPieces) ends
+// with "eos" after its last piece, whatever EOSAfter says, as a grammar
+// allows the end of sequence only there; n_predict may cut it short. A
+// prompt that fills the context is rejected, as llama-server does;
+// otherwise, without --context-shift, the generation stops with "limit"
+// when the context is full.
+func (r *runner) plan(k Knobs, prompt []int, nPredict int, seed int64, stops, pieces []string) (plan, *apiError) {
 	nctx := r.opts.slotCtx()
 	if len(prompt) >= nctx {
 		e := exceedContext(len(prompt), nctx)
 		return plan{}, &e
 	}
-	p := plan{prompt: prompt, seed: seed, stops: stops}
-	if eos := k.eosAfter(); nPredict > 0 && nPredict <= eos {
+	p := plan{prompt: prompt, seed: seed, stops: stops, pieces: pieces}
+	switch eos := k.eosAfter(); {
+	case pieces != nil && nPredict > 0 && nPredict < len(pieces):
 		p.limit, p.stopType = nPredict, "limit"
-	} else {
+	case pieces != nil:
+		p.limit, p.stopType = len(pieces), "eos"
+	case nPredict > 0 && nPredict <= eos:
+		p.limit, p.stopType = nPredict, "limit"
+	default:
 		p.limit, p.stopType = eos, "eos"
 	}
 	if room := nctx - len(prompt); !r.opts.contextShift && room < p.limit {
@@ -129,7 +138,12 @@ func (r *runner) generate(ctx context.Context, k Knobs, p plan, emit func(piece 
 		if err := r.waitDelay(ctx, k.tokenDelay()); err != nil {
 			return g, err
 		}
-		tok := s.next()
+		var tok string
+		if p.pieces != nil {
+			tok = p.pieces[g.n]
+		} else {
+			tok = s.next()
+		}
 		emitted := text.Len()
 		text.WriteString(tok)
 		g.n++

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -191,17 +192,20 @@ type completionRequest struct {
 }
 
 // schemaGrammar stands in for the GBNF llama-server derives from a JSON
-// schema; Ollama only passes it back as a grammar, which the stand-in
-// ignores when generating.
+// schema, reported in a completion's generation_settings. Ollama asks for
+// it (with an empty prompt) to wrap a schema into a grammar of its own for
+// thinking models, and passes that grammar back, which the stand-in does
+// not interpret.
 const schemaGrammar = `root ::= "{" space "}" space
 space ::= | " " | "\n" [ \t]{0,20}
 `
 
 // begin plans a completion or chat generation, or answers the request
 // itself: with an error (the prompt does not fit), or by hanging until the
-// client goes away (Hang "completion"). ok is false when it answered.
-func (r *runner) begin(w http.ResponseWriter, req *http.Request, k Knobs, prompt []int, nPredict int, seed int64, stops []string) (p plan, ok bool) {
-	p, e := r.plan(k, prompt, nPredict, seed, stops)
+// client goes away (Hang "completion"). ok is false when it answered. A
+// non-nil schema makes the answer its minimal instance (schemaPieces).
+func (r *runner) begin(w http.ResponseWriter, req *http.Request, k Knobs, prompt []int, nPredict int, seed int64, stops []string, schema json.RawMessage) (p plan, ok bool) {
+	p, e := r.plan(k, prompt, nPredict, seed, stops, r.structured(schema, prompt, seed))
 	if e != nil {
 		writeError(w, *e)
 		return p, false
@@ -211,6 +215,21 @@ func (r *runner) begin(w http.ResponseWriter, req *http.Request, k Knobs, prompt
 		return p, false
 	}
 	return p, true
+}
+
+// structured returns the tokens of the answer schema asks for, or nil for
+// free text: no schema, or one the stand-in does not follow (it says so on
+// stderr).
+func (r *runner) structured(schema json.RawMessage, prompt []int, seed int64) []string {
+	if isNull(schema) {
+		return nil
+	}
+	pieces, err := schemaPieces(schema, newSampler(prompt, seed))
+	if err != nil {
+		r.log.linef("srv  params_from_: vramguard stand-in: json schema not followed, answering with free text: %v", err)
+		return nil
+	}
+	return pieces
 }
 
 // seedOf is a request's seed, or the default when it sends none.
@@ -229,18 +248,22 @@ func (r *runner) completion(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	prompt, err := promptTokens(body.Prompt)
+	if errors.Is(err, errMultimodalPrompt) {
+		writeError(w, *badRequest(msgMultimodalPrompt))
+		return
+	}
 	if err != nil {
 		writeError(w, *badRequest(err.Error()))
 		return
 	}
 	nPredict, seed := firstSet(-1, body.NPredict, body.MaxTokens), seedOf(body.Seed)
-	p, ok := r.begin(w, req, k, prompt, nPredict, seed, body.Stop)
+	p, ok := r.begin(w, req, k, prompt, nPredict, seed, body.Stop, body.JSONSchema)
 	if !ok {
 		return
 	}
 
 	grammar := body.Grammar
-	if grammar == "" && len(body.JSONSchema) > 0 && string(body.JSONSchema) != "null" {
+	if grammar == "" && !isNull(body.JSONSchema) {
 		grammar = schemaGrammar
 	}
 	alias := r.modelAlias()
@@ -357,6 +380,8 @@ type chatRequest struct {
 	Seed                *int64          `json:"seed"`
 	Stop                json.RawMessage `json:"stop"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	ResponseFormat      json.RawMessage `json:"response_format"`
+	JSONSchema          json.RawMessage `json:"json_schema"`
 }
 
 func (c chatRequest) stops() []string {
@@ -385,8 +410,17 @@ func (r *runner) chat(w http.ResponseWriter, req *http.Request) {
 		writeError(w, *badRequest("'messages' is required and must be a non-empty array"))
 		return
 	}
+	if e := mediaUnsupported(body.Messages); e != nil {
+		writeError(w, *e)
+		return
+	}
+	schema, e := chatSchema(body)
+	if e != nil {
+		writeError(w, *e)
+		return
+	}
 	prompt := tokenize(body.prompt(), true)
-	p, ok := r.begin(w, req, k, prompt, firstSet(-1, body.NPredict, body.MaxCompletionTokens, body.MaxTokens), seedOf(body.Seed), body.stops())
+	p, ok := r.begin(w, req, k, prompt, firstSet(-1, body.NPredict, body.MaxCompletionTokens, body.MaxTokens), seedOf(body.Seed), body.stops(), schema)
 	if !ok {
 		return
 	}
@@ -510,6 +544,10 @@ func (r *runner) detokenize(w http.ResponseWriter, req *http.Request) {
 func (r *runner) applyTemplate(w http.ResponseWriter, req *http.Request) {
 	var body chatRequest
 	if e := decodeBody(req, &body); e != nil {
+		writeError(w, *e)
+		return
+	}
+	if e := mediaUnsupported(body.Messages); e != nil {
 		writeError(w, *e)
 		return
 	}

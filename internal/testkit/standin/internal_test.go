@@ -213,7 +213,7 @@ func TestPlan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r.opts.contextShift = tc.shift
-			p, e := r.plan(Knobs{EOSAfter: 10}, make([]int, tc.prompt), tc.nPredict, 0, nil)
+			p, e := r.plan(Knobs{EOSAfter: 10}, make([]int, tc.prompt), tc.nPredict, 0, nil, nil)
 			if (e != nil) != tc.err || (e == nil && (p.limit != tc.limit || p.stopType != tc.stopType)) {
 				t.Fatalf("plan = %+v, %v; want limit %d %q, error %v", p, e, tc.limit, tc.stopType, tc.err)
 			}

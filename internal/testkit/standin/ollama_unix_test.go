@@ -4,6 +4,7 @@ package standin_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -557,6 +559,152 @@ func TestRealOllama(t *testing.T) {
 			if paths[p] == 0 {
 				t.Errorf("Ollama never called %s", p)
 			}
+		}
+	})
+}
+
+// chatResult is what a streamed /api/chat delivered.
+type chatResult struct {
+	chunks []string // contents of the chunks before the final one
+	final  *api.ChatResponse
+	err    error
+}
+
+func (s *ollamaServer) chat(ctx context.Context, req *api.ChatRequest) chatResult {
+	var c chatResult
+	c.err = s.client.Chat(ctx, req, func(r api.ChatResponse) error {
+		if r.Done {
+			c.final = &r
+		} else if r.Message.Content != "" {
+			c.chunks = append(c.chunks, r.Message.Content)
+		}
+		return nil
+	})
+	return c
+}
+
+// lastRequest returns the body of the last request to path in the
+// stand-in's event log, failing the test if there is none.
+func (s *ollamaServer) lastRequest(t *testing.T, path string) map[string]any {
+	t.Helper()
+	ev := s.readEvents(t)
+	for i := len(ev) - 1; i >= 0; i-- {
+		if e := ev[i]; e.Event == standin.EventRequest && e.Path == path {
+			var body map[string]any
+			if err := json.Unmarshal(e.Body, &body); err != nil {
+				t.Fatalf("%s body %s: %v", path, e.Body, err)
+			}
+			return body
+		}
+	}
+	t.Fatalf("the stand-in never received %s", path)
+	return nil
+}
+
+// TestRealOllamaChat runs /api/chat and structured output through the real
+// Ollama v0.34.4 server: chat reaches the stand-in's
+// /v1/chat/completions with the messages and streams back to done:true,
+// and a JSON-schema format reaches the runner (response_format for chat,
+// json_schema for /api/generate), whose answer then is an instance of the
+// schema, as llama-server's grammar would make it.
+func TestRealOllamaChat(t *testing.T) {
+	bin := ollamaBinary(t)
+	s := startOllama(t, bin)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	const model = "tiny-a"
+	if _, err := gguf.Register(ctx, s.client, model, gguf.Small()); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	s.setKnobs(t, standin.Knobs{})
+
+	messages := []api.Message{{Role: "system", Content: "be terse"}, {Role: "user", Content: "describe a cat"}}
+	schema := json.RawMessage(`{"type":"object","properties":{"positive":{"type":"string"},"negative":{"type":"string"}},"required":["positive","negative"]}`)
+	wantInstance := func(t *testing.T, got string) {
+		t.Helper()
+		var v map[string]any
+		if err := json.Unmarshal([]byte(got), &v); err != nil {
+			t.Fatalf("answer %q is not JSON: %v", got, err)
+		}
+		if p, _ := v["positive"].(string); p == "" || len(v) != 2 {
+			t.Fatalf("answer %q is not an instance of the schema", got)
+		}
+		if n, _ := v["negative"].(string); n == "" {
+			t.Fatalf("answer %q is not an instance of the schema", got)
+		}
+	}
+	wantSchema := func(t *testing.T, got any) {
+		t.Helper()
+		var want any
+		if err := json.Unmarshal(schema, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("the runner received schema %v, want %s", got, schema)
+		}
+	}
+
+	t.Run("chat", func(t *testing.T) {
+		c := s.chat(ctx, &api.ChatRequest{Model: model, Messages: messages, Options: map[string]any{"num_predict": 6}})
+		if c.err != nil || c.final == nil {
+			t.Fatalf("chat: final %v, error %s", c.final, describe(c.err))
+		}
+		if len(c.chunks) != 6 || c.final.DoneReason != "length" || c.final.EvalCount != 6 {
+			t.Fatalf("chat: %d chunks %q, done_reason %q, eval_count %d; want 6, \"length\", 6", len(c.chunks), c.chunks, c.final.DoneReason, c.final.EvalCount)
+		}
+		body := s.lastRequest(t, "/v1/chat/completions")
+		t.Logf("/v1/chat/completions body: %v", body)
+		got, _ := json.Marshal(body["messages"])
+		want := `[{"content":"be terse","role":"system"},{"content":"describe a cat","role":"user"}]`
+		if string(got) != want || body["stream"] != true || body["n_predict"] != float64(6) {
+			t.Fatalf("the runner received messages %s, stream %v, n_predict %v; want %s, true, 6", got, body["stream"], body["n_predict"], want)
+		}
+		if _, ok := body["response_format"]; ok {
+			t.Fatalf("a chat without format sent response_format %v", body["response_format"])
+		}
+	})
+
+	t.Run("chat_format_schema", func(t *testing.T) {
+		c := s.chat(ctx, &api.ChatRequest{Model: model, Messages: messages, Format: schema, Options: map[string]any{"num_predict": 64}})
+		if c.err != nil || c.final == nil {
+			t.Fatalf("chat: final %v, error %s", c.final, describe(c.err))
+		}
+		got := strings.Join(c.chunks, "")
+		t.Logf("chat with a schema format: %q in %d chunks, done_reason %q", got, len(c.chunks), c.final.DoneReason)
+		wantInstance(t, got)
+		if len(c.chunks) < 5 || c.final.DoneReason != "stop" {
+			t.Fatalf("%d chunks, done_reason %q; want the object streamed in pieces and \"stop\"", len(c.chunks), c.final.DoneReason)
+		}
+		rf, _ := s.lastRequest(t, "/v1/chat/completions")["response_format"].(map[string]any)
+		js, _ := rf["json_schema"].(map[string]any)
+		if rf["type"] != "json_schema" {
+			t.Fatalf("response_format %v, want type json_schema", rf)
+		}
+		wantSchema(t, js["schema"])
+	})
+
+	t.Run("generate_format_schema", func(t *testing.T) {
+		g := s.generate(ctx, &api.GenerateRequest{Model: model, Prompt: "describe a cat", Format: schema, Options: map[string]any{"num_predict": 64}})
+		if g.err != nil || g.final == nil {
+			t.Fatalf("generate: final %v, error %s", g.final, describe(g.err))
+		}
+		wantInstance(t, strings.Join(g.tokens, ""))
+		if g.final.DoneReason != "stop" {
+			t.Fatalf("done_reason %q, want \"stop\"", g.final.DoneReason)
+		}
+		wantSchema(t, s.lastRequest(t, "/completion")["json_schema"])
+	})
+
+	t.Run("chat_image", func(t *testing.T) {
+		// The tiny model has no vision; Ollama v0.34.4 still forwards the
+		// image, and llama-server without --mmproj refuses it.
+		png := []byte("\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00\x90wS\xde\x00\x00\x00\x10IDATx\x9cb\xfa\xcf\xc0\x00\x08\x00\x00\xff\xff\x03\x09\x01\x02X\xb6\xd5P\x00\x00\x00\x00IEND\xaeB`\x82")
+		c := s.chat(ctx, &api.ChatRequest{Model: model, Messages: []api.Message{{Role: "user", Content: "what is this?", Images: []api.ImageData{png}}}, Options: map[string]any{"num_predict": 4}})
+		t.Logf("chat with an image: %s", describe(c.err))
+		var se api.StatusError
+		if !errors.As(c.err, &se) || se.StatusCode != http.StatusInternalServerError || !strings.Contains(se.ErrorMessage, "image input is not supported") {
+			t.Fatalf("chat with an image: %s; want HTTP 500 naming the unsupported image input", describe(c.err))
 		}
 	})
 }

@@ -259,6 +259,132 @@ func TestChatCompletions(t *testing.T) {
 	}
 }
 
+// chatContent returns the streamed content of a chat answer and the last
+// chunk's finish_reason.
+func chatContent(t *testing.T, s stream) (string, any) {
+	t.Helper()
+	var b strings.Builder
+	var finish any
+	for _, e := range s.events {
+		c := e["choices"].([]any)[0].(map[string]any)
+		if d, _ := c["delta"].(map[string]any)["content"].(string); d != "" {
+			b.WriteString(d)
+		}
+		finish = c["finish_reason"]
+	}
+	return b.String(), finish
+}
+
+func TestStructuredOutput(t *testing.T) {
+	p, _ := startLoaded(t, fast)
+	schema := map[string]any{
+		"type":       "object",
+		"properties": map[string]any{"positive": map[string]any{"type": "string"}, "negative": map[string]any{"type": "string"}},
+		"required":   []string{"positive", "negative"},
+	}
+	msgs := []map[string]string{{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}}
+	// What Ollama v0.34.4 sends for /api/chat with a schema "format".
+	responseFormat := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "schema", "schema": schema}}
+
+	wantObject := func(t *testing.T, got string) {
+		t.Helper()
+		var v map[string]string
+		if err := json.Unmarshal([]byte(got), &v); err != nil || len(v) != 2 || v["positive"] == "" || v["negative"] == "" {
+			t.Fatalf("answer %q is not an instance of the schema (%v)", got, err)
+		}
+	}
+
+	t.Run("chat", func(t *testing.T) {
+		code, s := readStream(t.Context(), t, p.url+"/v1/chat/completions", map[string]any{"messages": msgs, "stream": true, "n_predict": 64, "response_format": responseFormat})
+		got, finish := chatContent(t, s)
+		if code != http.StatusOK || !s.done || finish != "stop" {
+			t.Fatalf("status %d, [DONE] %v, finish %v, err %v", code, s.done, finish, s.err)
+		}
+		wantObject(t, got)
+		if n := len(s.events) - 2; n < 5 {
+			t.Fatalf("%q came in %d content chunks, want it streamed in pieces", got, n)
+		}
+		_, again := readStream(t.Context(), t, p.url+"/v1/chat/completions", map[string]any{"messages": msgs, "stream": true, "response_format": responseFormat})
+		if a, _ := chatContent(t, again); a != got {
+			t.Fatalf("same request, different answer: %q then %q", got, a)
+		}
+	})
+	t.Run("chat_json_object", func(t *testing.T) {
+		code, s := readStream(t.Context(), t, p.url+"/v1/chat/completions", map[string]any{"messages": msgs, "stream": true, "response_format": map[string]any{"type": "json_object"}})
+		if got, finish := chatContent(t, s); code != http.StatusOK || got != "{}" || finish != "stop" {
+			t.Fatalf("status %d, answer %q, finish %v", code, got, finish)
+		}
+	})
+	t.Run("chat_cut_by_n_predict", func(t *testing.T) {
+		_, s := readStream(t.Context(), t, p.url+"/v1/chat/completions", map[string]any{"messages": msgs, "stream": true, "n_predict": 2, "response_format": responseFormat})
+		// Two pieces: "{" and the first key (Go's maps marshal keys in
+		// order, so "negative" comes first).
+		if got, finish := chatContent(t, s); finish != "length" || got != `{"negative":` {
+			t.Fatalf("answer %q, finish %v; want the first 2 pieces and \"length\"", got, finish)
+		}
+	})
+	t.Run("completion", func(t *testing.T) {
+		// What Ollama v0.34.4 sends for /api/generate with a schema "format".
+		code, s := readStream(t.Context(), t, p.url+"/completion", map[string]any{"prompt": "hi", "stream": true, "n_predict": 64, "json_schema": schema})
+		if code != http.StatusOK {
+			t.Fatalf("status %d, err %v", code, s.err)
+		}
+		wantObject(t, strings.Join(s.tokens(), ""))
+		if f := s.final(t); f["stop_type"] != "eos" || f["tokens_predicted"] != float64(len(s.tokens())) {
+			t.Fatalf("final event %v", f)
+		}
+	})
+	t.Run("unsupported_schema", func(t *testing.T) {
+		got := text(t, p.url, map[string]any{"prompt": "hi", "n_predict": 3, "json_schema": map[string]any{"anyOf": []any{}}})
+		if len(strings.Fields(got)) != 3 {
+			t.Fatalf("got %q, want 3 free words", got)
+		}
+		waitFor(t, 5*time.Second, "the stand-in to say it ignored the schema", func() bool {
+			return strings.Contains(p.stderr.String(), "json schema not followed")
+		})
+	})
+}
+
+func TestMediaRefused(t *testing.T) {
+	p, _ := startLoaded(t, fast)
+	png := "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAAEElEQVR4nGL6z8AACAAA//8DCQECWLbVUAAAAABJRU5ErkJggg=="
+	image := []map[string]any{{"role": "user", "content": []map[string]any{
+		{"type": "text", "text": "what is this?"},
+		{"type": "image_url", "image_url": map[string]string{"url": "data:image/png;base64," + png}},
+	}}}
+	audio := []map[string]any{{"role": "user", "content": []map[string]any{
+		{"type": "input_audio", "input_audio": map[string]string{"data": "AAAA", "format": "wav"}},
+	}}}
+	for _, tc := range []struct {
+		name, path string
+		body       map[string]any
+		code       int
+		msg        string
+	}{
+		{"chat_image", "/v1/chat/completions", map[string]any{"messages": image, "stream": true}, 500, "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"},
+		{"chat_audio", "/v1/chat/completions", map[string]any{"messages": audio}, 500, "audio input is not supported - hint: if this is unexpected, you may need to provide the mmproj"},
+		{"apply_template_image", "/apply-template", map[string]any{"messages": image}, 500, "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"},
+		{"completion_multimodal", "/completion", map[string]any{"prompt": map[string]any{"prompt_string": "<m>x", "multimodal_data": []string{png}}, "stream": true}, 400, "Multimodal data provided, but model does not support multimodal requests."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := post(t, p.url+tc.path, tc.body)
+			var e struct {
+				Error struct {
+					Code    int
+					Message string
+				}
+			}
+			if err := json.Unmarshal([]byte(body), &e); err != nil || code != tc.code || e.Error.Code != tc.code || e.Error.Message != tc.msg {
+				t.Fatalf("HTTP %d %s; want %d %q", code, body, tc.code, tc.msg)
+			}
+		})
+	}
+	// A prompt object without media is still an ordinary prompt.
+	if got := text(t, p.url, map[string]any{"prompt": map[string]any{"prompt_string": "x"}, "n_predict": 2}); len(strings.Fields(got)) != 2 {
+		t.Fatalf("prompt_string without multimodal_data: %q", got)
+	}
+}
+
 func TestTokenizeDetokenize(t *testing.T) {
 	p, _ := startLoaded(t, fast)
 	const s = "héllo <s> wörld"

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 )
 
@@ -105,8 +106,9 @@ func (s *sampler) next() string {
 // promptTokens reads llama-server's "prompt" field: a string (tokenized
 // with <s> first), an array of token ids and strings (pre-tokenized, as
 // Ollama sends a prompt it truncated; strings in it are tokenized without
-// <s>), an array of such prompts (the first is used), or a multimodal
-// object {"prompt_string": ...}.
+// <s>), an array of such prompts (the first is used), or an object
+// {"prompt_string": ...}; one that also has "multimodal_data" is an error,
+// as in a llama-server without a multimodal projector.
 func promptTokens(raw json.RawMessage) ([]int, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, errors.New(`"prompt" must be provided`)
@@ -116,9 +118,13 @@ func promptTokens(raw json.RawMessage) ([]int, error) {
 		return tokenize(s, true), nil
 	}
 	var mm struct {
-		PromptString *string `json:"prompt_string"`
+		PromptString   *string         `json:"prompt_string"`
+		MultimodalData json.RawMessage `json:"multimodal_data"`
 	}
 	if json.Unmarshal(raw, &mm) == nil && mm.PromptString != nil {
+		if mm.MultimodalData != nil {
+			return nil, errMultimodalPrompt
+		}
 		return tokenize(*mm.PromptString, true), nil
 	}
 	var items []json.RawMessage
@@ -153,7 +159,8 @@ type chatMessage struct {
 }
 
 // text returns a message's content: a string, or the text parts of an
-// array of content parts (images and audio are dropped).
+// array of content parts (the chat handlers reject images and audio first,
+// see mediaUnsupported).
 func (m chatMessage) text() string {
 	var s string
 	if json.Unmarshal(m.Content, &s) == nil {
@@ -173,6 +180,43 @@ func (m chatMessage) text() string {
 		}
 	}
 	return b.String()
+}
+
+// Without a multimodal projector (--mmproj, which Ollama never passes for
+// the models of internal/testkit/gguf) llama-server refuses images and
+// audio. These are its texts (oaicompat_chat_params_parse and
+// tokenize_input_subprompt in llama.cpp's tools/server).
+const (
+	msgImageUnsupported = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
+	msgAudioUnsupported = "audio input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
+	msgMultimodalPrompt = "Multimodal data provided, but model does not support multimodal requests."
+)
+
+// errMultimodalPrompt is promptTokens' error for a prompt with
+// "multimodal_data"; the handlers answer it with msgMultimodalPrompt.
+var errMultimodalPrompt = errors.New("multimodal data without a multimodal projector")
+
+// mediaUnsupported returns llama-server's answer to chat messages with an
+// image or audio part: HTTP 500 (a runtime_error thrown while the request
+// is parsed, not a 400), or nil when there is none.
+func mediaUnsupported(msgs []chatMessage) *apiError {
+	for _, m := range msgs {
+		var parts []struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(m.Content, &parts) != nil {
+			continue
+		}
+		for _, p := range parts {
+			switch p.Type {
+			case "image_url":
+				return &apiError{Code: http.StatusInternalServerError, Message: msgImageUnsupported, Type: "server_error"}
+			case "input_audio":
+				return &apiError{Code: http.StatusInternalServerError, Message: msgAudioUnsupported, Type: "server_error"}
+			}
+		}
+	}
+	return nil
 }
 
 // chatTemplate is the template the stand-in applies. It is ChatML, which
