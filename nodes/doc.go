@@ -14,8 +14,14 @@
 //     following a style preset ([StyleSet]).
 //   - [PromptRefiner] rewrites a prompt in one to three passes.
 //   - [NegativePrompt] writes the negative prompt for a positive one.
-//   - [DualStreamRefiner] writes both in one generation, in a fixed
-//     "Positive:" / "Negative:" format read back by [ParseDualStream].
+//   - [DualStreamRefiner] writes both in one generation: as a JSON object
+//     that a JSON schema in the request's format asks for, from servers
+//     that take one (Ollama v0.5.0 and later), otherwise in a fixed
+//     "Positive:" / "Negative:" format read back by [ParseDualStream];
+//     [Result].DualFormat says which.
+//   - [ImagePrompter] writes a prompt from an image (a reference photo, a
+//     sketch) with a vision model, following a style preset; a model that
+//     cannot see fails with [vramguard.ErrNoVision].
 //
 // A node's zero value (with Guard.Client and Model set) is ready to use. A
 // node is safe for concurrent use as long as its fields are not changed
@@ -26,13 +32,16 @@
 //
 // [Clean] removes what LLMs wrap around a prompt: reasoning blocks, labels
 // such as "**Prompt:**", surrounding quotes and white space. Every node runs
-// its output through it.
+// its output through it (DualStreamRefiner each of its two prompts).
 //
 // # Styles
 //
 // The built-in styles (cinematic, anime, photorealistic, fantasy, abstract,
 // cyberpunk, sci-fi) are text/template instructions; [LoadStyles] and
-// [LoadStylesFile] add or override styles from YAML or JSON.
+// [LoadStylesFile] add or override styles from YAML or JSON. PromptGenerator
+// and ImagePrompter follow a style's instructions (for ImagePrompter the
+// description is the image); NegativePrompt and DualStreamRefiner use its
+// name and what it avoids.
 //
 // # Models
 //

@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"context"
+	"encoding/json"
 	"regexp"
 	"strings"
 	"time"
@@ -85,8 +86,18 @@ func ParseDualStream(text string) (pos, neg string) {
 }
 
 // DualStreamRefiner turns a description into a positive and a negative
-// prompt in one generation, asking for a fixed "Positive:" / "Negative:"
-// format and reading it back with ParseDualStream.
+// prompt in one generation.
+//
+// It asks a server that takes a JSON schema as the request's format
+// (Ollama v0.5.0 and later, told by /api/version, read once per call) for
+// a JSON object {"positive": …, "negative": …}, which the server's grammar
+// makes the model follow; an older server, or any with NoSchema set, gets
+// the fixed "Positive:" / "Negative:" text format, read back with
+// ParseDualStream. A reply to the schema that is not the object asked for
+// (a server that ignored the format) is read as text too, without a second
+// request: a model that ignores the format once would ignore it again, and
+// the text parser reads what such models write. Result.DualFormat says
+// which way was taken.
 //
 // With Guard.Client and Model set, the zero value unloads the model after
 // each call (see vramguard.Guard). It is safe for concurrent use while its
@@ -105,6 +116,9 @@ type DualStreamRefiner struct {
 	Progress func(Progress)
 	// Styles resolves DualInput.Style; nil means the built-in styles.
 	Styles *StyleSet
+	// NoSchema asks for the text format whatever the server's version,
+	// and skips the version request.
+	NoSchema bool
 }
 
 // DualInput is what DualStreamRefiner.Refine works on.
@@ -120,31 +134,43 @@ type DualInput struct {
 }
 
 // Refine writes a positive prompt (Result.Prompt) and a negative prompt
-// (Result.Negative) for in. A reply with no positive prompt is a KindServer
-// error wrapping ErrEmptyOutput; a missing negative prompt is not an error.
-// If the generation succeeds but the guard's cleanup fails, both the result
-// and the error are returned.
+// (Result.Negative) for in, and says in Result.DualFormat how it asked for
+// them. A reply with no positive prompt is a KindServer error wrapping
+// ErrEmptyOutput; a missing negative prompt is not an error. If the
+// generation succeeds but the guard's cleanup fails, both the result and
+// the error are returned. The version request runs inside the guard's use,
+// so a closed client sends nothing; when ctx ends during it the call
+// returns a KindCanceled error and loads nothing.
 func (n *DualStreamRefiner) Refine(ctx context.Context, in DualInput) (*Result, error) {
 	st := &settings{op: "dual stream refiner", guard: &n.Guard, model: n.Model, timeout: n.Timeout, maxTokens: n.MaxTokens, progress: n.Progress}
 	hint, err := st.styledInput(n.Styles, "description", in.Description, in.Style, in.Sampling)
 	if err != nil {
 		return nil, err
 	}
-	prompt, err := renderFixed(st.op, n.Model, dualTemplate, fixedData{Description: in.Description, StyleHint: hint})
-	if err != nil {
-		return nil, err
-	}
 	res := &Result{Model: n.Model}
 	done := false
 	err = n.Run(ctx, n.Model, func(ctx context.Context, s *vramguard.Session) error {
-		tokens := 0
-		gen, _, reasoning, err := st.generate(ctx, s, pass{prompt: prompt, sampling: in.Sampling, reasoning: in.IncludeReasoning, n: 1, of: 1, tokens: &tokens})
+		schema := false
+		if !n.NoSchema {
+			var err error
+			if schema, err = serverTakesSchema(ctx, st); err != nil {
+				return err
+			}
+		}
+		prompt, err := renderFixed(st.op, n.Model, dualTemplate, fixedData{Description: in.Description, StyleHint: hint, JSON: schema})
+		if err != nil {
+			return err
+		}
+		p := pass{prompt: prompt, sampling: in.Sampling, reasoning: in.IncludeReasoning, n: 1, of: 1, tokens: new(int)}
+		if schema {
+			p.format = json.RawMessage(dualSchema)
+		}
+		gen, _, reasoning, err := st.generate(ctx, s, p)
 		if err != nil {
 			return err
 		}
 		res.Generations = append(res.Generations, gen)
-		// Parse the raw reply: Clean would take "Positive:" for a label.
-		res.Prompt, res.Negative = ParseDualStream(gen.Text)
+		res.Prompt, res.Negative, res.DualFormat = readDual(gen.Text, schema)
 		res.Reasoning = reasoning
 		if res.Prompt == "" {
 			return emptyOutput(st.op, n.Model)
@@ -153,4 +179,19 @@ func (n *DualStreamRefiner) Refine(ctx context.Context, in DualInput) (*Result, 
 		return nil
 	})
 	return finish(res, done, err)
+}
+
+// readDual reads a reply's two prompts: as JSON when the schema was sent
+// and the reply is the object it asks for, else as text. The raw reply is
+// parsed: Clean would take "Positive:" for a label.
+func readDual(text string, schema bool) (pos, neg string, f DualFormat) {
+	if !schema {
+		pos, neg = ParseDualStream(text)
+		return pos, neg, DualText
+	}
+	if pos, neg, ok := parseDualJSON(text); ok {
+		return pos, neg, DualJSON
+	}
+	pos, neg = ParseDualStream(text)
+	return pos, neg, DualJSONAsText
 }

@@ -1,8 +1,19 @@
 package nodes
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
 func TestParseDualStream(t *testing.T) {
@@ -99,3 +110,146 @@ func FuzzParseDualStream(f *testing.F) {
 		}
 	})
 }
+
+// pathCounter is a transport that counts the requests to each path and
+// fails those to the paths in fail with a 404.
+type pathCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+	fail   map[string]bool
+}
+
+func (p *pathCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	p.mu.Lock()
+	if p.counts == nil {
+		p.counts = make(map[string]int)
+	}
+	p.counts[req.URL.Path]++
+	fail := p.fail[req.URL.Path]
+	p.mu.Unlock()
+	if fail {
+		return &http.Response{StatusCode: http.StatusNotFound, Status: "404 Not Found", Request: req, Header: http.Header{}, Body: http.NoBody}, nil
+	}
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+func (p *pathCounter) count(path string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.counts[path]
+}
+
+// dualReplies scripts a model that answers a request with a format with
+// JSON and any other with the text format.
+func dualReplies(c sim.Call) []sim.Chunk {
+	if len(c.Format) > 0 {
+		return textChunks(`{"positive": "a castle, `, `negative space above",`, ` "negative": "blurry, lowres"}`)
+	}
+	return textChunks("Positive: a castle at dusk\n", "Negative: blurry")
+}
+
+func TestDualStreamFormats(t *testing.T) {
+	tests := []struct {
+		name      string
+		version   string // the server's; "" is the simulator's default, 0.17.4-sim
+		versionOK bool   // /api/version answers
+		noSchema  bool
+		respond   func(sim.Call) []sim.Chunk // nil: the simulator's default reply
+		format    DualFormat
+		pos, neg  string // "" with the default reply: only checked non-empty
+	}{
+		{name: "schema", versionOK: true, respond: dualReplies, format: DualJSON, pos: "a castle, negative space above", neg: "blurry, lowres"},
+		{name: "schema at v0.5.0", version: "0.5.0", versionOK: true, respond: dualReplies, format: DualJSON, pos: "a castle, negative space above", neg: "blurry, lowres"},
+		{name: "schema, default reply", versionOK: true, format: DualJSON},
+		{name: "schema, text reply", versionOK: true, respond: respondTo("**Positive:** a castle\n", "**Negative:** blurry"), format: DualJSONAsText, pos: "a castle", neg: "blurry"},
+		{name: "old server", version: "0.4.7", versionOK: true, respond: dualReplies, format: DualText, pos: "a castle at dusk", neg: "blurry"},
+		{name: "source build", version: "0.0.0", versionOK: true, respond: dualReplies, format: DualText, pos: "a castle at dusk", neg: "blurry"},
+		{name: "no version", respond: dualReplies, format: DualText, pos: "a castle at dusk", neg: "blurry"},
+		{name: "NoSchema", versionOK: true, noSchema: true, respond: dualReplies, format: DualText, pos: "a castle at dusk", neg: "blurry"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := sim.New(sim.Config{Version: tt.version, Models: []sim.ModelConfig{{Name: "writer", RespondTo: tt.respond}}})
+			t.Cleanup(s.Close)
+			pc := &pathCounter{fail: map[string]bool{"/api/version": !tt.versionOK}}
+			c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), HTTPClient: &http.Client{Transport: pc}, PollInterval: 5 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			d := DualStreamRefiner{Guard: vramguard.Guard{Client: c}, Model: "writer", NoSchema: tt.noSchema}
+			res, err := d.Refine(t.Context(), DualInput{Description: "a castle", Style: "fantasy"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.DualFormat != tt.format {
+				t.Errorf("format %v, want %v", res.DualFormat, tt.format)
+			}
+			if tt.pos == "" && (res.Prompt == "" || res.Negative == "") || tt.pos != "" && (res.Prompt != tt.pos || res.Negative != tt.neg) {
+				t.Errorf("prompts %q, %q; want %q, %q", res.Prompt, res.Negative, tt.pos, tt.neg)
+			}
+			wantVersion := 1
+			if tt.noSchema {
+				wantVersion = 0
+			}
+			if n := pc.count("/api/version"); n != wantVersion {
+				t.Errorf("%d version requests, want %d", n, wantVersion)
+			}
+			calls := s.Calls("writer")
+			if len(calls) != 1 {
+				t.Fatalf("%d calls", len(calls))
+			}
+			call := calls[0]
+			schema := tt.format != DualText
+			if schema {
+				var got, want any
+				if err := json.Unmarshal(call.Format, &got); err != nil {
+					t.Fatalf("format %s: %v", call.Format, err)
+				}
+				_ = json.Unmarshal([]byte(dualSchema), &want)
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("format %s, want %s", call.Format, dualSchema)
+				}
+			} else if len(call.Format) != 0 {
+				t.Errorf("format %s sent, want none", call.Format)
+			}
+			if asksJSON := strings.Contains(call.Prompt, `{"positive": "<the positive prompt>"`); asksJSON != schema {
+				t.Errorf("prompt asks for JSON: %v, want %v:\n%s", asksJSON, schema, call.Prompt)
+			}
+			if s.Listed("writer") {
+				t.Error("model resident after Refine")
+			}
+		})
+	}
+}
+
+// TestDualStreamVersionCanceled: a context that ends during the version
+// request ends the call with KindCanceled, before anything is loaded.
+func TestDualStreamVersionCanceled(t *testing.T) {
+	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply("Positive: a castle")})
+	ctx, cancel := context.WithCancel(t.Context())
+	stall := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.URL.Path == "/api/version" {
+			cancel()
+			<-req.Context().Done()
+			return nil, req.Context().Err()
+		}
+		return http.DefaultTransport.RoundTrip(req)
+	})
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), HTTPClient: &http.Client{Transport: stall}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	res, err := (&DualStreamRefiner{Guard: vramguard.Guard{Client: c}, Model: "writer"}).Refine(ctx, DualInput{Description: "a castle"})
+	if res != nil || !errors.Is(err, vramguard.KindCanceled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %+v, %v; want a canceled error", res, err)
+	}
+	if n := s.Requests("writer"); n != 0 {
+		t.Errorf("%d requests reached the model", n)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }

@@ -1,9 +1,12 @@
 package nodes_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"image"
+	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,6 +133,82 @@ func ExampleDualStreamRefiner_Refine() {
 	// Output:
 	// positive: a castle at dusk, negative space above the towers
 	// negative: blurry, lowres
+}
+
+func ExampleDualStreamRefiner_Refine_schema() {
+	// The simulator reports Ollama 0.17.4, which takes a JSON schema as
+	// format: the node sends one and reads the JSON object back.
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "writer", RespondTo: func(c sim.Call) []sim.Chunk {
+		if len(c.Format) == 0 {
+			return []sim.Chunk{{Text: "Positive: a castle at dusk\nNegative: blurry"}}
+		}
+		return []sim.Chunk{{Text: `{"positive": "a castle at dusk, torchlight", `}, {Text: `"negative": "blurry, lowres"}`}}
+	}}}})
+	defer s.Close()
+	c := client(s)
+	defer c.Close()
+
+	d := nodes.DualStreamRefiner{Guard: vramguard.Guard{Client: c}, Model: "writer"}
+	res, err := d.Refine(context.Background(), nodes.DualInput{Description: "a castle"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%s: %q / %q\n", res.DualFormat, res.Prompt, res.Negative)
+
+	// NoSchema asks for the text format, as for a server older than v0.5.0.
+	d.NoSchema = true
+	res, err = d.Refine(context.Background(), nodes.DualInput{Description: "a castle"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%s: %q / %q\n", res.DualFormat, res.Prompt, res.Negative)
+	// Output:
+	// json: "a castle at dusk, torchlight" / "blurry, lowres"
+	// text: "a castle at dusk" / "blurry"
+}
+
+func ExampleImagePrompter_Generate() {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+		{Name: "llava", Vision: true, RespondTo: func(sim.Call) []sim.Chunk {
+			// A real vision model would look at the picture.
+			return []sim.Chunk{{Text: `**Prompt:** "a red fox curled up in fresh snow, anime key visual, cel shading, soft bloom"`}}
+		}},
+		{Name: "llama3.2"}, // a text model
+	}})
+	defer s.Close()
+	c := client(s)
+	defer c.Close()
+
+	// A tiny picture; a program would read a file (os.ReadFile).
+	var buf bytes.Buffer
+	if err := png.Encode(&buf, image.NewGray(image.Rect(0, 0, 8, 8))); err != nil {
+		fmt.Println(err)
+		return
+	}
+	p := nodes.ImagePrompter{Guard: vramguard.Guard{Client: c}, Model: "llava"}
+	res, err := p.Generate(context.Background(), nodes.ImageInput{Image: buf.Bytes(), Hint: "a sketch of a fox", Style: "anime"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(res.Prompt)
+	fmt.Println("resident:", s.Listed("llava"))
+
+	// A text model cannot see the picture; nothing is loaded.
+	p.Model = "llama3.2"
+	_, err = p.Generate(context.Background(), nodes.ImageInput{Image: buf.Bytes()})
+	fmt.Println(errors.Is(err, vramguard.ErrNoVision), errors.Is(err, vramguard.KindInvalidInput), s.Loads("llama3.2"))
+
+	// Neither can the library read a GIF.
+	_, err = p.Generate(context.Background(), nodes.ImageInput{Image: []byte("GIF89a...")})
+	fmt.Println(errors.Is(err, vramguard.ErrImageFormat))
+	// Output:
+	// a red fox curled up in fresh snow, anime key visual, cel shading, soft bloom
+	// resident: false
+	// true true 0
+	// true
 }
 
 func ExampleClean() {

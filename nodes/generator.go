@@ -76,5 +76,5 @@ func (g *PromptGenerator) Generate(ctx context.Context, in GenerateInput) (*Resu
 	if err != nil {
 		return nil, err
 	}
-	return single(ctx, st, prompt, in.Sampling, in.IncludeReasoning)
+	return single(ctx, st, pass{prompt: prompt, sampling: in.Sampling, reasoning: in.IncludeReasoning})
 }

@@ -1,6 +1,7 @@
 package nodes_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -81,7 +82,7 @@ func runHostile(t *testing.T, ctx context.Context, tc hostileCase) {
 
 func nodeSim(t *testing.T) (*sim.Server, *vramguard.OllamaClient) {
 	t.Helper()
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", Chunks: 4}}})
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", Chunks: 4}, {Name: "eye", Chunks: 4, Vision: true}}})
 	t.Cleanup(s.Close)
 	tr := &http.Transport{}
 	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), HTTPClient: &http.Client{Transport: tr},
@@ -125,6 +126,12 @@ func TestHostileNodeInputs(t *testing.T) {
 			return err
 		}
 	}
+	img := func(n nodes.ImagePrompter, in nodes.ImageInput) func(context.Context) error {
+		return func(ctx context.Context) error { _, err := n.Generate(ctx, in); return err }
+	}
+	eye := nodes.ImagePrompter{Guard: guard, Model: "eye", MaxTokens: 4}
+	pngSig := []byte("\x89PNG\r\n\x1a\n")
+	withImage := func(in nodes.ImageInput) nodes.ImageInput { in.Image = pngSig; return in }
 	tests := []hostileCase{
 		// Node settings
 		{"no client", genr(nodes.PromptGenerator{Model: "tiny"}, desc), invalidOnly},
@@ -170,6 +177,24 @@ func TestHostileNodeInputs(t *testing.T) {
 		{"dual empty description", dual(nodes.DualInput{}), invalidOnly},
 		{"dual unknown style", dual(nodes.DualInput{Description: "x", Style: "\xff"}), invalidOnly},
 		{"dual +Inf temperature", dual(nodes.DualInput{Description: "x", Sampling: nodes.Sampling{Temperature: math.Inf(1)}}), invalidOnly},
+
+		// Image prompter
+		{"image nil", img(eye, nodes.ImageInput{}), invalidOnly},
+		{"image one byte", img(eye, nodes.ImageInput{Image: []byte{0x89}}), invalidOnly},
+		{"image GIF", img(eye, nodes.ImageInput{Image: []byte("GIF89a\x01\x00\x01\x00\x00\xff")}), invalidOnly},
+		{"image NULs", img(eye, nodes.ImageInput{Image: make([]byte, 1<<10)}), invalidOnly},
+		{"image text with a PNG name", img(eye, nodes.ImageInput{Image: []byte("fox.png")}), invalidOnly},
+		{"image over MaxImageBytes", img(eye, nodes.ImageInput{Image: append(bytes.Clone(pngSig), make([]byte, vramguard.MaxImageBytes)...)}), invalidOnly},
+		{"image signature only", img(eye, withImage(nodes.ImageInput{})), successOnly},
+		{"image to a text model", img(nodes.ImagePrompter{Guard: guard, Model: "tiny"}, withImage(nodes.ImageInput{})), invalidOnly},
+		{"image unknown model", img(nodes.ImagePrompter{Guard: guard, Model: "nope"}, withImage(nodes.ImageInput{})), []vramguard.Kind{vramguard.KindNotFound}},
+		{"image no client", img(nodes.ImagePrompter{Model: "eye"}, withImage(nodes.ImageInput{})), invalidOnly},
+		{"image invalid UTF-8 hint", img(eye, withImage(nodes.ImageInput{Hint: "\xed\xa0\x80"})), invalidOnly},
+		{"image hint over MaxInputBytes", img(eye, withImage(nodes.ImageInput{Hint: over})), invalidOnly},
+		{"image template syntax in hint", img(eye, withImage(nodes.ImageInput{Hint: "{{.System}}{{template \"x\"}}"})), successOnly},
+		{"image style with controls", img(eye, withImage(nodes.ImageInput{Style: "\x00\x1b"})), invalidOnly},
+		{"image NaN top-p", img(eye, withImage(nodes.ImageInput{Sampling: nodes.Sampling{TopP: math.NaN()}})), invalidOnly},
+		{"image 1ns timeout", img(nodes.ImagePrompter{Guard: guard, Model: "eye", Timeout: 1}, withImage(nodes.ImageInput{})), []vramguard.Kind{vramguard.KindTimeout}},
 
 		// Catalog and styles
 		{"catalog without client", func(ctx context.Context) error { _, err := (&nodes.Catalog{}).Models(ctx); return err }, invalidOnly},
@@ -242,6 +267,7 @@ func TestHostileNodeInputs(t *testing.T) {
 		"refiner":   refine(nodes.RefineInput{Prompt: "x", Passes: 3}),
 		"negative":  negative(nodes.NegativeInput{Prompt: "x"}),
 		"dual":      dual(nodes.DualInput{Description: "x"}),
+		"image":     img(eye, withImage(nodes.ImageInput{})),
 		"catalog":   func(ctx context.Context) error { _, err := (&nodes.Catalog{Client: c}).Models(ctx); return err },
 	} {
 		t.Run("canceled/"+name, func(t *testing.T) {

@@ -55,5 +55,5 @@ func (n *NegativePrompt) Generate(ctx context.Context, in NegativeInput) (*Resul
 	if err != nil {
 		return nil, err
 	}
-	return single(ctx, st, prompt, in.Sampling, in.IncludeReasoning)
+	return single(ctx, st, pass{prompt: prompt, sampling: in.Sampling, reasoning: in.IncludeReasoning})
 }

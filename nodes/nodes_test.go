@@ -112,7 +112,7 @@ func TestIncludeReasoning(t *testing.T) {
 }
 
 func TestKeepLoaded(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply("a castle")})
+	s := newSim(t, sim.ModelConfig{Name: "writer", Vision: true, Respond: reply("a castle")})
 	c := newClient(t, s, nil)
 	nodes := []struct {
 		name string
@@ -132,6 +132,10 @@ func TestKeepLoaded(t *testing.T) {
 		}},
 		{"dual", func(g vramguard.Guard) error {
 			_, err := (&DualStreamRefiner{Guard: g, Model: "writer"}).Refine(t.Context(), DualInput{Description: "x"})
+			return err
+		}},
+		{"image", func(g vramguard.Guard) error {
+			_, err := (&ImagePrompter{Guard: g, Model: "writer"}).Generate(t.Context(), ImageInput{Image: testImage(t, "png")})
 			return err
 		}},
 	}
@@ -324,9 +328,9 @@ func TestNodeFaults(t *testing.T) {
 		{"node timeout", sim.StallAfter(1, 5*time.Second), 150 * time.Millisecond, vramguard.KindTimeout, vramguard.ErrTotalTimeout},
 	}
 	for _, tt := range tests {
-		for _, node := range []string{"generator", "refiner", "negative", "dual"} {
+		for _, node := range []string{"generator", "refiner", "negative", "dual", "image"} {
 			t.Run(tt.name+"/"+node, func(t *testing.T) {
-				s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply(words("Positive: a castle on a hill\nNegative: blurry")...)})
+				s := newSim(t, sim.ModelConfig{Name: "writer", Vision: true, Respond: reply(words("Positive: a castle on a hill\nNegative: blurry")...)})
 				c := newClient(t, s, nil)
 				if err := s.FailNext("writer", tt.fault); err != nil {
 					t.Fatal(err)
@@ -343,6 +347,8 @@ func TestNodeFaults(t *testing.T) {
 					res, err = (&NegativePrompt{Guard: g, Model: "writer", Timeout: tt.timeout}).Generate(t.Context(), NegativeInput{Prompt: "a castle"})
 				case "dual":
 					res, err = (&DualStreamRefiner{Guard: g, Model: "writer", Timeout: tt.timeout}).Refine(t.Context(), DualInput{Description: "a castle"})
+				case "image":
+					res, err = (&ImagePrompter{Guard: g, Model: "writer", Timeout: tt.timeout}).Generate(t.Context(), ImageInput{Image: testImage(t, "png")})
 				}
 				if res != nil {
 					t.Errorf("got a result %+v with error %v", res, err)
@@ -360,13 +366,14 @@ func TestNodeFaults(t *testing.T) {
 }
 
 func TestEmptyOutput(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply("<think>", "I cannot decide", "</think>", " \"\" ")})
+	s := newSim(t, sim.ModelConfig{Name: "writer", Vision: true, Respond: reply("<think>", "I cannot decide", "</think>", " \"\" ")})
 	c := newClient(t, s, nil)
 	g := vramguard.Guard{Client: c}
 	_, err1 := (&PromptGenerator{Guard: g, Model: "writer"}).Generate(t.Context(), GenerateInput{Description: "a castle"})
 	_, err2 := (&NegativePrompt{Guard: g, Model: "writer"}).Generate(t.Context(), NegativeInput{Prompt: "a castle"})
 	_, err3 := (&DualStreamRefiner{Guard: g, Model: "writer"}).Refine(t.Context(), DualInput{Description: "a castle"})
-	for i, err := range []error{err1, err2, err3} {
+	_, err4 := (&ImagePrompter{Guard: g, Model: "writer"}).Generate(t.Context(), ImageInput{Image: testImage(t, "png")})
+	for i, err := range []error{err1, err2, err3, err4} {
 		if !errors.Is(err, vramguard.KindServer) || !errors.Is(err, ErrEmptyOutput) {
 			t.Errorf("node %d: %v, want a server error wrapping ErrEmptyOutput", i+1, err)
 		}

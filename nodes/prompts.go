@@ -15,9 +15,13 @@ type fixedData struct {
 	Instructions string
 	StyleHint    string
 	Pass, Passes int
+	JSON         bool   // the dual prompt asks for dualSchema's object
+	System       string // the image prompter's system prompt, before Instructions
+	Hint         string // the image prompter's hint
 }
 
-// The fixed requests of PromptRefiner, NegativePrompt and DualStreamRefiner.
+// The fixed requests of PromptRefiner, NegativePrompt, DualStreamRefiner
+// and ImagePrompter.
 // Parsed once; templates are safe for concurrent use and never changed.
 var (
 	refineTemplate = template.Must(template.New("refine").Parse(`Refine the text-to-image prompt below. Keep its subject, style and intent. Make it more specific and vivid: concrete details of the subject, composition, lighting, color and texture. Remove repetition, contradictions and words a diffusion model cannot render.
@@ -48,9 +52,27 @@ Reply with the negative prompt only: one line of comma-separated terms, no label
 
 Description: {{.Description}}
 
+{{if .JSON -}}
+Reply with a JSON object with two string fields, nothing before or after:
+{"positive": "<the positive prompt>", "negative": "<the negative prompt>"}
+{{- else -}}
 Reply in exactly this format, two lines, nothing before or after:
 Positive: <the positive prompt>
-Negative: <the negative prompt>`))
+Negative: <the negative prompt>
+{{- end}}`))
+
+	// imageSystemTemplate frames a style's instructions (Instructions,
+	// rendered with imageDescription) for a vision model.
+	imageSystemTemplate = template.Must(template.New("image-system").Parse(`{{.System}}
+
+The user attaches an image: a reference photo, a sketch, a painting or a screenshot. Write a text-to-image prompt that recreates what it shows (its subject, pose, composition, setting, colors and light) in the style below. Describe only what you can see, and keep the image's subject even where the style suggests another. In the instructions below, the description is the image.
+
+{{.Instructions}}`))
+
+	imageUserTemplate = template.Must(template.New("image-user").Parse(`Write the prompt for this image.
+{{- with .Hint}}
+About the image: {{.}}
+{{- end}}`))
 )
 
 // renderFixed executes one of the fixed templates.

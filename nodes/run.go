@@ -2,10 +2,13 @@ package nodes
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
 )
@@ -107,6 +110,9 @@ type Result struct {
 	Reasoning string
 	// Model is the model that wrote the prompt.
 	Model string
+	// DualFormat says how DualStreamRefiner asked for the two prompts
+	// and read them; zero for the other nodes.
+	DualFormat DualFormat
 	// Generations are the raw generations, one per pass, for metrics.
 	Generations []*vramguard.Generation
 }
@@ -151,9 +157,15 @@ func validText(op, model, name, s string, required bool) error {
 // validInput checks the text fields of an input (name, value pairs; the
 // first is required) and their total size.
 func validInput(op, model string, fields ...string) error {
+	return validFields(op, model, true, fields...)
+}
+
+// validFields checks name, value pairs of text fields, the first required
+// if firstRequired, and their total size.
+func validFields(op, model string, firstRequired bool, fields ...string) error {
 	total := 0
 	for i := 0; i+1 < len(fields); i += 2 {
-		if err := validText(op, model, fields[i], fields[i+1], i == 0); err != nil {
+		if err := validText(op, model, fields[i], fields[i+1], firstRequired && i == 0); err != nil {
 			return err
 		}
 		total += len(fields[i+1])
@@ -190,47 +202,48 @@ func (st *settings) styledInput(styles *StyleSet, field, text, style string, s S
 
 // pass is one generation of a node call.
 type pass struct {
-	prompt    string
+	prompt string // a generation's prompt, sent with the shared system prompt
+	// messages, when set, make the pass a chat turn: the conversation,
+	// system message included; prompt is then unused.
+	messages  []api.Message
+	format    json.RawMessage // structured output; nil for free text
 	sampling  Sampling
 	reasoning bool // keep reasoning: leave thinking to the model's default
 	n, of     int  // pass number from 1, and passes in the call
 	tokens    *int // chunks so far in the call
 }
 
-// generate runs one pass in a guarded session and returns the generation
-// and its cleaned text and reasoning.
+// generate runs one pass in a guarded session, as a generation or a chat
+// turn, and returns the generation and its cleaned text and reasoning.
 func (st *settings) generate(ctx context.Context, s *vramguard.Session, p pass) (gen *vramguard.Generation, text, reasoning string, err error) {
-	req := &vramguard.GenerateRequest{
-		Prompt:   p.prompt,
-		System:   system,
-		Options:  p.sampling.options(p.n-1, st.maxTokens),
-		Timeouts: vramguard.Timeouts{Total: st.timeout},
-	}
+	var think *bool
 	if !p.reasoning {
 		// Thinking off: faster, and nothing to strip. With reasoning
 		// wanted, Think stays nil: a thinking model then thinks (Ollama's
 		// default) and a model that cannot is not refused with a 400.
-		req.Think = new(bool)
+		think = new(bool)
 	}
-	var fn vramguard.ChunkFunc
-	if st.progress != nil {
-		passTokens := 0
-		fn = func(ch vramguard.Chunk) error {
-			if ch.Text != "" || ch.Thinking != "" {
-				passTokens++
-				*p.tokens++
-			}
-			st.progress(Progress{
-				Pass:     p.n,
-				Passes:   p.of,
-				Tokens:   *p.tokens,
-				Fraction: fraction(p.n, p.of, passTokens, st.maxTokens, ch.Done),
-				Done:     ch.Done,
-			})
-			return nil
-		}
+	opts := p.sampling.options(p.n-1, st.maxTokens)
+	timeouts := vramguard.Timeouts{Total: st.timeout}
+	fn := st.chunkFunc(p)
+	if p.messages != nil {
+		gen, err = s.Chat(ctx, &vramguard.ChatRequest{
+			Messages: p.messages,
+			Format:   p.format,
+			Think:    think,
+			Options:  opts,
+			Timeouts: timeouts,
+		}, fn)
+	} else {
+		gen, err = s.Generate(ctx, &vramguard.GenerateRequest{
+			Prompt:   p.prompt,
+			System:   system,
+			Format:   p.format,
+			Think:    think,
+			Options:  opts,
+			Timeouts: timeouts,
+		}, fn)
 	}
-	gen, err = s.Generate(ctx, req, fn)
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -239,6 +252,29 @@ func (st *settings) generate(ctx context.Context, s *vramguard.Session, p pass) 
 		reasoning = joinNonEmpty(strings.TrimSpace(gen.Thinking), inline)
 	}
 	return gen, text, reasoning, nil
+}
+
+// chunkFunc returns the callback that turns a pass's chunks into
+// Progress, or nil without a Progress callback.
+func (st *settings) chunkFunc(p pass) vramguard.ChunkFunc {
+	if st.progress == nil {
+		return nil
+	}
+	passTokens := 0
+	return func(ch vramguard.Chunk) error {
+		if ch.Text != "" || ch.Thinking != "" {
+			passTokens++
+			*p.tokens++
+		}
+		st.progress(Progress{
+			Pass:     p.n,
+			Passes:   p.of,
+			Tokens:   *p.tokens,
+			Fraction: fraction(p.n, p.of, passTokens, st.maxTokens, ch.Done),
+			Done:     ch.Done,
+		})
+		return nil
+	}
 }
 
 // fraction is the share of a call done after tokens chunks of pass n of of.
@@ -264,13 +300,15 @@ func joinNonEmpty(parts ...string) string {
 	return strings.Join(kept, "\n\n")
 }
 
-// single runs a one-pass node whose output must not be empty.
-func single(ctx context.Context, st *settings, prompt string, sampling Sampling, reasoning bool) (*Result, error) {
+// single runs a one-pass node whose output must not be empty; p's pass
+// counters are set here.
+func single(ctx context.Context, st *settings, p pass) (*Result, error) {
 	res := &Result{Model: st.model}
 	done := false
 	err := st.guard.Run(ctx, st.model, func(ctx context.Context, s *vramguard.Session) error {
 		tokens := 0
-		gen, text, r, err := st.generate(ctx, s, pass{prompt: prompt, sampling: sampling, reasoning: reasoning, n: 1, of: 1, tokens: &tokens})
+		p.n, p.of, p.tokens = 1, 1, &tokens
+		gen, text, r, err := st.generate(ctx, s, p)
 		if err != nil {
 			return err
 		}

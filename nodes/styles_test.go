@@ -72,6 +72,10 @@ func TestFixedPromptsGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	instructions, err := BuiltinStyles().render("test", "", "anime", TemplateData{Description: imageDescription, Emphasis: goldenData.Emphasis, Mood: goldenData.Mood})
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		tmpl *template.Template
@@ -81,6 +85,10 @@ func TestFixedPromptsGolden(t *testing.T) {
 		{"refine-single", refineTemplate, fixedData{Prompt: "a lighthouse, dusk", Pass: 1, Passes: 1}},
 		{"negative", negativeTemplate, fixedData{Prompt: "a lighthouse, dusk", StyleHint: styleHint(c)}},
 		{"dual", dualTemplate, fixedData{Description: goldenData.Description, StyleHint: styleHint(c)}},
+		{"dual-json", dualTemplate, fixedData{Description: goldenData.Description, StyleHint: styleHint(c), JSON: true}},
+		{"image-system", imageSystemTemplate, fixedData{System: system, Instructions: instructions}},
+		{"image-user", imageUserTemplate, fixedData{Hint: "a pencil sketch of my cat"}},
+		{"image-user-plain", imageUserTemplate, fixedData{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

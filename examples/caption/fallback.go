@@ -1,0 +1,71 @@
+package main
+
+// This file is the command's fallback when no Ollama answers: vramguard's
+// built-in simulator of an Ollama server, with one vision model. It is the
+// only file that uses the module's internal packages; the rest of the
+// command is public API you can copy.
+
+import (
+	"bytes"
+	"fmt"
+	"image"
+	_ "image/jpeg" // image.DecodeConfig reads JPEG sizes
+	_ "image/png"  // and PNG sizes
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/sim"
+)
+
+// simModel is the simulator's vision model.
+const simModel = "llava:7b"
+
+// styleRe finds the style a built-in style's instructions name.
+var styleRe = regexp.MustCompile(`in the ([\w-]+) style`)
+
+// simulated is a running simulator.
+type simulated struct{ srv *sim.Server }
+
+// startSimulator starts the simulator; close it when done.
+func startSimulator() *simulated {
+	srv := sim.New(sim.Config{Models: []sim.ModelConfig{{
+		Name:         simModel,
+		Vision:       true,
+		SizeVRAM:     5_500_000_000,
+		LoadLatency:  300 * time.Millisecond,
+		TokenLatency: 3 * time.Millisecond,
+		RespondTo:    simReply,
+	}}})
+	return &simulated{srv: srv}
+}
+
+// simReply is the simulated model's canned prompt: it names what it was
+// sent (the image's type and size, the style), since it cannot see.
+func simReply(c sim.Call) []sim.Chunk {
+	what, style := "the image", "cinematic"
+	for _, m := range c.Messages {
+		if m.Role == "system" {
+			if s := styleRe.FindStringSubmatch(m.Content); s != nil {
+				style = s[1]
+			}
+		}
+		for _, img := range m.Images {
+			what = "the subject of a " + strings.ToUpper(vramguard.ImageType(img)) + " image"
+			if cfg, _, err := image.DecodeConfig(bytes.NewReader(img)); err == nil {
+				what = fmt.Sprintf("the subject of a %dx%d %s image", cfg.Width, cfg.Height, strings.ToUpper(vramguard.ImageType(img)))
+			}
+		}
+	}
+	text := what + ", " + style + " style, clear focal point, balanced composition, detailed textures, sharp focus, high resolution"
+	var out []sim.Chunk
+	for _, w := range strings.SplitAfter(text, " ") {
+		out = append(out, sim.Chunk{Text: w})
+	}
+	return out
+}
+
+func (s *simulated) host() string { return s.srv.URL().String() }
+
+func (s *simulated) close() { s.srv.Close() }
