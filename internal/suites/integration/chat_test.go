@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 	"github.com/vramguard/vramguard/internal/testkit/standin"
+	"github.com/vramguard/vramguard/nodes"
 )
 
 // What the servers do with chat, format and images on the tiny test
@@ -211,5 +213,51 @@ func TestImageForTextModel(t *testing.T) {
 				t.Errorf("%s: /api/ps lists %v after the guard", ep, ms)
 			}
 		}
+	})
+}
+
+// The dual-stream node on real servers, with /api/version answering the
+// release each one is (a module build reports 0.0.0, which the node
+// treats as too old for a schema): the schema goes out on every version;
+// v0.34.4's runner follows it (DualJSON), and the random model of the
+// others does not, so the node reads its reply as text or finds no
+// prompt in it (ErrEmptyOutput). Either way nothing stays resident.
+func TestDualStreamSchema(t *testing.T) {
+	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+		var formats atomic.Int32
+		p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
+			switch {
+			case r.Path == "/api/version":
+				return faultproxy.Respond(http.StatusOK, []byte(`{"version":"`+s.Version()+`"}`))
+			case r.IsGeneration() && bytes.Contains(r.Body, []byte(`"format":{`)):
+				formats.Add(1)
+			}
+			return faultproxy.Pass()
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		c, err := vramguard.NewClient(vramguard.Options{Host: p.URL().String(), PollInterval: 25 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		n := nodes.DualStreamRefiner{Guard: vramguard.Guard{Client: c}, Model: modelA, MaxTokens: 24}
+		res, err := n.Refine(t.Context(), nodes.DualInput{Description: "a castle"})
+		if formats.Load() != 1 {
+			t.Errorf("%d requests carried a schema, want 1", formats.Load())
+		}
+		switch {
+		case ollamatest.UsesLlamaServer(s.Version()):
+			if err != nil || res.DualFormat != nodes.DualJSON || res.Prompt == "" || res.Negative == "" {
+				t.Errorf("got %+v, %v; want both prompts from the JSON reply", res, err)
+			}
+		case err != nil && !errors.Is(err, nodes.ErrEmptyOutput):
+			t.Errorf("got %v, want a result read as text or ErrEmptyOutput", err)
+		case err == nil && res.DualFormat != nodes.DualJSONAsText:
+			t.Errorf("format %v, want the text parser's fallback", res.DualFormat)
+		}
+		requireEmpty(t, s, "after the node returned")
 	})
 }
