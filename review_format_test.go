@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
@@ -23,5 +22,4 @@ func TestReviewBlankFormat(t *testing.T) {
 			}
 		})
 	}
-	_ = api.Message{}
 }
