@@ -123,6 +123,7 @@ func (c *OllamaClient) ChatStreaming(ctx context.Context, req *ChatRequest, keep
 		return nil, err
 	}
 	r := *req
+	r.Format = normFormat(r.Format)
 	cl := &call{
 		op:       op,
 		model:    r.Model,

@@ -308,6 +308,7 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 		return nil, err
 	}
 	r := *req
+	r.Format = normFormat(r.Format)
 	cl := &call{
 		op:       op,
 		model:    r.Model,
@@ -380,10 +381,13 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 	if err := c.checkOpen(op, cl.model); err != nil {
 		return nil, err
 	}
+	var spent time.Duration // the capabilities question counts against the timeouts
 	if cl.images {
+		start := time.Now()
 		if err := c.checkVision(ctx, op, cl.model, cl.timeouts.or(c.opts.Timeouts)); err != nil {
 			return nil, err
 		}
+		spent = time.Since(start)
 	}
 	// Options.Budget: a load is admitted before the request goes out.
 	admitted, err := c.admit(ctx, op, cl.model, cl.options)
@@ -399,7 +403,7 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 	if err != nil {
 		return nil, err
 	}
-	st := &streamState{flight: f}
+	st := &streamState{flight: f, spent: spent}
 	// Checked at the first chunk when the model may be gone by the end,
 	// or when an offloaded model must not generate at all.
 	st.checkOffload = c.opts.VRAM != nil && (c.opts.FailOnOffload || keepAlive.IsUnload())
@@ -408,7 +412,7 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 		return c.stream(fctx, cl, keepAlive, fn, st)
 	}()
 	if errors.Is(err, errOffloadStop) {
-		return nil, c.failOffloaded(ctx, cl.model, st.offload)
+		return nil, c.failOffloaded(ctx, op, cl.model, st.offload)
 	}
 	if err == nil {
 		c.reportLoad(gen)
@@ -491,6 +495,7 @@ func (c *OllamaClient) callHook(f func()) {
 // streamState is what the chunk callback accumulates.
 type streamState struct {
 	start      time.Time
+	spent      time.Duration // before the request: the vision check
 	text       strings.Builder
 	thinking   strings.Builder
 	toolCalls  []api.ToolCall
@@ -512,7 +517,7 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 	op, model := cl.op, cl.model
 	t := cl.timeouts.or(c.opts.Timeouts)
 
-	wd := newWatchdog(ctx, t)
+	wd := newWatchdog(ctx, t, st.spent)
 	defer wd.release()
 
 	st.start = wd.start

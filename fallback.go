@@ -79,7 +79,7 @@ func cliFormat(f json.RawMessage) string {
 func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateRequest, ka KeepAlive, fn ChunkFunc, f *flight) (*Generation, error) {
 	const op = "generate (cli)"
 	t := req.Timeouts.or(c.opts.Timeouts)
-	wd := newWatchdog(ctx, t)
+	wd := newWatchdog(ctx, t, 0)
 	defer wd.release()
 
 	args := []string{"run", req.Model, "--nowordwrap", "--keepalive", ka.cliFlag()}

@@ -2,7 +2,6 @@ package vramguard
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -86,17 +85,26 @@ func validFormat(op, model string, f json.RawMessage) error {
 	return nil
 }
 
+// normFormat is a valid format as it is sent: nil for none (blank or
+// null), the JSON without surrounding white space otherwise.
+func normFormat(f json.RawMessage) json.RawMessage {
+	t := bytes.TrimSpace(f)
+	if len(t) == 0 || string(t) == "null" {
+		return nil
+	}
+	return t
+}
+
 // checkVision asks the server whether model can see images. It fails with
 // ErrNoVision when the server lists the model's capabilities without
 // "vision", and with the server's error when the model does not exist.
 // A server that lists no capabilities, or fails otherwise, leaves the
 // verdict to the request itself. The question counts against the call's
-// first-chunk timeout (t), which bounds it.
+// first-chunk and total timeouts (t): each bounds it, with its own cause.
 func (c *OllamaClient) checkVision(ctx context.Context, op, model string, t Timeouts) error {
-	sctx, cancel := ctx, context.CancelFunc(func() {})
-	if limit := min(t.FirstChunk, cmp.Or(t.Total, t.FirstChunk)); limit > 0 {
-		sctx, cancel = context.WithTimeoutCause(ctx, limit, ErrFirstChunkTimeout)
-	}
+	tctx, cancel := context.WithTimeoutCause(ctx, t.Total, ErrTotalTimeout)
+	defer cancel()
+	sctx, cancel := context.WithTimeoutCause(tctx, t.FirstChunk, ErrFirstChunkTimeout)
 	defer cancel()
 	resp, err := c.api.Show(sctx, &api.ShowRequest{Model: model})
 	switch {

@@ -84,8 +84,7 @@ var errOffloadStop = errors.New("offloaded")
 // unload's failure is joined to the error, its causes reachable
 // (ErrStillResident, ErrHeldByOthers...) but not its kind: the error stays
 // KindOutOfMemory.
-func (c *OllamaClient) failOffloaded(ctx context.Context, model string, off *Offload) error {
-	const op = "generate"
+func (c *OllamaClient) failOffloaded(ctx context.Context, op, model string, off *Offload) error {
 	c.reportOffload(model, off)
 	cause := fmt.Errorf("%w: %v", ErrOffloaded, off)
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.CleanupTimeout)

@@ -27,12 +27,15 @@ type watchdog struct {
 	stopped atomic.Bool
 }
 
-func newWatchdog(parent context.Context, t Timeouts) *watchdog {
-	w := &watchdog{idle: t.Idle, start: time.Now()}
+// newWatchdog starts the timeouts t of a call that has already spent
+// spent (asking the model's capabilities): they count from the call's
+// start.
+func newWatchdog(parent context.Context, t Timeouts, spent time.Duration) *watchdog {
+	w := &watchdog{idle: t.Idle, start: time.Now().Add(-spent)}
 	ctx, cancel := context.WithCancelCause(parent)
-	w.ctx, w.noTotal = context.WithTimeoutCause(ctx, t.Total, ErrTotalTimeout)
+	w.ctx, w.noTotal = context.WithTimeoutCause(ctx, t.Total-spent, ErrTotalTimeout)
 	w.cancel = cancel
-	w.timer = time.AfterFunc(t.FirstChunk, w.fire)
+	w.timer = time.AfterFunc(t.FirstChunk-spent, w.fire)
 	return w
 }
 
