@@ -295,8 +295,11 @@ func validOptions(op, model string, opts map[string]any) error {
 // Images and Format are checked before anything is sent (KindInvalidInput:
 // ErrImageFormat, ErrImageTooLarge, a Format that is neither "json" nor a
 // schema object); a request with images first asks the server whether the
-// model can see them, and fails with ErrNoVision if not. A server that
-// refuses them itself gets the same ErrNoVision.
+// model can see them (/api/show, within the call's timeouts), and fails
+// with ErrNoVision if not, before the model is loaded. Every server version
+// tested lists capabilities; where one does not, the server decides:
+// llama-server (Ollama v0.30+) refuses after loading, which is the same
+// ErrNoVision, while older runners answer as if there were no image.
 //
 // With Options.VRAM, a load that put the model partly on the CPU is
 // reported in Generation.Offload, Hooks.OnOffload and the log; with
