@@ -15,7 +15,7 @@ UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/integration 
 # what an importer's build shows, and `make check` fails if a bump brings the
 # warnings back.
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(shell $(GO) env GOPATH)/bin/staticcheck)
-FUZZTIME  ?= 2s
+FUZZTIME  ?= 1s
 
 .PHONY: test tools check test-unit test-nocgo test-integration fuzz-short fuzz bench soak install-ollama
 

@@ -16,19 +16,7 @@ import (
 // generation, as two sub-benchmarks for benchstat
 // (`benchstat -col /client`).
 func BenchmarkStreamingVsRaw(b *testing.B) {
-	for _, side := range []string{"raw", "vramguard"} {
-		b.Run(fmt.Sprintf("chunks=%d/client=%s", streamChunks, side), func(b *testing.B) {
-			c, client := newStreamClients(b)
-			b.ReportAllocs()
-			for b.Loop() {
-				if side == "raw" {
-					streamRaw(b, client)
-				} else {
-					streamVramguard(b, c)
-				}
-			}
-		})
-	}
+	benchVsRaw(b, streamRaw, streamVramguard)
 }
 
 // BenchmarkChatStreamingVsRaw is BenchmarkStreamingVsRaw for chat:
@@ -36,15 +24,20 @@ func BenchmarkStreamingVsRaw(b *testing.B) {
 // (streamChunks message chunks and a done line), with the same target
 // (BENCHMARKS.md §5: no slower, at most half the bytes).
 func BenchmarkChatStreamingVsRaw(b *testing.B) {
+	benchVsRaw(b, chatRaw, chatVramguard)
+}
+
+// benchVsRaw runs the raw and the vramguard side as two sub-benchmarks.
+func benchVsRaw(b *testing.B, raw func(*testing.B, *api.Client), vg func(*testing.B, *vramguard.OllamaClient)) {
 	for _, side := range []string{"raw", "vramguard"} {
 		b.Run(fmt.Sprintf("chunks=%d/client=%s", streamChunks, side), func(b *testing.B) {
 			c, client := newStreamClients(b)
 			b.ReportAllocs()
 			for b.Loop() {
 				if side == "raw" {
-					chatRaw(b, client)
+					raw(b, client)
 				} else {
-					chatVramguard(b, c)
+					vg(b, c)
 				}
 			}
 		})

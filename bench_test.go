@@ -31,30 +31,31 @@ const streamChunks = 10_000
 // streamBody renders an Ollama /api/generate reply of n text chunks and a
 // final done line, as the server writes it.
 func streamBody(n int) []byte {
-	const created = "2025-11-29T16:49:16.123456789Z"
-	words := strings.Fields("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa")
-	var buf bytes.Buffer
-	for i := range n {
-		fmt.Fprintf(&buf, `{"model":"bench","created_at":%q,"response":" %s","done":false}`+"\n", created, words[i%len(words)])
-	}
-	fmt.Fprintf(&buf, `{"model":"bench","created_at":%q,"response":"","done":true,"done_reason":"stop",`+
-		`"context":[1,2,3,4,5,6,7,8],"total_duration":2000000000,"load_duration":1000000,`+
-		`"prompt_eval_count":8,"prompt_eval_duration":1000000,"eval_count":%d,"eval_duration":1500000000}`+"\n", created, n)
-	return buf.Bytes()
+	return renderStream(n, `{"model":"bench","created_at":%q,"response":" %s","done":false}`,
+		`{"model":"bench","created_at":%q,"response":"","done":true,"done_reason":"stop",`+
+			`"context":[1,2,3,4,5,6,7,8],"total_duration":2000000000,"load_duration":1000000,`+
+			`"prompt_eval_count":8,"prompt_eval_duration":1000000,"eval_count":%d,"eval_duration":1500000000}`)
 }
 
 // chatBody renders an Ollama /api/chat reply of n text chunks and a final
 // done line: the same words as streamBody, in message.content.
 func chatBody(n int) []byte {
+	return renderStream(n, `{"model":"bench","created_at":%q,"message":{"role":"assistant","content":" %s"},"done":false}`,
+		`{"model":"bench","created_at":%q,"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop",`+
+			`"total_duration":2000000000,"load_duration":1000000,`+
+			`"prompt_eval_count":8,"prompt_eval_duration":1000000,"eval_count":%d,"eval_duration":1500000000}`)
+}
+
+// renderStream writes n lines of chunk (formatted with the creation time
+// and a word) and the done line (with the time and n).
+func renderStream(n int, chunk, done string) []byte {
 	const created = "2025-11-29T16:49:16.123456789Z"
 	words := strings.Fields("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa")
 	var buf bytes.Buffer
 	for i := range n {
-		fmt.Fprintf(&buf, `{"model":"bench","created_at":%q,"message":{"role":"assistant","content":" %s"},"done":false}`+"\n", created, words[i%len(words)])
+		fmt.Fprintf(&buf, chunk+"\n", created, words[i%len(words)])
 	}
-	fmt.Fprintf(&buf, `{"model":"bench","created_at":%q,"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop",`+
-		`"total_duration":2000000000,"load_duration":1000000,`+
-		`"prompt_eval_count":8,"prompt_eval_duration":1000000,"eval_count":%d,"eval_duration":1500000000}`+"\n", created, n)
+	fmt.Fprintf(&buf, done+"\n", created, n)
 	return buf.Bytes()
 }
 

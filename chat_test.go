@@ -190,7 +190,7 @@ func TestNoVisionFromTheServer(t *testing.T) {
 		for _, msg := range refusals {
 			t.Run(ep.name+"/"+msg[:20], func(t *testing.T) {
 				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
-				p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
+				p := newProxy(t, s, func(r *faultproxy.Request) faultproxy.Fault {
 					switch {
 					case r.Path == "/api/show":
 						return faultproxy.Respond(http.StatusOK, []byte(`{"modelfile":"FROM x"}`))
@@ -198,17 +198,9 @@ func TestNoVisionFromTheServer(t *testing.T) {
 						return faultproxy.RespondError(http.StatusInternalServerError, msg)
 					}
 					return faultproxy.Pass()
-				}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { p.Close() })
-				c, err := NewClient(Options{Host: p.URL().String(), PollInterval: 5 * time.Millisecond})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				_, err = ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "describe", Images: []api.ImageData{testJPEG(t)}}, KeepAliveUnload, nil)
+				})
+				c := newClientAt(t, p.URL().String(), Options{})
+				_, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "describe", Images: []api.ImageData{testJPEG(t)}}, KeepAliveUnload, nil)
 				if !errors.Is(err, KindInvalidInput) || !errors.Is(err, ErrNoVision) {
 					t.Fatalf("got %v, want KindInvalidInput wrapping ErrNoVision", err)
 				}
@@ -243,17 +235,7 @@ func TestFallbackRefusesChatAndImages(t *testing.T) {
 			c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
 			if tt.name == "images" {
 				// Capabilities unknown, so the request goes out and fails.
-				p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
-					if r.Path == "/api/show" {
-						return faultproxy.Respond(http.StatusOK, []byte(`{}`))
-					}
-					return faultproxy.Pass()
-				}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { p.Close() })
-				c = newProxyClient(t, p, Options{Fallback: true, CLIPath: cli})
+				c = newClientAt(t, newProxy(t, s, nil).URL().String(), Options{Fallback: true, CLIPath: cli})
 			}
 			if err := s.FailNext("tiny", sim.Busy()); err != nil {
 				t.Fatal(err)
@@ -269,21 +251,35 @@ func TestFallbackRefusesChatAndImages(t *testing.T) {
 	}
 }
 
-// newProxyClient is newTestClient for a fault proxy.
-func newProxyClient(t *testing.T, p *faultproxy.Proxy, opts Options) *OllamaClient {
+// newProxy starts a fault proxy in front of s with rule (nil: a server
+// whose /api/show lists no capabilities); it is closed at the end of the
+// test.
+func newProxy(t *testing.T, s *sim.Server, rule func(*faultproxy.Request) faultproxy.Fault) *faultproxy.Proxy {
 	t.Helper()
-	opts.Host = p.URL().String()
-	opts.PollInterval = 5 * time.Millisecond
-	c, err := NewClient(opts)
+	if rule == nil {
+		rule = func(r *faultproxy.Request) faultproxy.Fault {
+			if r.Path == "/api/show" {
+				return faultproxy.Respond(http.StatusOK, []byte(`{}`))
+			}
+			return faultproxy.Pass()
+		}
+	}
+	p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: rule})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("Close: %v", err)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// showRule stalls or delays /api/show with f and passes the rest.
+func showRule(f faultproxy.Fault) func(*faultproxy.Request) faultproxy.Fault {
+	return func(r *faultproxy.Request) faultproxy.Fault {
+		if r.Path == "/api/show" {
+			return f
 		}
-	})
-	return c
+		return faultproxy.Pass()
+	}
 }
 
 func TestFallbackCarriesFormat(t *testing.T) {
@@ -431,30 +427,81 @@ func TestChatThroughAPIClient(t *testing.T) {
 	}
 }
 
-// The capabilities question is bounded by the call's first-chunk timeout:
-// a server that never answers /api/show is a KindTimeout, not a hang.
-func TestVisionCheckBoundedByFirstChunk(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
-	p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
-		if r.Path == "/api/show" {
-			return faultproxy.Stall(time.Minute)
-		}
-		return faultproxy.Pass()
-	}})
-	if err != nil {
-		t.Fatal(err)
+// The capabilities question is bounded by the call's first-chunk and
+// total timeouts, each with its own cause: a server that never answers
+// /api/show is a KindTimeout, not a hang, and nothing is sent.
+func TestVisionCheckBounded(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		to    Timeouts
+		cause error
+	}{
+		{"first chunk", Timeouts{FirstChunk: 100 * time.Millisecond}, ErrFirstChunkTimeout},
+		{"total", Timeouts{FirstChunk: time.Minute, Total: 100 * time.Millisecond}, ErrTotalTimeout},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			p := newProxy(t, s, showRule(faultproxy.Stall(time.Minute)))
+			c := newClientAt(t, p.URL().String(), Options{Timeouts: tt.to})
+			_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
+			if !errors.Is(err, KindTimeout) || !errors.Is(err, tt.cause) {
+				t.Fatalf("got %v, want KindTimeout wrapping %v", err, tt.cause)
+			}
+			if fired := p.Stats().Fired; fired.IsZero() || time.Since(fired) > 3*time.Second {
+				t.Errorf("the stall began at %v: the timeout did not cut it", fired)
+			}
+			if n := s.Requests("tiny"); n != 0 {
+				t.Errorf("%d requests sent after the check timed out", n)
+			}
+		})
 	}
-	t.Cleanup(func() { p.Close() })
-	c := newProxyClient(t, p, Options{Timeouts: Timeouts{FirstChunk: 100 * time.Millisecond}})
-	_, err = c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
-	if !errors.Is(err, KindTimeout) || !errors.Is(err, ErrFirstChunkTimeout) {
-		t.Fatalf("got %v, want KindTimeout wrapping ErrFirstChunkTimeout", err)
+}
+
+// The question's time counts: a slow /api/show and then a slow first
+// chunk, each within the limit but together over it, time out.
+func TestVisionCheckCountsAgainstTimeouts(t *testing.T) {
+	const step = 400 * time.Millisecond
+	for _, tt := range []struct {
+		name  string
+		to    Timeouts
+		cause error
+	}{
+		{"first chunk", Timeouts{FirstChunk: 600 * time.Millisecond}, ErrFirstChunkTimeout},
+		{"total", Timeouts{FirstChunk: 10 * time.Second, Total: 600 * time.Millisecond}, ErrTotalTimeout},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "llava", Vision: true, Chunks: 2})
+			p := newProxy(t, s, showRule(faultproxy.Delay(step)))
+			c := newClientAt(t, p.URL().String(), Options{Timeouts: tt.to})
+			if err := s.FailNext("llava", sim.Stall(step)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "llava", Prompt: "x", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
+			if !errors.Is(err, KindTimeout) || !errors.Is(err, tt.cause) {
+				t.Fatalf("got %v, want KindTimeout wrapping %v: the check's time was not counted", err, tt.cause)
+			}
+		})
 	}
-	if fired := p.Stats().Fired; fired.IsZero() || time.Since(fired) > 3*time.Second {
-		t.Errorf("the stall began at %v: the timeout did not cut it", fired)
-	}
-	if n := s.Requests("tiny"); n != 0 {
-		t.Errorf("%d requests sent after the check timed out", n)
+}
+
+// A blank or null Format is none: it is sent as no format, on both
+// endpoints.
+func TestBlankFormatIsNone(t *testing.T) {
+	for _, ep := range endpoints() {
+		t.Run(ep.name, func(t *testing.T) {
+			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			c := newTestClient(t, s, Options{})
+			for _, f := range []string{" \n", "null", " null "} {
+				if _, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "x", Format: json.RawMessage(f)}, KeepAliveUnload, nil); err != nil {
+					t.Fatalf("format %q: %v (kind %v)", f, err, KindOf(err))
+				}
+			}
+			for _, call := range s.Calls("tiny") {
+				if call.Format != nil {
+					t.Errorf("format %q sent, want none", call.Format)
+				}
+			}
+		})
 	}
 }
 
@@ -564,19 +611,9 @@ func TestGenerateImagesAndFormat(t *testing.T) {
 // resident.
 func TestNoVisionAfterLoadLeavesNothing(t *testing.T) {
 	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
-	p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
-		if r.Path == "/api/show" {
-			return faultproxy.Respond(http.StatusOK, []byte(`{}`))
-		}
-		return faultproxy.Pass()
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	c := newProxyClient(t, p, Options{})
+	c := newClientAt(t, newProxy(t, s, nil).URL().String(), Options{})
 	g := Guard{Client: c}
-	_, err = g.Chat(t.Context(), &ChatRequest{Model: "tiny", Messages: []api.Message{
+	_, err := g.Chat(t.Context(), &ChatRequest{Model: "tiny", Messages: []api.Message{
 		{Role: "user", Content: "describe", Images: []api.ImageData{testPNG(t)}}}}, nil)
 	if !errors.Is(err, ErrNoVision) || !errors.Is(err, KindInvalidInput) {
 		t.Fatalf("got %v, want KindInvalidInput wrapping ErrNoVision", err)

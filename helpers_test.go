@@ -23,7 +23,13 @@ func newSim(t *testing.T, cfg sim.Config, models ...sim.ModelConfig) *sim.Server
 // the end of the test and must close cleanly.
 func newTestClient(t *testing.T, s *sim.Server, opts Options) *OllamaClient {
 	t.Helper()
-	opts.Host = s.URL().String()
+	return newClientAt(t, s.URL().String(), opts)
+}
+
+// newClientAt is newTestClient for a server at host (a fault proxy).
+func newClientAt(t *testing.T, host string, opts Options) *OllamaClient {
+	t.Helper()
+	opts.Host = host
 	if opts.PollInterval == 0 {
 		opts.PollInterval = 5 * time.Millisecond
 	}
