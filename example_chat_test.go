@@ -195,3 +195,12 @@ func ExampleChatRequest() {
 	// call: weather Carcassonne
 	// a castle under a stormy sky
 }
+
+func ExampleCheckImage() {
+	err := vramguard.CheckImage([]byte("GIF89a..."))
+	fmt.Println(errors.Is(err, vramguard.ErrImageFormat))
+	fmt.Println(errors.Is(vramguard.CheckImage(make([]byte, vramguard.MaxImageBytes+1)), vramguard.ErrImageTooLarge))
+	// Output:
+	// true
+	// true
+}

@@ -49,13 +49,27 @@ func ImageType(img []byte) string {
 	return ""
 }
 
+// CheckImage reports whether the library sends img as an image: PNG,
+// JPEG or WebP (told by its first bytes, see ImageType), at most
+// MaxImageBytes. The error wraps ErrImageFormat (an empty image too) or
+// ErrImageTooLarge, and names no operation: callers put it in theirs
+// (requests refuse such an image with KindInvalidInput).
+func CheckImage(img []byte) error {
+	switch {
+	case len(img) == 0:
+		return fmt.Errorf("%w: the image is empty", ErrImageFormat)
+	case len(img) > MaxImageBytes:
+		return fmt.Errorf("%w: %d bytes, over %d", ErrImageTooLarge, len(img), MaxImageBytes)
+	case ImageType(img) == "":
+		return fmt.Errorf("%w (it starts %q)", ErrImageFormat, img[:min(len(img), 8)])
+	}
+	return nil
+}
+
 // validImage checks one image; total adds up the request's images.
 func validImage(op, model, where string, img []byte, total *int) error {
-	switch {
-	case len(img) > MaxImageBytes:
-		return newError(op, model, KindInvalidInput, fmt.Errorf("%s: %w: %d bytes, over %d", where, ErrImageTooLarge, len(img), MaxImageBytes))
-	case ImageType(img) == "":
-		return newError(op, model, KindInvalidInput, fmt.Errorf("%s: %w (starts %q)", where, ErrImageFormat, img[:min(len(img), 8)]))
+	if err := CheckImage(img); err != nil {
+		return newError(op, model, KindInvalidInput, fmt.Errorf("%s: %w", where, err))
 	}
 	*total += len(img)
 	if *total > MaxImagesBytes {

@@ -114,20 +114,11 @@ func (n *ImagePrompter) Generate(ctx context.Context, in ImageInput) (*Result, e
 }
 
 // validImage checks an image with the library's own rules
-// (vramguard.ImageType, vramguard.MaxImageBytes) before the guard starts,
-// so that a bad file fails at once, under the node's name, and loads
-// nothing. An empty image wraps vramguard.ErrImageFormat too.
+// (vramguard.CheckImage) before the guard starts, so that a bad file fails
+// at once, under the node's name, and loads nothing.
 func validImage(op, model string, img []byte) error {
-	var err error
-	switch {
-	case len(img) == 0:
-		err = fmt.Errorf("image is empty: %w", vramguard.ErrImageFormat)
-	case len(img) > vramguard.MaxImageBytes:
-		err = fmt.Errorf("image: %w: %d bytes, over %d", vramguard.ErrImageTooLarge, len(img), vramguard.MaxImageBytes)
-	case vramguard.ImageType(img) == "":
-		err = fmt.Errorf("image: %w (starts %q)", vramguard.ErrImageFormat, img[:min(len(img), 8)])
-	default:
-		return nil
+	if err := vramguard.CheckImage(img); err != nil {
+		return &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindInvalidInput, Err: fmt.Errorf("image: %w", err)}
 	}
-	return &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindInvalidInput, Err: err}
+	return nil
 }

@@ -278,13 +278,8 @@ func (c *cmd) image(path string) ([]byte, error) {
 		// is not an image; errors.Is still finds fs.ErrNotExist.
 		return nil, &vramguard.Error{Op: op, Kind: vramguard.KindInvalidInput, Err: err}
 	}
-	switch {
-	case len(img) == 0:
-		return nil, &vramguard.Error{Op: op, Kind: vramguard.KindInvalidInput, Err: fmt.Errorf("%s is empty: %w", name, vramguard.ErrImageFormat)}
-	case len(img) > vramguard.MaxImageBytes:
-		return nil, &vramguard.Error{Op: op, Kind: vramguard.KindInvalidInput, Err: fmt.Errorf("%s: %w: over %d bytes", name, vramguard.ErrImageTooLarge, vramguard.MaxImageBytes)}
-	case vramguard.ImageType(img) == "":
-		return nil, &vramguard.Error{Op: op, Kind: vramguard.KindInvalidInput, Err: fmt.Errorf("%s: %w (it starts %q)", name, vramguard.ErrImageFormat, img[:min(len(img), 8)])}
+	if err := vramguard.CheckImage(img); err != nil {
+		return nil, &vramguard.Error{Op: op, Kind: vramguard.KindInvalidInput, Err: fmt.Errorf("%s: %w", name, err)}
 	}
 	return img, nil
 }
