@@ -112,8 +112,8 @@ func serverTakesSchema(ctx context.Context, st *settings) (bool, error) {
 // "positive" and "negative" are strings, each cleaned as by Clean. Key
 // case is ignored and other keys are skipped; a key given twice keeps its
 // first value. Reasoning and a code fence around the object are removed
-// first; text after the object is ignored. A reply cut short (MaxTokens) keeps the strings completed before
-// the cut. ok is false when the reply is not such an object or has no
+// first; text after the object is ignored. A reply cut short (MaxTokens)
+// keeps the strings completed before the cut. ok is false when the reply is not such an object or has no
 // string "positive"; a missing or non-string "negative" leaves neg empty.
 func parseDualJSON(text string) (pos, neg string, ok bool) {
 	body, _ := Clean(text, CleanOptions{KeepLabels: true})
