@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/ollama/ollama/api"
+
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 	"github.com/vramguard/vramguard/internal/testkit/simvram"
@@ -93,5 +95,22 @@ func TestBudgetSkipsResidentModel(t *testing.T) {
 func TestBudgetNeedsReader(t *testing.T) {
 	if _, err := vramguard.NewClient(vramguard.Options{Budget: &vramguard.Budget{Headroom: 1}}); !errors.Is(err, vramguard.KindInvalidInput) {
 		t.Errorf("NewClient with a budget and no VRAM reader: %v, want KindInvalidInput", err)
+	}
+}
+
+// A chat is admitted like a generation: the same refusal, nothing sent.
+func TestBudgetAdmitsChat(t *testing.T) {
+	s, c, _ := budgetSim(t, vramguard.Budget{MaxBytes: 15 * gib})
+	_, err := c.ChatStreaming(t.Context(), &vramguard.ChatRequest{Model: "small", Messages: []api.Message{{Role: "user", Content: "x"}}},
+		vramguard.KeepAliveUnload, nil)
+	var be *vramguard.BudgetError
+	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &be) {
+		t.Fatalf("ChatStreaming = %v; want KindOutOfMemory wrapping a *BudgetError", err)
+	}
+	if e := new(vramguard.Error); !errors.As(err, &e) || e.Op != "chat" {
+		t.Errorf("error %v: want Op chat", err)
+	}
+	if n := s.Requests("small"); n != 0 {
+		t.Errorf("%d requests for small reached the server", n)
 	}
 }
