@@ -176,6 +176,12 @@ func TestImageForTextModel(t *testing.T) {
 		if pids, _ := s.RunnerPIDs(); len(pids) != 0 {
 			t.Errorf("runners %v: the refused request loaded the model", pids)
 		}
+		// The node that writes a prompt from an image says the same.
+		n := nodes.ImagePrompter{Guard: g, Model: modelA, MaxTokens: 8}
+		if _, err := n.Generate(t.Context(), nodes.ImageInput{Image: img[0]}); !errors.Is(err, vramguard.ErrNoVision) {
+			t.Errorf("ImagePrompter: got %v, want ErrNoVision", err)
+		}
+		requireEmpty(t, s, "after ImagePrompter's refusal")
 
 		// The server's own verdict, capabilities hidden by a proxy.
 		p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
