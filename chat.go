@@ -43,11 +43,7 @@ func (r *ChatRequest) validate(op string) error {
 	if r == nil {
 		return invalid(op, "", "request is nil")
 	}
-	if err := validModelName(op, r.Model); err != nil {
-		return err
-	}
-	if err := r.Timeouts.validate(op); err != nil {
-		err.(*Error).Model = r.Model
+	if err := validCommon(op, r.Model, r.Timeouts, r.Options, r.Format); err != nil {
 		return err
 	}
 	if len(r.Messages) == 0 {
@@ -85,10 +81,7 @@ func (r *ChatRequest) validate(op string) error {
 			return invalid(op, r.Model, "tools: %v", err)
 		}
 	}
-	if err := validOptions(op, r.Model, r.Options); err != nil {
-		return err
-	}
-	return validFormat(op, r.Model, r.Format)
+	return nil
 }
 
 // hasImages reports whether a message carries an image.

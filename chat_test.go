@@ -139,15 +139,25 @@ func TestChatInvalidInput(t *testing.T) {
 }
 
 // Valid formats and images go out: "json", a schema, null (none), and
-// each image type on a vision model.
+// each image type on a vision model, as sent.
 func TestChatValidFormatsAndImagesAccepted(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "llava", Vision: true})
 	c := newTestClient(t, s, Options{})
 	for _, f := range []string{`"json"`, ` {"type":"object","properties":{"a":{"type":"string"}}} `, `null`, ``} {
-		if _, err := c.ChatStreaming(t.Context(), &ChatRequest{Model: "tiny", Messages: []api.Message{{Role: "USER", Content: "x"}},
+		if _, err := c.ChatStreaming(t.Context(), &ChatRequest{Model: "llava", Messages: []api.Message{{Role: "USER", Content: "x"}},
 			Format: json.RawMessage(f)}, KeepAliveUnload, nil); err != nil {
 			t.Errorf("format %q: %v", f, err)
 		}
+	}
+	images := []api.ImageData{testPNG(t), testJPEG(t), []byte("RIFF\x24\x00\x00\x00WEBPVP8 ")}
+	if _, err := c.ChatStreaming(t.Context(), &ChatRequest{Model: "llava", Messages: []api.Message{{Role: "user", Content: "x", Images: images}}},
+		KeepAliveUnload, nil); err != nil {
+		t.Fatalf("PNG, JPEG and WebP: %v", err)
+	}
+	calls := s.Calls("llava")
+	got := calls[len(calls)-1].Messages[0].Images
+	if len(got) != 3 || !bytes.Equal(got[2], images[2]) {
+		t.Errorf("the server got %d images, want the 3 sent", len(got))
 	}
 }
 

@@ -239,11 +239,7 @@ func (r *GenerateRequest) validate(op string) error {
 	if r == nil {
 		return invalid(op, "", "request is nil")
 	}
-	if err := validModelName(op, r.Model); err != nil {
-		return err
-	}
-	if err := r.Timeouts.validate(op); err != nil {
-		err.(*Error).Model = r.Model
+	if err := validCommon(op, r.Model, r.Timeouts, r.Options, r.Format); err != nil {
 		return err
 	}
 	if len(r.Prompt)+len(r.System) > MaxPromptBytes {
@@ -251,12 +247,6 @@ func (r *GenerateRequest) validate(op string) error {
 	}
 	if !utf8.ValidString(r.Prompt) || !utf8.ValidString(r.System) {
 		return invalid(op, r.Model, "prompt is not valid UTF-8")
-	}
-	if err := validOptions(op, r.Model, r.Options); err != nil {
-		return err
-	}
-	if err := validFormat(op, r.Model, r.Format); err != nil {
-		return err
 	}
 	var total int
 	for i, img := range r.Images {
@@ -267,13 +257,22 @@ func (r *GenerateRequest) validate(op string) error {
 	return nil
 }
 
-func validOptions(op, model string, opts map[string]any) error {
+// validCommon checks what generations and chats share: the model's
+// name, the timeouts, the options and the format.
+func validCommon(op, model string, t Timeouts, opts map[string]any, format json.RawMessage) error {
+	if err := validModelName(op, model); err != nil {
+		return err
+	}
+	if err := t.validate(op); err != nil {
+		err.(*Error).Model = model
+		return err
+	}
 	for k, v := range opts {
 		if err := validOption(v, 0); err != nil {
 			return invalid(op, model, "option %q: %v", k, err)
 		}
 	}
-	return nil
+	return validFormat(op, model, format)
 }
 
 // GenerateStreaming runs one generation, streaming chunks to fn (which may
