@@ -5,8 +5,8 @@ PKGS      := ./...
 # llama-server test themselves against them too): they run once, in
 # test-integration.
 # internal/testkit/gpucheck runs its CPU path against a real server too.
-REAL_PKGS := ./internal/testkit/ollamatest ./internal/testkit/standin/... ./internal/testkit/gpucheck ./internal/suites/integration ./internal/suites/reliability
-UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/integration -e /internal/suites/reliability -e /internal/testkit/ollamatest -e /internal/testkit/standin -e /internal/testkit/gpucheck)
+REAL_PKGS := ./internal/testkit/ollamatest ./internal/testkit/standin/... ./internal/testkit/gpucheck ./internal/suites/integration ./internal/suites/reliability ./internal/suites/oracle
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/oracle -e /internal/suites/integration -e /internal/suites/reliability -e /internal/testkit/ollamatest -e /internal/testkit/standin -e /internal/testkit/gpucheck)
 # go-nvml from v0.13.1-0 ships an nvml.h whose DEPRECATED marks are live:
 # the first cgo build of every program importing vramguard would print about
 # 150 lines of -Wdeprecated-declarations warnings, which only the builder's
@@ -17,7 +17,7 @@ UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/integration 
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(shell $(GO) env GOPATH)/bin/staticcheck)
 FUZZTIME  ?= 1s
 
-.PHONY: test tools check test-unit test-nocgo test-integration fuzz-short fuzz bench soak install-ollama
+.PHONY: test tools check test-unit test-nocgo test-integration fuzz-short fuzz bench soak oracle oracle-mutants install-ollama
 
 ## test: everything CI checks (installs what is missing first), timing each stage
 test:
@@ -68,6 +68,23 @@ bench:
 ## soak: thousands of guarded calls with random faults (not in CI)
 soak:
 	$(GO) test -race -count=1 -run TestSoak -timeout 30m -v ./internal/suites/soak/ -soak
+
+## oracle: the race oracle's long sweep (issue #23), every version side by
+## side: SEED=<seed> replays one schedule (N=1 unless set); N schedules per
+## version, else BUDGET of wall time per version; VERSIONS limits the
+## servers; figures go to ORACLE_REPORT (JSON lines)
+SEED     ?= 0
+N        ?= $(if $(filter-out 0,$(SEED)),1,0)
+BUDGET   ?= 30m
+VERSIONS ?=
+ORACLE_REPORT ?= oracle-report.jsonl
+oracle:
+	$(if $(VERSIONS),VRAMGUARD_OLLAMA_VERSIONS=$(VERSIONS)) $(GO) test -count=1 -run 'TestOracle$$' -v -timeout 0 ./internal/suites/oracle \
+		-oracle.seed $(SEED) -oracle.n $(N) -oracle.budget $(BUDGET) -oracle.report $(abspath $(ORACLE_REPORT))
+
+## oracle-mutants: the oracle must find each mutant of the unload (scripts/oracle-mutants.sh)
+oracle-mutants:
+	./scripts/oracle-mutants.sh
 
 ## install-ollama: build and cache the Ollama servers the integration tests use
 install-ollama:

@@ -3,6 +3,7 @@ package ollamatest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -248,4 +249,38 @@ func TestVersions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Restart stops the server and its runners and starts it again on the same
+// address, with its models kept and nothing loaded.
+func TestRestart(t *testing.T) {
+	s := ollamatest.Require(t, ollamatest.Versions()[0])
+	if s.External() {
+		t.Skip("an external server is not ours to restart")
+	}
+	if err := ollamatest.RegisterModels(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	c := s.Client()
+	generate(t, c, ollamatest.ModelA, &api.Duration{Duration: time.Hour})
+	before, pid := s.URL().String(), s.PID()
+	runners, err := s.RunnerPIDs()
+	if err != nil || len(runners) != 1 {
+		t.Fatalf("runners before the restart: %v, %v; want one", runners, err)
+	}
+	if err := s.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if s.URL().String() != before || s.PID() == pid || s.PID() == 0 {
+		t.Fatalf("after the restart: %s pid %d, before: %s pid %d; want the same address, another process", s.URL(), s.PID(), before, pid)
+	}
+	if ms := running(t, c); len(ms) != 0 {
+		t.Errorf("/api/ps after the restart: %v, want nothing", ms)
+	}
+	for _, r := range runners {
+		if _, err := os.Stat(filepath.Join("/proc", fmt.Sprint(r))); err == nil {
+			t.Errorf("runner %d of the old process still alive", r)
+		}
+	}
+	generate(t, c, ollamatest.ModelA, &api.Duration{Duration: 0})
 }

@@ -68,12 +68,16 @@ type Server struct {
 	tr       *http.Transport
 
 	// Only for servers Start launched.
-	cmd             *exec.Cmd
-	pid             int
 	dir             string
 	logPath         string
-	exited          chan struct{} // closed when the serve process has been reaped
+	bin             string   // the ollama binary
+	env             []string // serve's environment, its address included
+	startTimeout    time.Duration
 	launched, ready time.Time
+
+	// mu guards serve, which Restart replaces.
+	mu    sync.Mutex
+	serve *serveProc
 
 	standin bool // models run in the stand-in llama-server
 
@@ -162,7 +166,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		if err == nil {
 			s.timings = timings
 			s.timings.Start = s.ready.Sub(s.launched)
-			logf("ollamatest: ollama %s serving at %s (pid %d, started in %s)", version, s.url, s.pid, s.timings.Start.Round(time.Millisecond))
+			logf("ollamatest: ollama %s serving at %s (pid %d, started in %s)", version, s.url, s.PID(), s.timings.Start.Round(time.Millisecond))
 			return s, nil
 		}
 		lastErr = err
@@ -199,6 +203,76 @@ func removeStaleDirs() {
 	}
 }
 
+// serveProc is one run of `ollama serve`.
+type serveProc struct {
+	cmd    *exec.Cmd
+	pid    int
+	exited chan struct{} // closed when the process has been reaped
+}
+
+// proc returns the current serve process.
+func (s *Server) proc() *serveProc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.serve
+}
+
+// spawn starts serve with s's binary and environment, appending to its
+// log, and waits until it answers.
+func (s *Server) spawn(ctx context.Context) error {
+	logFile, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("ollamatest: %w", err)
+	}
+	defer logFile.Close() // the child has its own copy
+	cmd := exec.Command(s.bin, "serve")
+	cmd.Dir = s.dir
+	cmd.Env = s.env
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	newGroup(cmd)
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("ollamatest: start %s: %w", s.bin, err)
+	}
+	p := &serveProc{cmd: cmd, pid: cmd.Process.Pid, exited: make(chan struct{})}
+	go func() {
+		defer close(p.exited)
+		_ = cmd.Wait()
+	}()
+	s.mu.Lock()
+	s.serve = p
+	s.launched = t0
+	s.mu.Unlock()
+	if err := s.waitReady(ctx, s.startTimeout); err != nil {
+		s.kill()
+		log := s.LogTail(3000)
+		if strings.Contains(log, "address already in use") {
+			err = fmt.Errorf("%w: %w", errAddrInUse, err)
+		}
+		return fmt.Errorf("ollamatest: ollama %s did not start: %w\nserver log:\n%s", s.version, err, log)
+	}
+	s.mu.Lock()
+	s.ready = time.Now()
+	s.mu.Unlock()
+	return nil
+}
+
+// Restart stops the server and its runners as Stop does (SIGTERM, then
+// SIGKILL), keeping its folder, models and port, and starts it again, as
+// a service manager's restart would. Calls in flight fail; a client that
+// keeps the server's URL reaches the new process once Restart returned.
+// It returns ErrExternal for an external server.
+func (s *Server) Restart(ctx context.Context) error {
+	if s.external {
+		return ErrExternal
+	}
+	if err := s.kill(); err != nil {
+		return err
+	}
+	return s.spawn(ctx)
+}
+
 // launch starts one serve process and waits until it answers.
 func launch(ctx context.Context, bin, version, dir, standinBin string, extraEnv []string, timeout time.Duration) (*Server, error) {
 	port, err := freePort()
@@ -213,11 +287,6 @@ func launch(ctx context.Context, bin, version, dir, standinBin string, extraEnv 
 		}
 	}
 	logPath := filepath.Join(dir, "server.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("ollamatest: %w", err)
-	}
-	defer logFile.Close() // the child has its own copy
 
 	hostPort := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	var env []string
@@ -242,42 +311,22 @@ func launch(ctx context.Context, bin, version, dir, standinBin string, extraEnv 
 			standin.EnvLog+"="+filepath.Join(dir, eventsFile))
 	}
 	env = append(env, extraEnv...)
+	_ = os.Remove(logPath) // a new log for a new start
 
-	cmd := exec.Command(bin, "serve")
-	cmd.Dir = dir
-	cmd.Env = env
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
-	newGroup(cmd)
-	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("ollamatest: start %s: %w", bin, err)
-	}
 	s := &Server{
-		version:  version,
-		url:      &url.URL{Scheme: "http", Host: hostPort},
-		tr:       newTransport(),
-		cmd:      cmd,
-		pid:      cmd.Process.Pid,
-		dir:      dir,
-		logPath:  logPath,
-		exited:   make(chan struct{}),
-		launched: t0,
-		standin:  standinBin != "",
+		version:      version,
+		url:          &url.URL{Scheme: "http", Host: hostPort},
+		tr:           newTransport(),
+		dir:          dir,
+		logPath:      logPath,
+		bin:          bin,
+		env:          env,
+		startTimeout: timeout,
+		standin:      standinBin != "",
 	}
-	go func() {
-		defer close(s.exited)
-		_ = cmd.Wait()
-	}()
-	if err := s.waitReady(ctx, timeout); err != nil {
-		s.kill()
-		log := s.LogTail(3000)
-		if strings.Contains(log, "address already in use") {
-			err = fmt.Errorf("%w: %w", errAddrInUse, err)
-		}
-		return nil, fmt.Errorf("ollamatest: ollama %s did not start: %w\nserver log:\n%s", version, err, log)
+	if err := s.spawn(ctx); err != nil {
+		return nil, err
 	}
-	s.ready = time.Now()
 	return s, nil
 }
 
@@ -312,8 +361,8 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 			}
 		}
 		select {
-		case <-s.exited:
-			return fmt.Errorf("server exited: %v", s.cmd.ProcessState)
+		case <-s.proc().exited:
+			return fmt.Errorf("server exited: %v", s.proc().cmd.ProcessState)
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-time.After(25 * time.Millisecond):
@@ -374,7 +423,12 @@ func (s *Server) External() bool { return s.external }
 func (s *Server) Timings() Timings { return s.timings }
 
 // PID returns the process ID of `ollama serve`, or 0 for an external server.
-func (s *Server) PID() int { return s.pid }
+func (s *Server) PID() int {
+	if p := s.proc(); p != nil {
+		return p.pid
+	}
+	return 0
+}
 
 // LogTail returns at most the last n bytes of the server's log (its stdout
 // and stderr), or "" for an external server.
@@ -416,7 +470,8 @@ func (s *Server) RunnerPIDs() ([]int, error) {
 // serve, or left in its process group after serve exited, that serves a
 // model.
 func (s *Server) isRunner(p proc) bool {
-	if p.pid == s.pid || (p.ppid != s.pid && p.pgid != s.pid) || p.state == 'Z' || p.state == 'X' || len(p.args) < 2 {
+	pid := s.PID()
+	if p.pid == pid || (p.ppid != pid && p.pgid != pid) || p.state == 'Z' || p.state == 'X' || len(p.args) < 2 {
 		return false
 	}
 	isOllamaRunner := p.args[1] == "runner"
@@ -474,15 +529,16 @@ func (s *Server) Stop() error {
 // kill stops the process group and waits until no runner is left.
 func (s *Server) kill() error {
 	runners, _ := s.RunnerPIDs()
-	_ = signalGroup(s.pid, false)
+	sp := s.proc()
+	_ = signalGroup(sp.pid, false)
 	select {
-	case <-s.exited:
+	case <-sp.exited:
 	case <-time.After(stopGrace):
 	}
 	// Whatever is left of the group (the server if it ignored SIGTERM,
 	// runners it did not stop) gets SIGKILL.
-	_ = signalGroup(s.pid, true)
-	<-s.exited
+	_ = signalGroup(sp.pid, true)
+	<-sp.exited
 	for _, pid := range runners {
 		if p, ok := readProc(pid); ok && s.isRunner(p) {
 			_ = killProcess(pid)
@@ -509,9 +565,10 @@ func (s *Server) Crash() error {
 	if s.external {
 		return ErrExternal
 	}
-	if err := killProcess(s.pid); err != nil {
-		return fmt.Errorf("ollamatest: kill serve %d: %w", s.pid, err)
+	sp := s.proc()
+	if err := killProcess(sp.pid); err != nil {
+		return fmt.Errorf("ollamatest: kill serve %d: %w", sp.pid, err)
 	}
-	<-s.exited
+	<-sp.exited
 	return nil
 }

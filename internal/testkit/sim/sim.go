@@ -447,3 +447,46 @@ func (s *Server) stopLocked(tm *timer) {
 		s.wg.Done() // the callback will never run
 	}
 }
+
+// KillRunner kills the named model's runner as a SIGKILL would, if it has
+// one that is loaded and alive: like a crash (FaultCrash), the dead runner
+// stays listed by /api/ps, its GPU memory is freed, and the next request
+// reloads the model. Streams in progress on it go on (the simulator's
+// requests do not run in the runner). It reports whether a runner was
+// killed.
+func (s *Server) KillRunner(name string) bool {
+	s.mu.Lock()
+	m, err := s.lookupLocked(name)
+	if err != nil || m.runner == nil || m.runner.loading || m.runner.dead {
+		s.mu.Unlock()
+		return false
+	}
+	defer s.mu.Unlock()
+	r := m.runner
+	r.dead = true
+	r.m.stats.Crashes++
+	s.freeHoldingLocked(r, false)
+	s.notifyLocked()
+	return true
+}
+
+// Restart plays a restart of the server process: every client connection
+// is cut, so requests in flight fail as they do when a server dies, and
+// every runner is gone at once (a loading one is unloaded as soon as its
+// load ends, if it ends). Models stay registered.
+func (s *Server) Restart() {
+	s.hs.CloseClientConnections()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.order {
+		switch r := m.runner; {
+		case r == nil:
+		case r.loading:
+			r.doomed = true
+			r.keepAlive = 0
+		default:
+			s.removeRunnerLocked(r)
+		}
+	}
+	s.notifyLocked()
+}

@@ -1,0 +1,210 @@
+package oracle
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/vramguard/vramguard"
+)
+
+// Violation is a broken guarantee found in a trace.
+type Violation struct {
+	Rule   string
+	Detail string
+}
+
+func (v Violation) String() string { return v.Rule + ": " + v.Detail }
+
+// The rules.
+const (
+	RuleGoneNotGone     = "verified-but-resident"  // a verified model was listed or had a runner, and no load since explains it
+	RuleNoProcessCheck  = "verified-without-procs" // verified on a local server without the process check
+	RuleUntyped         = "untyped-error"          // an error without a kind, or of a kind the oracle never causes
+	RuleCancelKind      = "cancel-kind"            // the oracle's cancel came back as another kind, or without its cause
+	RuleRetryable       = "retryable-oom"          // an out-of-memory load reported as retryable
+	RuleCompleteFailed  = "complete-but-failed"    // the stream reached done:true and the call failed
+	RuleOverBound       = "over-bound"             // a call took longer than its timeouts and the margin
+	RuleHung            = "hung"                   // a call had not returned a minute past its bound
+	RuleCloseLeftWarm   = "close-left-resident"    // Close returned nil and left a model it kept warm
+	RuleLeftResident    = "left-resident"          // resident after every party finished and cleaned up
+	RuleGaveUp          = "gave-up-on-idle-model"  // an unload timed out on a model no other call used meanwhile
+	RuleGoroutines      = "goroutine-leak"         // goroutines left after the schedule
+	RuleHarness         = "harness"                // the oracle itself failed
+	RuleBehaviourDiffer = "behaviour-differs"      // the server behaved otherwise than the README's table says
+)
+
+// Check holds the trace of one schedule to every guarantee. w is the watch
+// window (Window); local says the server runs on this machine, so every
+// verdict must rest on the process check too.
+func Check(tr *Trace, w time.Duration, local bool) []Violation {
+	var vs []Violation
+	add := func(rule, format string, args ...any) {
+		vs = append(vs, Violation{rule, fmt.Sprintf(format, args...)})
+	}
+	if tr.Hung != "" {
+		add(RuleHung, "%s", tr.Hung)
+	}
+	sends := slices.Clone(tr.Sends)
+	slices.SortStableFunc(sends, func(a, b *Send) int { return a.T.Compare(b.T) })
+
+	for _, v := range tr.Verdicts {
+		if local && !v.Checked.Has(vramguard.CheckRunnerProcesses) {
+			add(RuleNoProcessCheck, "%s verdict on %s at %s: checked %v (%s)", v.Party, v.Model, stamp(v.T), v.Checked, v.NoRunnerCheck)
+		}
+		// The last unload request of the verdict's party before it: a
+		// load begun before that must be caught; one begun after it (or
+		// after the verdict) explains a later appearance.
+		cut := v.T
+		for _, s := range sends {
+			if s.T.After(v.T) {
+				break
+			}
+			if s.Unload && s.Party == v.Party && s.Model == v.Model {
+				cut = s.T
+			}
+		}
+		for _, o := range tr.Obs {
+			if !o.T0.After(v.T) || o.T0.After(v.T.Add(w)) || !o.present(v.Model) {
+				continue
+			}
+			explained := slices.ContainsFunc(sends, func(s *Send) bool {
+				return !s.Unload && s.Model == v.Model && s.T.After(cut) && !s.T.After(o.T1)
+			})
+			if !explained {
+				add(RuleGoneNotGone, "%s verdict on %s at %s (last unload sent %s): %s later it was listed %v, runners %d, and no load was sent since the last unload",
+					v.Party, v.Model, stamp(v.T), stamp(cut), o.T0.Sub(v.T).Round(time.Millisecond), o.Listed[v.Model], o.Runners[v.Model])
+				break
+			}
+		}
+	}
+
+	for _, r := range tr.Results {
+		if d := r.End.Sub(r.Start); r.Bound > 0 && d > r.Bound {
+			add(RuleOverBound, "#%d %s took %v, bound %v", r.ID, r.Action, d.Round(time.Millisecond), r.Bound)
+		}
+		if !r.Action.Op.own() {
+			if ce, ok := r.Err.(*childError); ok {
+				if ce.kind == "" || ce.kind == vramguard.KindUnknown.String() || ce.kind == vramguard.KindInternal.String() {
+					add(RuleUntyped, "#%d %s: the child's error has kind %q: %s", r.ID, r.Action, ce.kind, ce.msg)
+				}
+			}
+			continue
+		}
+		if r.Err == nil {
+			continue
+		}
+		kinds := leafKinds(r.Err)
+		for _, k := range kinds {
+			switch {
+			case k == vramguard.KindUnknown, k == vramguard.KindInternal:
+				add(RuleUntyped, "#%d %s: %v (kind %v)", r.ID, r.Action, r.Err, k)
+			case k == vramguard.KindInvalidInput && !errors.Is(r.Err, vramguard.ErrPhaseEnded) && !errors.Is(r.Err, vramguard.ErrSessionEnded):
+				add(RuleUntyped, "#%d %s: the oracle sends valid input, got %v", r.ID, r.Action, r.Err)
+			case r.Canceled && k == vramguard.KindTimeout:
+				add(RuleCancelKind, "#%d %s: canceled at %v, reported %v", r.ID, r.Action, r.Action.CancelAt, r.Err)
+			case r.Canceled && k == vramguard.KindCanceled && !errors.Is(r.Err, errOracleCancel) && !errors.Is(r.Err, vramguard.ErrUnloadedWhileLoading) &&
+				!errors.Is(r.Err, vramguard.ErrClosed):
+				add(RuleCancelKind, "#%d %s: canceled, but the error does not carry the cause: %v", r.ID, r.Action, r.Err)
+			case r.Fault == FaultOOM && k.Retryable() && r.Action.Op.loads():
+				add(RuleRetryable, "#%d %s under %s: %v (kind %v, retryable)", r.ID, r.Action, r.Fault, r.Err, k)
+			}
+		}
+		if errors.Is(r.Err, vramguard.ErrStillResident) && !busy(tr.Results, r) {
+			add(RuleGaveUp, "#%d %s: %v, and no other call used the model in the last %v", r.ID, r.Action, r.Err, unloadTimeout/2)
+		}
+		if r.Action.Op.loads() && r.Action.Op != OpPhase && genFailed(r.Err) {
+			for _, s := range sends {
+				if s.Action != r.ID || s.Unload || !s.Done {
+					continue
+				}
+				cancelAt := r.Start.Add(r.Action.CancelAt)
+				if r.Canceled && cancelAt.After(s.DoneAt.Add(-5*time.Millisecond)) {
+					continue // the oracle canceled right as the done line came
+				}
+				add(RuleCompleteFailed, "#%d %s: the reply reached done:true at %s, the call failed: %v", r.ID, r.Action, stamp(s.DoneAt), r.Err)
+			}
+		}
+	}
+
+	// Close returned nil: every model it kept warm is gone.
+	if tr.CloseErr == nil {
+		for _, g := range []string{ModelA, ModelB} {
+			var warm, verdict time.Time
+			for _, s := range sends {
+				if s.Party == PartyOwn && s.Model == g && !s.Unload && s.KeepAlive != "0" && s.KeepAlive != "0s" {
+					warm = s.T
+				}
+			}
+			for _, v := range tr.Verdicts {
+				if v.Party == PartyOwn && v.Model == g {
+					verdict = maxTime(verdict, v.T)
+				}
+			}
+			if !warm.IsZero() && warm.After(verdict) && tr.AfterClose.present(g) {
+				add(RuleCloseLeftWarm, "%s: kept warm by a request at %s, listed %v and runners %d after Close returned nil",
+					g, stamp(warm), tr.AfterClose.Listed[g], tr.AfterClose.Runners[g])
+			}
+		}
+	}
+	for _, r := range tr.Results {
+		if r.Note == "final foreign cleanup" && r.Err != nil {
+			add(RuleLeftResident, "%v", r.Err)
+		}
+	}
+	return vs
+}
+
+// busy reports whether another call that loads (this party's or
+// another's) ran on r's model during the second half of an unload's
+// timeout before r ended: only then may an unload wait in vain.
+func busy(rs []Result, r Result) bool {
+	from := r.End.Add(-unloadTimeout / 2)
+	return slices.ContainsFunc(rs, func(o Result) bool {
+		same := r.Action.Model == "" || o.Action.Model == "" || Group(o.Action.Model) == Group(r.Action.Model)
+		return o.ID != r.ID && o.Action.Op.loads() && same && o.Start.Before(r.End) && o.End.After(from)
+	})
+}
+
+// leafKinds returns the kinds of the errors joined in err (one per branch
+// of errors.Join; an unjoined error is one branch).
+func leafKinds(err error) []vramguard.Kind {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var ks []vramguard.Kind
+		for _, e := range j.Unwrap() {
+			ks = append(ks, leafKinds(e)...)
+		}
+		return ks
+	}
+	return []vramguard.Kind{vramguard.KindOf(err)}
+}
+
+// genFailed reports whether err holds a failure of the work itself, not
+// only of the cleanup after it (KindUnverified).
+func genFailed(err error) bool {
+	return slices.ContainsFunc(leafKinds(err), func(k vramguard.Kind) bool { return k != vramguard.KindUnverified })
+}
+
+// Outcome names how an action ended, for comparing two targets: "ok", or
+// the kinds of its failures joined with "+".
+func Outcome(r Result) string {
+	if r.Err == nil {
+		return "ok"
+	}
+	if ce, ok := r.Err.(*childError); ok {
+		return "child:" + ce.kind
+	}
+	if !r.Action.Op.own() {
+		return "error"
+	}
+	var names []string
+	for _, k := range leafKinds(r.Err) {
+		names = append(names, k.String())
+	}
+	slices.Sort(names)
+	return strings.Join(slices.Compact(names), "+")
+}
+
+func stamp(t time.Time) string { return t.Format("15:04:05.000") }

@@ -1,0 +1,126 @@
+package oracle
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/vramguard/vramguard"
+)
+
+// The checker is the oracle's judge: each rule must fire on a trace that
+// breaks it and stay quiet on the same trace made lawful.
+func TestCheckRules(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	obs := func(ms int, listed bool, runners int) Obs {
+		o := Obs{T0: at(ms), T1: at(ms + 1), Listed: map[string]bool{}, Runners: map[string]int{}}
+		if listed {
+			o.Listed[ModelA] = true
+		}
+		if runners > 0 {
+			o.Runners[ModelA] = runners
+		}
+		return o
+	}
+	unload := &Send{T: at(0), Party: PartyOwn, Model: ModelA, Unload: true, KeepAlive: "0s", Action: 1}
+	verdict := Verdict{T: at(100), Party: PartyOwn, Model: ModelA, Checked: vramguard.CheckPS | vramguard.CheckRunnerProcesses}
+	ownErr := func(k vramguard.Kind, cause error) error {
+		return &vramguard.Error{Op: "generate", Model: ModelA, Kind: k, Err: cause}
+	}
+
+	tests := []struct {
+		name string
+		tr   *Trace
+		want string // the rule that must fire; "" for none
+	}{
+		{"gone and staying gone", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(150, false, 0), obs(600, false, 0)}}, ""},
+		{"a runner after the verdict, no load since", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(150, false, 1)}}, RuleGoneNotGone},
+		{"listed after the verdict, no load since", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(400, true, 1)}}, RuleGoneNotGone},
+		{"a load sent before the last unload does not explain it",
+			&Trace{Sends: []*Send{{T: at(-50), Party: PartyForeign, Model: ModelA}, unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(300, true, 1)}}, RuleGoneNotGone},
+		{"a load sent after the last unload explains it",
+			&Trace{Sends: []*Send{unload, {T: at(60), Party: PartyForeign, Model: ModelA}}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(300, true, 1)}}, ""},
+		{"a load sent after the look does not explain it",
+			&Trace{Sends: []*Send{unload, {T: at(400), Party: PartyForeign, Model: ModelA}}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(300, true, 1)}}, RuleGoneNotGone},
+		{"outside the window", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(100+1500, true, 1)}}, ""},
+		{"another model's look", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{{T: at(100), Party: PartyOwn, Model: ModelB, Checked: verdict.Checked}}, Obs: []Obs{obs(150, true, 1)}}, ""},
+		{"verified by ps alone on a local server", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{{T: at(100), Party: PartyOwn, Model: ModelA, Checked: vramguard.CheckPS}}}, RuleNoProcessCheck},
+		{"an untyped error", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Err: errors.New("boom")}}}, RuleUntyped},
+		{"a typed error", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Err: ownErr(vramguard.KindTransient, nil)}}}, ""},
+		{"a cancel reported as a timeout", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard, CancelAt: time.Millisecond}, Canceled: true, Err: ownErr(vramguard.KindTimeout, nil)}}}, RuleCancelKind},
+		{"a cancel without its cause", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard, CancelAt: time.Millisecond}, Canceled: true, Err: ownErr(vramguard.KindCanceled, errors.New("other"))}}}, RuleCancelKind},
+		{"a cancel with its cause", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard, CancelAt: time.Millisecond}, Canceled: true, Err: ownErr(vramguard.KindCanceled, fmt.Errorf("x: %w", errOracleCancel))}}}, ""},
+		{"out of memory as retryable", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Fault: FaultOOM, Err: ownErr(vramguard.KindTransient, nil)}}}, RuleRetryable},
+		{"out of memory as such", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Fault: FaultOOM, Err: ownErr(vramguard.KindOutOfMemory, nil)}}}, ""},
+		{"done and failed", &Trace{Sends: []*Send{{T: at(0), Party: PartyOwn, Model: ModelA, Action: 1, Done: true, DoneAt: at(10)}},
+			Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Err: ownErr(vramguard.KindTransient, nil)}}}, RuleCompleteFailed},
+		{"done and only the cleanup failed", &Trace{Sends: []*Send{{T: at(0), Party: PartyOwn, Model: ModelA, Action: 1, Done: true, DoneAt: at(10)}},
+			Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Err: ownErr(vramguard.KindUnverified, vramguard.ErrHeldByOthers)}}}, ""},
+		{"over its bound", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpUnload}, Start: at(0), End: at(5000), Bound: time.Second}}}, RuleOverBound},
+		{"Close left a warm model", &Trace{Sends: []*Send{{T: at(0), Party: PartyOwn, Model: ModelA, KeepAlive: "1h0m0s"}}, AfterClose: obs(10, true, 1)}, RuleCloseLeftWarm},
+		{"Close, the model unloaded since", &Trace{Sends: []*Send{{T: at(0), Party: PartyOwn, Model: ModelA, KeepAlive: "1h0m0s"}},
+			Verdicts: []Verdict{{T: at(5), Party: PartyOwn, Model: ModelA, Checked: verdict.Checked}}, AfterClose: obs(10, true, 1)}, ""},
+		{"an unload gave up on an idle model", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpUnload, Model: ModelA}, Start: at(0), End: at(10000),
+			Err: &vramguard.Error{Op: "unload", Kind: vramguard.KindTimeout, Err: vramguard.ErrStillResident}}}}, RuleGaveUp},
+		{"an unload waited for another program's request", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpUnload, Model: ModelA}, Start: at(0), End: at(10000),
+			Err: &vramguard.Error{Op: "unload", Kind: vramguard.KindTimeout, Err: vramguard.ErrStillResident}},
+			{ID: 2, Action: Action{Op: OpForeign, Model: ModelA}, Start: at(0), End: at(9000)}}}, ""},
+		{"left resident at the end", &Trace{Results: []Result{{ID: 9, Action: Action{Op: OpForeignStop}, Note: "final foreign cleanup", Err: errors.New("listed")}}}, RuleLeftResident},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := tt.tr
+			if tr.AfterClose.Listed == nil {
+				tr.AfterClose = Obs{Listed: map[string]bool{}, Runners: map[string]int{}}
+			}
+			vs := Check(tr, time.Second, true)
+			got := ""
+			for _, v := range vs {
+				if tt.want == "" || v.Rule == tt.want {
+					got = v.Rule
+					break
+				}
+			}
+			if got != tt.want {
+				t.Errorf("violations %v, want rule %q", vs, tt.want)
+			}
+		})
+	}
+}
+
+// A seed gives one schedule, and the generator draws only what the
+// target can play.
+func TestGenerateReplays(t *testing.T) {
+	p := Profile{Name: "x", CLI: true, Child: true, Kill: true, Faults: []Fault{FaultOOM}}
+	a, b := Generate(42, p), Generate(42, p)
+	if a.String() != b.String() {
+		t.Fatalf("seed 42 gave two schedules:\n%s\n%s", a, b)
+	}
+	if Generate(43, p).String() == a.String() {
+		t.Errorf("seeds 42 and 43 gave the same schedule")
+	}
+	seen := map[Op]bool{}
+	for seed := range uint64(2000) {
+		for _, r := range Generate(seed, Profile{}).Rounds {
+			for _, a := range r {
+				seen[a.Op] = true
+				if a.Op == OpCLI || a.Op == OpChild || a.Op == OpKillRunner || a.Op == OpFault || a.Op == OpRestart {
+					t.Fatalf("seed %d: %s for a target that cannot play it", seed, a)
+				}
+			}
+		}
+		for _, r := range Generate(seed, p).Rounds {
+			for _, a := range r {
+				seen[a.Op] = true
+			}
+		}
+	}
+	for _, op := range []Op{OpGenerate, OpGuard, OpGuardAsync, OpGuardChat, OpPhase, OpUnload, OpUnloadAll, OpEnsureFree,
+		OpCleanup, OpCleanupAsync, OpClose, OpForeign, OpForeignStop, OpCLI, OpChild, OpKillRunner, OpFault, OpRestart} {
+		if !seen[op] {
+			t.Errorf("2000 seeds never drew %s", op)
+		}
+	}
+}

@@ -1,0 +1,312 @@
+package oracle
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vramguard/vramguard"
+)
+
+// Parties that send requests.
+const (
+	PartyOwn     = "own"     // the client under test
+	PartyForeign = "foreign" // a raw api client in this process
+	PartyCLI     = "cli"     // `ollama run`, through a recording proxy
+	PartyChild   = "child"   // a second process using vramguard, through a recording proxy
+)
+
+// Send is one request as it went to the server.
+type Send struct {
+	T      time.Time
+	Party  string
+	Path   string
+	Model  string // the model's weights group (Group)
+	Unload bool   // an unload request: no prompt or messages, keep_alive 0
+	Action int    // the action that sent it, -1 when unknown
+	// KeepAlive is the keep_alive sent, as on the wire ("" for none).
+	KeepAlive string
+	// Done is set when the reply's stream carried a line with done:true,
+	// at DoneAt.
+	Done   bool
+	DoneAt time.Time
+}
+
+// Verdict is a verified unload as a client reported it
+// (Hooks.OnEvictionVerified).
+type Verdict struct {
+	T       time.Time
+	Party   string
+	Model   string // weights group
+	Checked vramguard.Checks
+	// NoRunnerCheck is the report's reason for a missing process check.
+	NoRunnerCheck string
+}
+
+// Obs is one look at the server: what /api/ps listed and which runners
+// served which weights, between T0 (before the look) and T1 (after it).
+type Obs struct {
+	T0, T1  time.Time
+	Listed  map[string]bool // weights groups /api/ps listed
+	Runners map[string]int  // weights group -> live runners
+	Err     string          // the look failed (the server is down, say)
+}
+
+// present reports whether group g was resident in o.
+func (o Obs) present(g string) bool { return o.Listed[g] || o.Runners[g] > 0 }
+
+// Result is how one action ended.
+type Result struct {
+	ID     int
+	Action Action
+	Start  time.Time
+	End    time.Time
+	Err    error
+	// Canceled is set when the oracle canceled the call's context before
+	// it returned.
+	Canceled bool
+	// Bound is the longest the call may take: its timeouts plus a margin.
+	Bound time.Duration
+	// Fault is the fault in force when the call started.
+	Fault Fault
+	Note  string // what happened, for the log (a child's outcome, a skipped kill)
+}
+
+// Trace is what one schedule did and saw. It is safe for concurrent use
+// until Freeze.
+type Trace struct {
+	mu       sync.Mutex
+	Sends    []*Send
+	Verdicts []Verdict
+	Obs      []Obs
+	Results  []Result
+	// MaxLoad is the longest load a generation reported.
+	MaxLoad time.Duration
+	// AfterClose is a look taken once every client under test was
+	// closed, before the foreign party cleaned up; CloseErr is what
+	// closing them returned.
+	AfterClose Obs
+	CloseErr   error
+	// Hung describes a round that never ended ("" when none did): the
+	// schedule was abandoned there.
+	Hung string
+}
+
+func (t *Trace) send(s *Send) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.Sends = append(t.Sends, s)
+}
+
+func (t *Trace) markDone(s *Send) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !s.Done {
+		s.Done, s.DoneAt = true, time.Now()
+	}
+}
+
+func (t *Trace) verdict(v Verdict) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.Verdicts = append(t.Verdicts, v)
+}
+
+func (t *Trace) observe(o Obs) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.Obs = append(t.Obs, o)
+}
+
+func (t *Trace) result(r Result) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.Results = append(t.Results, r)
+}
+
+func (t *Trace) load(d time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.MaxLoad = max(t.MaxLoad, d)
+}
+
+// lastObs returns the latest look, if any.
+func (t *Trace) lastObs() (Obs, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.Obs) == 0 {
+		return Obs{}, false
+	}
+	return t.Obs[len(t.Obs)-1], true
+}
+
+// Group maps a model name to its weights group: tiny-a and tiny-a-short
+// share one runner.
+func Group(model string) string {
+	n := vramguard.NormalizeModelName(model)
+	switch n {
+	case ModelA + ":latest", ModelAShort + ":latest":
+		return ModelA
+	case ModelB + ":latest":
+		return ModelB
+	}
+	return n
+}
+
+type actionKey struct{}
+
+// withAction tags ctx with the action that sends requests under it.
+func withAction(ctx context.Context, id int) context.Context {
+	return context.WithValue(ctx, actionKey{}, id)
+}
+
+// recorder is an http.RoundTripper that records every generate and chat
+// request of one party in the trace, and whether its reply carried
+// done:true.
+type recorder struct {
+	party string
+	trace *Trace
+	next  http.RoundTripper
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Path != "/api/generate" && req.URL.Path != "/api/chat" || req.Body == nil {
+		return r.next.RoundTrip(req)
+	}
+	body, err := io.ReadAll(req.Body)
+	req.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	var m struct {
+		Model     string            `json:"model"`
+		Prompt    string            `json:"prompt"`
+		Messages  []json.RawMessage `json:"messages"`
+		KeepAlive json.RawMessage   `json:"keep_alive"`
+	}
+	_ = json.Unmarshal(body, &m)
+	ka := strings.Trim(string(m.KeepAlive), `"`)
+	s := &Send{
+		Party:     r.party,
+		Path:      req.URL.Path,
+		Model:     Group(m.Model),
+		Unload:    m.Prompt == "" && len(m.Messages) == 0 && (ka == "0" || ka == "0s"),
+		Action:    -1,
+		KeepAlive: ka,
+	}
+	if id, ok := req.Context().Value(actionKey{}).(int); ok {
+		s.Action = id
+	}
+	s.T = time.Now()
+	r.trace.send(s)
+	resp, err := r.next.RoundTrip(req)
+	if err != nil || s.Unload {
+		return resp, err
+	}
+	resp.Body = &doneScanner{rc: resp.Body, on: func() { r.trace.markDone(s) }}
+	return resp, nil
+}
+
+// doneScanner passes a reply through and calls on once when a whole line
+// with "done":true has gone by.
+type doneScanner struct {
+	rc   io.ReadCloser
+	line []byte
+	on   func()
+	seen bool
+}
+
+func (d *doneScanner) Read(p []byte) (int, error) {
+	n, err := d.rc.Read(p)
+	if !d.seen {
+		for _, b := range p[:n] {
+			if b != '\n' {
+				if len(d.line) < 1<<16 {
+					d.line = append(d.line, b)
+				}
+				continue
+			}
+			if bytes.Contains(d.line, []byte(`"done":true`)) {
+				d.seen = true
+				d.on()
+				break
+			}
+			d.line = d.line[:0]
+		}
+	}
+	return n, err
+}
+
+func (d *doneScanner) Close() error { return d.rc.Close() }
+
+// proxy is a recording reverse proxy on loopback for a party that is not
+// in this process (the CLI, a child process).
+type proxy struct {
+	srv *http.Server
+	ln  net.Listener
+	tr  *http.Transport
+	wg  sync.WaitGroup
+}
+
+func newProxy(party string, trace *Trace, upstream *url.URL) (*proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	rp := httputil.NewSingleHostReverseProxy(upstream)
+	rp.FlushInterval = -1
+	rp.Transport = &recorder{party: party, trace: trace, next: tr}
+	rp.ErrorLog = nil
+	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		w.WriteHeader(http.StatusBadGateway)
+	}
+	p := &proxy{srv: &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}, ln: ln, tr: tr}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		_ = p.srv.Serve(ln)
+	}()
+	return p, nil
+}
+
+// Host is the proxy's host:port.
+func (p *proxy) Host() string { return p.ln.Addr().String() }
+
+func (p *proxy) Close() {
+	_ = p.srv.Close()
+	p.wg.Wait()
+	p.tr.CloseIdleConnections()
+}
+
+// childLine is what a child process prints on stdout: its sends, its
+// verdicts and its outcome.
+type childLine struct {
+	Verdicts []Verdict `json:"verdicts"`
+	Err      string    `json:"err,omitempty"`
+	Kind     string    `json:"kind,omitempty"`
+}
+
+func readChildLine(out []byte) (childLine, bool) {
+	var cl childLine
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if l := sc.Bytes(); bytes.HasPrefix(l, []byte("oracle-child: ")) {
+			if json.Unmarshal(bytes.TrimPrefix(l, []byte("oracle-child: ")), &cl) == nil {
+				return cl, true
+			}
+		}
+	}
+	return cl, false
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The race oracle's mutation check: each patch in
+# internal/suites/oracle/testdata/mutants breaks one guarantee of the unload
+# (the runner-process check, the resend of a lost unload); the oracle's sweep
+# must find a violation with it on at least two server versions. Each mutant
+# runs in a copy of the working tree (files git does not ignore), never in
+# the checkout. A patch that no longer applies fails the
+# check: the code it breaks moved, and the mutant must follow it.
+#
+# Usage: scripts/oracle-mutants.sh [BUDGET]   (default 60s per version)
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+budget=${1:-60s}
+status=0
+for patch in "$repo"/internal/suites/oracle/testdata/mutants/*.patch; do
+	name=$(basename "$patch" .patch)
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	(cd "$repo" && git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$tmp")
+	if ! (cd "$tmp" && patch -p1 --quiet <"$patch"); then
+		echo "oracle-mutants: $name: the patch no longer applies" >&2
+		exit 1
+	fi
+	start=$(date +%s)
+	log="$tmp/oracle.log"
+	(cd "$tmp" && go test -count=1 -run 'TestOracle$' -v -timeout 30m ./internal/suites/oracle \
+		-oracle.budget "$budget" -oracle.sim=false -oracle.failfast) >"$log" 2>&1 || true
+	if ! grep -q -- '--- ' "$log"; then
+		echo "oracle-mutants: $name: the sweep did not run:" >&2
+		tail -20 "$log" >&2
+		exit 1
+	fi
+	found=$(grep -E 'oracle: [0-9]+ violations on ollama' "$log" | sed -E 's/^ *oracle_test.go:[0-9]+: //' || true)
+	versions=$(printf '%s\n' "$found" | grep -c 'violations on ollama' || true)
+	echo "oracle-mutants: $name: found on $versions version(s) in $(( $(date +%s) - start ))s"
+	printf '%s\n' "$found" | sed 's/^/  /'
+	grep -E '^\s+(verified-but-resident|gave-up-on-idle-model|close-left-resident|left-resident|[a-z-]+): ' "$log" | sort | uniq -c | sort -rn | head -5 | sed 's/^/  /' || true
+	if [ "$versions" -lt 2 ]; then
+		echo "oracle-mutants: $name: found on fewer than two versions" >&2
+		status=1
+	fi
+	rm -rf "$tmp"
+	trap - EXIT
+done
+exit $status
