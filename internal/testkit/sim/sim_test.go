@@ -602,3 +602,65 @@ func TestCloseCutsRequestsShort(t *testing.T) {
 		t.Error("request completed after Close")
 	}
 }
+
+// KillRunner kills a loaded model's runner: it stays listed, dead, its
+// memory is freed, and the next request loads it again. A model that is
+// not loaded has nothing to kill.
+func TestKillRunner(t *testing.T) {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", SizeVRAM: 1 << 20}}})
+	defer s.Close()
+	if s.KillRunner("tiny") {
+		t.Fatal("KillRunner of a model that is not loaded reported a kill")
+	}
+	simGen(t, s, "tiny", &api.Duration{Duration: time.Hour})
+	if !s.KillRunner("tiny") {
+		t.Fatal("KillRunner of a loaded model reported none")
+	}
+	if !s.Listed("tiny") || len(s.Holders()) != 0 {
+		t.Errorf("after the kill: listed %v, holders %v; want listed, no memory held", s.Listed("tiny"), s.Holders())
+	}
+	if s.KillRunner("tiny") {
+		t.Error("a dead runner was killed twice")
+	}
+	simGen(t, s, "tiny", &api.Duration{Duration: time.Hour})
+	if got := s.Loads("tiny"); got != 2 {
+		t.Errorf("loads %d, want 2: the request after the kill reloads", got)
+	}
+}
+
+// Restart cuts the requests in flight and leaves nothing loaded; the
+// models stay registered.
+func TestRestart(t *testing.T) {
+	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", TokenLatency: 50 * time.Millisecond, Chunks: 100}}})
+	defer s.Close()
+	simGen(t, s, "tiny", &api.Duration{Duration: time.Hour})
+	errc := make(chan error, 1)
+	go func() {
+		errc <- s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "x"}, func(api.GenerateResponse) error { return nil })
+	}()
+	if err := s.WaitInFlight(t.Context(), "tiny", 1); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart()
+	select {
+	case err := <-errc:
+		t.Logf("the request in flight: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request in flight still runs 5 s after the restart")
+	}
+	if err := s.WaitFor(t.Context(), func() bool { return !s.Listed("tiny") && len(s.Running()) == 0 }); err != nil {
+		t.Fatalf("after the restart: running %+v", s.Running())
+	}
+	simGen(t, s, "tiny", &api.Duration{Duration: 0})
+}
+
+// simGen runs one short generation with keepAlive and fails the test if it
+// fails.
+func simGen(t *testing.T, s *sim.Server, model string, keepAlive *api.Duration) {
+	t.Helper()
+	err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: keepAlive,
+		Options: map[string]any{"num_predict": 2}}, func(api.GenerateResponse) error { return nil })
+	if err != nil {
+		t.Fatalf("generate %s: %v", model, err)
+	}
+}
