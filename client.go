@@ -285,7 +285,9 @@ func validCommon(op, model string, t Timeouts, opts map[string]any, format json.
 // ErrIncompleteStream, or the timeout or crash that cut it.
 //
 // When ctx is done the call returns a KindCanceled error wrapping
-// context.Cause(ctx). With Options.Fallback, a timeout or transient failure
+// context.Cause(ctx), unless the done line had already arrived: a
+// generation that reached it is complete, and a cancel or a timeout after
+// it does not undo that. With Options.Fallback, a timeout or transient failure
 // is retried once through `ollama run`, provided no chunk had reached fn
 // yet; a failure of both returns the first error's kind with both causes.
 // The CLI cannot carry images: such a request is not retried
@@ -571,7 +573,13 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 		return nil, errOffloadStop // run unloads and fails
 	}
 	if werr := wd.finish(op, model, ctx, st.fnErr); werr != nil {
-		return nil, werr
+		if !st.done || st.fnErr != nil {
+			return nil, werr
+		}
+		// The done line came before the cancel or the timeout: the
+		// generation is complete, whatever the reading of the reply's
+		// end then returned.
+		err = nil
 	}
 	var cut *replyCut
 	switch {

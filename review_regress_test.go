@@ -2,6 +2,7 @@ package vramguard
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -79,4 +80,36 @@ func fetching() bool {
 	buf := make([]byte, 1<<20)
 	n := runtime.Stack(buf, true)
 	return strings.Contains(string(buf[:n]), "(*poller).fetch")
+}
+
+// Found by the race oracle (#23, ollama 0.34.4, seed 161203832554445): a
+// guarded generation whose caller canceled it after the done line had
+// arrived, while the reply's end was still being read, came back
+// KindCanceled with its whole text received. A generation that reached
+// its done line is complete: a cancel or a timeout after it changes
+// nothing.
+func TestCancelAfterDoneIsComplete(t *testing.T) {
+	for _, e := range endpoints() {
+		for _, viaAPI := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, api client %v", e.name, viaAPI), func(t *testing.T) {
+				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 3})
+				opts := Options{}
+				if viaAPI {
+					opts.API = s.Client()
+				}
+				c := newTestClient(t, s, opts)
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				g, err := e.run(ctx, c, &GenerateRequest{Model: "tiny", Prompt: "a castle"}, KeepAliveUnload, func(ch Chunk) error {
+					if ch.Done {
+						cancel()
+					}
+					return nil
+				})
+				if err != nil || g == nil || g.DoneReason == "" {
+					t.Fatalf("canceled after the done line: %+v, %v; want the complete generation", g, err)
+				}
+			})
+		}
+	}
 }

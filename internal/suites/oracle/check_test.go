@@ -42,6 +42,18 @@ func TestCheckRules(t *testing.T) {
 			&Trace{Sends: []*Send{{T: at(-50), Party: PartyForeign, Model: ModelA}, unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(300, true, 1)}}, RuleGoneNotGone},
 		{"a load sent after the last unload explains it",
 			&Trace{Sends: []*Send{unload, {T: at(60), Party: PartyForeign, Model: ModelA}}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(300, true, 1)}}, ""},
+		{"a load queued behind another, still waiting at the verdict, is the server's",
+			&Trace{Sends: []*Send{{T: at(-50), Party: PartyCLI, Model: ModelA, Action: -1}, unload}, Verdicts: []Verdict{verdict},
+				Obs:     []Obs{obs(150, false, 0), obs(300, false, 1)},
+				Results: []Result{{ID: 5, Action: Action{Op: OpCLI}, Start: at(-60), End: at(900)}}}, "known"},
+		{"the same, but the runner was there at the verdict",
+			&Trace{Sends: []*Send{{T: at(-50), Party: PartyCLI, Model: ModelA, Action: -1}, unload}, Verdicts: []Verdict{verdict},
+				Obs:     []Obs{obs(110, false, 1), obs(300, false, 1)},
+				Results: []Result{{ID: 5, Action: Action{Op: OpCLI}, Start: at(-60), End: at(900)}}}, RuleGoneNotGone},
+		{"the same, but the request had its answer before the verdict",
+			&Trace{Sends: []*Send{{T: at(-50), Party: PartyCLI, Model: ModelA, Action: -1}, unload}, Verdicts: []Verdict{verdict},
+				Obs:     []Obs{obs(150, false, 0), obs(300, false, 1)},
+				Results: []Result{{ID: 5, Action: Action{Op: OpCLI}, Start: at(-60), End: at(90)}}}, RuleGoneNotGone},
 		{"a load sent after the look does not explain it",
 			&Trace{Sends: []*Send{unload, {T: at(400), Party: PartyForeign, Model: ModelA}}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(300, true, 1)}}, RuleGoneNotGone},
 		{"outside the window", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(100+1500, true, 1)}}, ""},
@@ -78,8 +90,12 @@ func TestCheckRules(t *testing.T) {
 			vs := Check(tr, time.Second, true)
 			got := ""
 			for _, v := range vs {
-				if tt.want == "" || v.Rule == tt.want {
-					got = v.Rule
+				rule := v.Rule
+				if v.Known != "" {
+					rule = "known"
+				}
+				if tt.want == "" || rule == tt.want {
+					got = rule
 					break
 				}
 			}
