@@ -71,16 +71,18 @@ soak:
 
 ## oracle: the race oracle's long sweep (issue #23), every version side by
 ## side: SEED=<seed> replays one schedule (N=1 unless set); N schedules per
-## version, else BUDGET of wall time per version; VERSIONS limits the
-## servers; figures go to ORACLE_REPORT (JSON lines)
+## server, else BUDGET of wall time per server; SERVERS per version, each
+## with its own seeds; VERSIONS limits the servers; figures go to
+## ORACLE_REPORT (JSON lines, one per server)
 SEED     ?= 0
 N        ?= $(if $(filter-out 0,$(SEED)),1,0)
 BUDGET   ?= 30m
 VERSIONS ?=
+SERVERS  ?= 1
 ORACLE_REPORT ?= oracle-report.jsonl
 oracle:
-	$(if $(VERSIONS),VRAMGUARD_OLLAMA_VERSIONS=$(VERSIONS)) $(GO) test -count=1 -run 'TestOracle$$' -v -timeout 0 ./internal/suites/oracle \
-		-oracle.seed $(SEED) -oracle.n $(N) -oracle.budget $(BUDGET) -oracle.report $(abspath $(ORACLE_REPORT))
+	$(if $(VERSIONS),VRAMGUARD_OLLAMA_VERSIONS=$(VERSIONS)) $(GO) test -count=1 -run 'TestOracle$$' -v -timeout 0 -parallel 64 ./internal/suites/oracle \
+		-oracle.seed $(SEED) -oracle.n $(N) -oracle.budget $(BUDGET) -oracle.servers $(SERVERS) -oracle.report $(abspath $(ORACLE_REPORT))
 
 ## oracle-mutants: the oracle must find each mutant of the unload (scripts/oracle-mutants.sh)
 oracle-mutants:
