@@ -214,11 +214,17 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 		fmt.Errorf("%w after %v", ErrStillResident, c.opts.UnloadTimeout))
 	defer cancel()
 
+	// unresolved says why the process check of a local server could not
+	// start yet (its /api/show failed); the unload is not verified
+	// without it.
+	var unresolved string
 	fail := func(err error) (*UnloadReport, error) {
 		rep.Elapsed = time.Since(start)
 		switch {
 		case ctx.Err() != nil:
 			return rep, newError(op, model, KindCanceled, context.Cause(ctx))
+		case wctx.Err() != nil && unresolved != "":
+			return rep, newError(op, model, KindTimeout, fmt.Errorf("%w (the process check could not start: %s)", context.Cause(wctx), unresolved))
 		case wctx.Err() != nil:
 			return rep, newError(op, model, KindTimeout, context.Cause(wctx))
 		}
@@ -269,11 +275,13 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 	// The process check, on a local server: resolved once, after the
 	// unload went out, so a model the server does not know fails above.
 	checks := CheckPS // what the verdict will rest on
-	runners, why := c.watchRunners(wctx, model)
+	runners, why, again := c.watchRunners(wctx, model)
 	if wctx.Err() != nil {
 		return fail(context.Cause(wctx))
 	}
-	if runners == nil {
+	if again {
+		unresolved = why // tried again at every poll below
+	} else if runners == nil {
 		rep.NoRunnerCheck = why
 		c.log.Debug("unload verified by /api/ps only", "model", model, "why", why, "settle", c.opts.SettleWindow)
 	}
@@ -315,7 +323,22 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 		} else {
 			entry := seen(ms)
 			loading := false // a runner serves the model, which /api/ps does not list
-			if entry == nil && ours == 0 && runners == nil {
+			if unresolved != "" {
+				// A local server whose /api/show failed: the process
+				// check is still to be made, and nothing is verified
+				// without it.
+				if runners, why, again = c.watchRunners(wctx, model); runners != nil || !again {
+					unresolved = ""
+					if runners == nil {
+						rep.NoRunnerCheck = why
+					}
+				} else {
+					unresolved = why
+				}
+			}
+			if unresolved != "" {
+				loading = entry == nil // as for a runner no listing names: resend now and then
+			} else if entry == nil && ours == 0 && runners == nil {
 				if c.opts.SettleWindow <= 0 {
 					break
 				}

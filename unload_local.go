@@ -58,23 +58,25 @@ type runnerWatch struct {
 }
 
 // watchRunners prepares the process check of an unload of model, or says
-// why there is none.
-func (c *OllamaClient) watchRunners(ctx context.Context, model string) (*runnerWatch, string) {
+// why there is none. again reports a failure worth retrying: the server is
+// local but its /api/show failed (a reset, a restart, a 500), so the check
+// is still to be made, and the unload may not be verified without it.
+func (c *OllamaClient) watchRunners(ctx context.Context, model string) (w *runnerWatch, why string, again bool) {
 	if !isLocalHost(c.host) {
-		return nil, "remote server"
+		return nil, "remote server", false
 	}
 	path, blob, err := c.modelWeights(ctx, model)
 	if err != nil {
-		return nil, fmt.Sprintf("model blob: %v", err)
+		return nil, fmt.Sprintf("model blob: %v", err), classify(err) != KindNotFound
 	}
 	if blob == "" {
-		return nil, "model blob: the model has no weights file of its own"
+		return nil, "model blob: the model has no weights file of its own", false
 	}
-	w := &runnerWatch{root: c.procRoot, blob: blob}
+	w = &runnerWatch{root: c.procRoot, blob: blob}
 	if filepath.IsAbs(path) {
 		w.path = filepath.Clean(path)
 	}
-	return w, ""
+	return w, "", false
 }
 
 // live counts the runners serving the model's weights whose parent is a

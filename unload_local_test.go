@@ -2,6 +2,7 @@ package vramguard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ollama/ollama/api"
 
+	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
@@ -227,6 +229,51 @@ func TestUnloadReportNamesChecks(t *testing.T) {
 		rep, err := c.UnloadModel(t.Context(), "missing")
 		if err == nil || rep.Verified || rep.Checked != 0 {
 			t.Errorf("report %+v, err %v", rep, err)
+		}
+	})
+}
+
+// Found by the race oracle (#23, ollama 0.34.4, seed 230638219267291, and
+// eleven more in its first long run): an unload on a local server whose
+// /api/show failed once (a restart in progress, a reset, a 500) gave up
+// the process check and was verified by /api/ps alone, blind to a load in
+// progress. The check is tried again at every poll, and the unload is not
+// verified without it; a failure that lasts ends the unload as a timeout
+// that says so.
+func TestUnloadRetriesTheProcessCheck(t *testing.T) {
+	t.Run("a passing failure", func(t *testing.T) {
+		s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+		p, err := faultproxy.New(s.URL(), faultproxy.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		c := newClientAt(t, p.URL().String(), Options{})
+		if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveFor(time.Hour), nil); err != nil {
+			t.Fatal(err)
+		}
+		p.Push("/api/show", faultproxy.RespondError(http.StatusInternalServerError, "something went wrong"), faultproxy.ResetAfterBytes(0))
+		rep, err := c.UnloadModel(t.Context(), "tiny")
+		if err != nil || !rep.Verified || !rep.Checked.Has(CheckRunnerProcesses) || rep.NoRunnerCheck != "" {
+			t.Fatalf("UnloadModel: %+v, %v; want verified with the process check", rep, err)
+		}
+	})
+	t.Run("a lasting failure", func(t *testing.T) {
+		s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+		p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
+			if r.Path == "/api/show" {
+				return faultproxy.RespondError(http.StatusInternalServerError, "something went wrong")
+			}
+			return faultproxy.Pass()
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		c := newClientAt(t, p.URL().String(), Options{UnloadTimeout: 300 * time.Millisecond, KeepModelsOnClose: true})
+		rep, err := c.UnloadModel(t.Context(), "tiny")
+		if !errors.Is(err, KindTimeout) || !strings.Contains(fmt.Sprint(err), "process check could not start") || rep == nil || rep.Verified {
+			t.Fatalf("UnloadModel: %+v, %v; want an unverified KindTimeout saying the process check could not start", rep, err)
 		}
 	})
 }
