@@ -147,7 +147,9 @@ func (c Checks) String() string {
 // address, with procfs readable), no runner process of a live Ollama server
 // serves the model's weights blob, across a settle window of at least
 // 50 ms after the last unload request. UnloadReport.Checked names the
-// checks made.
+// checks made. On a local server whose /api/show fails (a restart, a
+// reset), the process check is tried again at every poll: the unload is
+// not verified without it.
 //
 // Ollama's "unload" reply comes before the runner stops, and an unload that
 // arrives during a load is lost (Ollama 0.17 to 0.34): while the model is

@@ -31,6 +31,7 @@ const (
 	RuleCompleteFailed  = "complete-but-failed"    // the stream reached done:true and the call failed
 	RuleOverBound       = "over-bound"             // a call took longer than its timeouts and the margin
 	RuleHung            = "hung"                   // a call had not returned a minute past its bound
+	RuleChildCrashed    = "child-crashed"          // the second process printed no result or exited non-zero
 	RuleCloseLeftWarm   = "close-left-resident"    // Close returned nil and left a model it kept warm
 	RuleLeftResident    = "left-resident"          // resident after every party finished and cleaned up
 	RuleGaveUp          = "gave-up-on-idle-model"  // an unload timed out on a model no other call used meanwhile
@@ -57,18 +58,7 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 		if local && !v.Checked.Has(vramguard.CheckRunnerProcesses) {
 			add(RuleNoProcessCheck, "%s verdict on %s at %s: checked %v (%s)", v.Party, v.Model, stamp(v.T), v.Checked, v.NoRunnerCheck)
 		}
-		// The last unload request of the verdict's party before it: a
-		// load begun before that must be caught; one begun after it (or
-		// after the verdict) explains a later appearance.
-		cut := v.T
-		for _, s := range sends {
-			if s.T.After(v.T) {
-				break
-			}
-			if s.Unload && s.Party == v.Party && s.Model == v.Model {
-				cut = s.T
-			}
-		}
+		cut := lastUnload(sends, v)
 		for _, o := range tr.Obs {
 			if !o.T0.After(v.T) || o.T0.After(v.T.Add(w)) || !o.present(v.Model) {
 				continue
@@ -93,7 +83,10 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 		}
 		if !r.Action.Op.own() {
 			if ce, ok := r.Err.(*childError); ok {
-				if ce.kind == "" || ce.kind == vramguard.KindUnknown.String() || ce.kind == vramguard.KindInternal.String() {
+				switch ce.kind {
+				case childCrashed:
+					add(RuleChildCrashed, "#%d %s: %s", r.ID, r.Action, ce.msg)
+				case "", vramguard.KindUnknown.String(), vramguard.KindInternal.String():
 					add(RuleUntyped, "#%d %s: the child's error has kind %q: %s", r.ID, r.Action, ce.kind, ce.msg)
 				}
 			}
@@ -114,11 +107,11 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 			case r.Canceled && k == vramguard.KindCanceled && !errors.Is(r.Err, errOracleCancel) && !errors.Is(r.Err, vramguard.ErrUnloadedWhileLoading) &&
 				!errors.Is(r.Err, vramguard.ErrClosed):
 				add(RuleCancelKind, "#%d %s: canceled, but the error does not carry the cause: %v", r.ID, r.Action, r.Err)
-			case r.Fault == FaultOOM && k.Retryable() && r.Action.Op.loads():
+			case r.Fault == FaultOOM && k.Retryable() && r.Action.Op.loads() && r.Action.Op != OpPhase:
 				add(RuleRetryable, "#%d %s under %s: %v (kind %v, retryable)", r.ID, r.Action, r.Fault, r.Err, k)
 			}
 		}
-		if errors.Is(r.Err, vramguard.ErrStillResident) && !busy(tr.Results, r) {
+		if errors.Is(r.Err, vramguard.ErrStillResident) && !busy(tr, r) {
 			add(RuleGaveUp, "#%d %s: %v, and no other call used the model in the last %v", r.ID, r.Action, r.Err, unloadTimeout/2)
 		}
 		if r.Action.Op.loads() && r.Action.Op != OpPhase && genFailed(r.Err) {
@@ -127,7 +120,7 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 					continue
 				}
 				cancelAt := r.Start.Add(r.Action.CancelAt)
-				if r.Canceled && cancelAt.After(s.DoneAt.Add(-5*time.Millisecond)) {
+				if r.Canceled && cancelAt.After(s.DoneAt.Add(-5*time.Millisecond)) && cancelAt.Before(s.DoneAt.Add(50*time.Millisecond)) {
 					continue // the oracle canceled right as the done line came
 				}
 				add(RuleCompleteFailed, "#%d %s: the reply reached done:true at %s, the call failed: %v", r.ID, r.Action, stamp(s.DoneAt), r.Err)
@@ -135,8 +128,9 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 		}
 	}
 
-	// Close returned nil: every model it kept warm is gone.
-	if tr.CloseErr == nil {
+	// Close returned nil, each time: every model it kept warm is gone.
+	closeFailed := tr.CloseErr != nil || slices.ContainsFunc(tr.Results, func(r Result) bool { return r.Action.Op == OpClose && r.Err != nil })
+	if !closeFailed {
 		for _, g := range []string{ModelA, ModelB} {
 			var warm, verdict time.Time
 			for _, s := range sends {
@@ -163,6 +157,30 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 	return vs
 }
 
+// lastUnload returns the last unload request of v's call: a load begun
+// before it must be caught, one begun after it (or after the verdict)
+// explains a later appearance. The call is known by its span (the
+// report's Elapsed, up to the verdict) and its Attempts; when calls of
+// the same party overlap there, its last request is no earlier than the
+// Attempts-th of theirs, which is taken (the cut the call can least be
+// blamed for). A call that sent none cuts at its start.
+func lastUnload(sends []*Send, v Verdict) time.Time {
+	from := v.T.Add(-v.Elapsed)
+	var in []time.Time
+	for _, s := range sends {
+		if s.Unload && s.Party == v.Party && s.Model == v.Model && !s.T.Before(from) && !s.T.After(v.T) {
+			in = append(in, s.T)
+		}
+	}
+	switch {
+	case v.Attempts <= 0 || len(in) == 0:
+		return from
+	case v.Attempts > len(in):
+		return in[len(in)-1]
+	}
+	return in[v.Attempts-1]
+}
+
 // knownQueued is why a queued load is the server's: see queued.
 const knownQueued = "a request sent before the unload waited in Ollama's scheduler queue behind a load of the same weights " +
 	"that then ended; while queued it is in neither /api/ps nor the process table (README, known server issues)"
@@ -179,7 +197,7 @@ func queued(tr *Trace, sends []*Send, v Verdict, cut time.Time, o Obs) bool {
 	}
 	gap := false
 	for _, p := range tr.Obs {
-		if p.T0.After(v.T) && p.T0.Before(o.T0) {
+		if p.T0.After(v.T) && p.T0.Before(o.T0) && p.Err == "" {
 			if p.present(v.Model) {
 				return false
 			}
@@ -193,25 +211,31 @@ func queued(tr *Trace, sends []*Send, v Verdict, cut time.Time, o Obs) bool {
 		if s.Unload || s.Model != v.Model || !s.T.Before(cut) {
 			return false
 		}
-		return slices.ContainsFunc(tr.Results, func(r Result) bool {
-			match := r.ID == s.Action
-			if s.Action < 0 { // the CLI's and the child's, through their proxies
-				match = (s.Party == PartyCLI && r.Action.Op == OpCLI || s.Party == PartyChild && r.Action.Op == OpChild) &&
-					!r.Start.After(s.T) && r.End.After(s.T)
-			}
-			return match && r.End.After(v.T)
+		// Unanswered at the verdict (Ollama answers with the first
+		// chunk), and behind a runner of the same weights: one was
+		// seen between the request and the verdict, and went.
+		if !s.Answered.IsZero() && !s.Answered.After(v.T) {
+			return false
+		}
+		return slices.ContainsFunc(tr.Obs, func(p Obs) bool {
+			return p.T0.After(s.T) && p.T1.Before(v.T) && p.Runners[v.Model] > 0
 		})
 	})
 }
 
-// busy reports whether another call that loads (this party's or
-// another's) ran on r's model during the second half of an unload's
-// timeout before r ended: only then may an unload wait in vain.
-func busy(rs []Result, r Result) bool {
+// busy reports whether, in the second half of an unload's timeout before r
+// ended, another call that loads (this party's or another's) ran on r's
+// model, the server was restarted or a runner killed, or the server did
+// not answer a look: only then may an unload wait in vain.
+func busy(tr *Trace, r Result) bool {
 	from := r.End.Add(-unloadTimeout / 2)
-	return slices.ContainsFunc(rs, func(o Result) bool {
+	if slices.ContainsFunc(tr.Obs, func(o Obs) bool { return o.Err != "" && o.T0.After(from) && o.T0.Before(r.End) }) {
+		return true // the server did not answer: restarting, or gone
+	}
+	return slices.ContainsFunc(tr.Results, func(o Result) bool {
 		same := r.Action.Model == "" || o.Action.Model == "" || Group(o.Action.Model) == Group(r.Action.Model)
-		return o.ID != r.ID && o.Action.Op.loads() && same && o.Start.Before(r.End) && o.End.After(from)
+		chaos := o.Action.Op == OpRestart || o.Action.Op == OpKillRunner
+		return o.ID != r.ID && (o.Action.Op.loads() && same || chaos) && o.Start.Before(r.End) && o.End.After(from)
 	})
 }
 

@@ -66,7 +66,8 @@ func child(arg string) int {
 		Hooks: vramguard.Hooks{OnEvictionVerified: func(r vramguard.UnloadReport) {
 			mu.Lock()
 			defer mu.Unlock()
-			line.Verdicts = append(line.Verdicts, oracle.Verdict{T: time.Now(), Model: oracle.Group(r.Model), Checked: r.Checked, NoRunnerCheck: r.NoRunnerCheck})
+			line.Verdicts = append(line.Verdicts, oracle.Verdict{T: time.Now(), Model: oracle.Group(r.Model), Checked: r.Checked, NoRunnerCheck: r.NoRunnerCheck,
+				Elapsed: r.Elapsed, Attempts: r.Attempts})
 		}},
 	})
 	if err == nil {
@@ -218,8 +219,8 @@ func runSweep(t *testing.T, tgt *oracle.Real, version string, base uint64) sweep
 		if len(realV) > 0 {
 			t.Errorf("oracle: %d violations on ollama %s, seed %d, schedule %d of the sweep (replay: make oracle SEED=%d VERSIONS=%s)\n%s\n%s\ntrace:\n%s",
 				len(realV), version, seed, i+1, seed, version, sched, violations(realV), oracle.Describe(realTr))
-			if *flagFirst || realTr != nil && realTr.Hung != "" {
-				break // a hung schedule leaves the server in an unknown state
+			if *flagFirst {
+				break
 			}
 		}
 		if simTr != nil {
@@ -230,6 +231,10 @@ func runSweep(t *testing.T, tgt *oracle.Real, version string, base uint64) sweep
 			for _, d := range oracle.Compare(realTr, simTr) {
 				sw.SimDiffs[d]++
 			}
+		}
+		if realTr != nil && realTr.Hung != "" || simTr != nil && simTr.Hung != "" {
+			t.Errorf("oracle: seed %d hung on ollama %s or its simulator: the sweep ends here (a hung schedule leaves the server in an unknown state)", seed, version)
+			break
 		}
 	}
 	sw.Elapsed = time.Since(start).Round(time.Second).String()

@@ -34,7 +34,7 @@ type Config struct {
 	// generation of model with vramguard against host and prints a
 	// childLine; nil skips OpChild actions.
 	Child func(ctx context.Context, host, model string, tokens int) *exec.Cmd
-	// Look is the time between two looks at the server. Zero means 15 ms.
+	// Look is the time between two looks at the server. Zero means 20 ms.
 	Look time.Duration
 	// Logf receives progress lines; nil discards them.
 	Logf func(format string, args ...any)
@@ -61,7 +61,7 @@ type player struct {
 // the harness (a proxy that could not listen), not of the library.
 func Play(ctx context.Context, tgt Target, s *Schedule, cfg Config) (*Trace, error) {
 	if cfg.Look <= 0 {
-		cfg.Look = 15 * time.Millisecond
+		cfg.Look = 20 * time.Millisecond
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
@@ -81,6 +81,11 @@ func Play(ctx context.Context, tgt Target, s *Schedule, cfg Config) (*Trace, err
 	p.raw = api.NewClient(tgt.URL(), &http.Client{Transport: &recorder{party: PartyForeign, trace: p.trace, next: p.rawTr}})
 	p.ownTr = http.DefaultTransport.(*http.Transport).Clone()
 	defer p.ownTr.CloseIdleConnections()
+	// A schedule starts on an empty server, so that its replay starts
+	// from the same state.
+	if err := waitEmpty(ctx, tgt, 20*time.Second); err != nil {
+		return nil, fmt.Errorf("oracle: the server is not empty at the start: %w", err)
+	}
 	if err := p.newClient(); err != nil {
 		return nil, err
 	}
@@ -106,7 +111,18 @@ func Play(ctx context.Context, tgt Target, s *Schedule, cfg Config) (*Trace, err
 	for _, round := range s.Rounds {
 		var wg sync.WaitGroup
 		start := time.Now()
+		// The round's fault is in force before its other actions start,
+		// so that each sees it the same way in every replay.
 		for _, a := range round {
+			if a.Op == OpFault {
+				p.trace.result(p.run(ctx, id, a))
+				id++
+			}
+		}
+		for _, a := range round {
+			if a.Op == OpFault {
+				continue
+			}
 			wg.Add(1)
 			go func(id int, a Action) {
 				defer wg.Done()
@@ -125,10 +141,12 @@ func Play(ctx context.Context, tgt Target, s *Schedule, cfg Config) (*Trace, err
 			p.trace.mu.Unlock()
 			stopWatch()
 			<-watched
-			return p.trace, nil
+			return p.trace.freeze(), nil
 		}
 		if err := p.clearFault(); err != nil {
-			cfg.Logf("clear fault: %v", err)
+			stopWatch()
+			<-watched
+			return p.trace.freeze(), fmt.Errorf("oracle: clear the fault: %w", err)
 		}
 		p.mu.Lock()
 		closed := p.client == nil
@@ -137,7 +155,7 @@ func Play(ctx context.Context, tgt Target, s *Schedule, cfg Config) (*Trace, err
 			if err := p.newClient(); err != nil {
 				stopWatch()
 				<-watched
-				return p.trace, err
+				return p.trace.freeze(), err
 			}
 		}
 	}
@@ -145,10 +163,42 @@ func Play(ctx context.Context, tgt Target, s *Schedule, cfg Config) (*Trace, err
 	// The end: the client under test closes, then the foreign party
 	// cleans up after itself; the watch goes on for a window after the
 	// last verdict.
-	closed := p.closeAll(ctx, id)
+	// Both under the hang watchdog too.
+	var closed Result
+	end := func(fn func()) bool {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			fn()
+		}()
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { <-done; wg.Done() }()
+		hung := p.wait(&wg, time.Now(), []Action{{Op: OpClose}})
+		if hung != "" {
+			p.trace.mu.Lock()
+			p.trace.Hung = "at the end: " + hung
+			p.trace.mu.Unlock()
+		}
+		return hung == ""
+	}
+	if !end(func() { closed = p.closeAll(ctx, id) }) {
+		stopWatch()
+		<-watched
+		return p.trace.freeze(), nil
+	}
 	p.trace.result(closed)
-	p.trace.AfterClose, p.trace.CloseErr = tgt.Observe(ctx), closed.Err
-	p.trace.result(p.foreignCleanup(ctx, id+1))
+	after := tgt.Observe(ctx)
+	p.trace.mu.Lock()
+	p.trace.AfterClose, p.trace.CloseErr = after, closed.Err
+	p.trace.mu.Unlock()
+	var cleaned Result
+	if !end(func() { cleaned = p.foreignCleanup(ctx, id+1) }) {
+		stopWatch()
+		<-watched
+		return p.trace.freeze(), nil
+	}
+	p.trace.result(cleaned)
 	w := Window(tgt, p.trace)
 	p.trace.mu.Lock()
 	var last time.Time
@@ -162,7 +212,7 @@ func Play(ctx context.Context, tgt Target, s *Schedule, cfg Config) (*Trace, err
 	time.Sleep(2 * cfg.Look)
 	stopWatch()
 	<-watched
-	return p.trace, nil
+	return p.trace.freeze(), nil
 }
 
 // wait waits for a round's actions, or returns a description of a hang
@@ -214,7 +264,8 @@ func (p *player) newClient() error {
 		Timeouts:       vramguard.Timeouts{FirstChunk: firstChunk, Total: totalTimeout},
 		Hooks: vramguard.Hooks{
 			OnEvictionVerified: func(r vramguard.UnloadReport) {
-				p.trace.verdict(Verdict{T: time.Now(), Party: PartyOwn, Model: Group(r.Model), Checked: r.Checked, NoRunnerCheck: r.NoRunnerCheck})
+				p.trace.verdict(Verdict{T: time.Now(), Party: PartyOwn, Model: Group(r.Model), Checked: r.Checked, NoRunnerCheck: r.NoRunnerCheck,
+					Elapsed: r.Elapsed, Attempts: r.Attempts})
 			},
 			OnLoad: func(e vramguard.ModelEvent) { p.trace.load(e.LoadDuration) },
 		},
@@ -436,10 +487,14 @@ func (p *player) runChild(ctx context.Context, a Action) (error, string) {
 		return nil, "skipped: no child command"
 	}
 	cmd := p.cfg.Child(ctx, p.child.Host(), a.Model, a.Tokens)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	cl, ok := readChildLine(out)
-	if !ok {
-		return fmt.Errorf("child: %v: no result line in %q", err, tailOf(out, 300)), "no result"
+	if !ok || err != nil {
+		// A child that died, or exited non-zero after its result (the
+		// race detector exits 66), crashed.
+		return &childError{kind: childCrashed, msg: fmt.Sprintf("%v; stdout %q; stderr %q", err, tailOf(out, 300), tailOf([]byte(stderr.String()), 2000))}, "crashed"
 	}
 	for _, v := range cl.Verdicts {
 		v.Party = PartyChild
@@ -450,6 +505,10 @@ func (p *player) runChild(ctx context.Context, a Action) (error, string) {
 	}
 	return nil, "ok"
 }
+
+// childCrashed is the kind of a child that printed no result or exited
+// non-zero.
+const childCrashed = "crashed"
 
 // childError is a child process's failure, with the kind it had there.
 type childError struct{ msg, kind string }

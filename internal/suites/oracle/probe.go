@@ -56,7 +56,7 @@ func Probe(ctx context.Context, t Target) (Behaviour, error) {
 		}
 	}
 	// waitRunner waits until the load has its runner, then looks.
-	waitRunner := func(done <-chan error) (Obs, error) {
+	waitRunner := func(done chan error) (Obs, error) {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			o := t.Observe(ctx)
@@ -65,6 +65,7 @@ func Probe(ctx context.Context, t Target) (Behaviour, error) {
 			}
 			select {
 			case err := <-done:
+				done <- err // for the caller, which waits for the load's end
 				return o, fmt.Errorf("probe: the load ended (%v) before its runner was seen", err)
 			default:
 			}
@@ -131,7 +132,7 @@ func Probe(ctx context.Context, t Target) (Behaviour, error) {
 	}
 	// Finished: listed at some point after the cancel.
 	finished := false
-	for end := time.Now().Add(t.LoadTime() + 500*time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	for end := time.Now().Add(3*t.LoadTime() + time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		finished = finished || t.Observe(ctx).Listed[ModelA]
 	}
 	b.CanceledLoad = map[bool]string{true: "finished", false: "aborted"}[finished]

@@ -125,7 +125,8 @@ type Schedule struct {
 
 func (s *Schedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d (%s)", s.Seed, s.Profile.Name)
+	p := s.Profile
+	fmt.Fprintf(&b, "seed %d (%s; cli %v, child %v, kill %v, faults %v)", s.Seed, p.Name, p.CLI, p.Child, p.Kill, p.Faults)
 	for i, r := range s.Rounds {
 		fmt.Fprintf(&b, "\n  round %d:", i+1)
 		for _, a := range r {

@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +37,9 @@ type Send struct {
 	Action int    // the action that sent it, -1 when unknown
 	// KeepAlive is the keep_alive sent, as on the wire ("" for none).
 	KeepAlive string
+	// Answered is when the reply's headers came (Ollama sends them with
+	// the first chunk); zero if they never did.
+	Answered time.Time
 	// Done is set when the reply's stream carried a line with done:true,
 	// at DoneAt.
 	Done   bool
@@ -50,6 +55,10 @@ type Verdict struct {
 	Checked vramguard.Checks
 	// NoRunnerCheck is the report's reason for a missing process check.
 	NoRunnerCheck string
+	// Elapsed and Attempts are the report's: the call's span and the
+	// unload requests it sent, which tie the verdict to its own sends.
+	Elapsed  time.Duration
+	Attempts int
 }
 
 // Obs is one look at the server: what /api/ps listed and which runners
@@ -81,10 +90,11 @@ type Result struct {
 	Note  string // what happened, for the log (a child's outcome, a skipped kill)
 }
 
-// Trace is what one schedule did and saw. It is safe for concurrent use
-// until Freeze.
+// Trace is what one schedule did and saw. It is safe for concurrent use;
+// freeze returns the copy the checks read.
 type Trace struct {
 	mu       sync.Mutex
+	frozen   bool
 	Sends    []*Send
 	Verdicts []Verdict
 	Obs      []Obs
@@ -104,33 +114,63 @@ type Trace struct {
 func (t *Trace) send(s *Send) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.Sends = append(t.Sends, s)
+	if !t.frozen {
+		t.Sends = append(t.Sends, s)
+	}
+}
+
+// update changes a recorded send under the lock.
+func (t *Trace) update(fn func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fn()
 }
 
 func (t *Trace) markDone(s *Send) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !s.Done {
-		s.Done, s.DoneAt = true, time.Now()
-	}
+	t.update(func() {
+		if !s.Done {
+			s.Done, s.DoneAt = true, time.Now()
+		}
+	})
 }
 
 func (t *Trace) verdict(v Verdict) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.Verdicts = append(t.Verdicts, v)
+	if !t.frozen {
+		t.Verdicts = append(t.Verdicts, v)
+	}
 }
 
 func (t *Trace) observe(o Obs) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.Obs = append(t.Obs, o)
+	if !t.frozen {
+		t.Obs = append(t.Obs, o)
+	}
 }
 
 func (t *Trace) result(r Result) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.Results = append(t.Results, r)
+	if !t.frozen {
+		t.Results = append(t.Results, r)
+	}
+}
+
+// freeze stops recording and returns a copy of what was recorded, sends
+// copied by value: goroutines of a hung schedule may still write to t.
+func (t *Trace) freeze() *Trace {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.frozen = true
+	c := &Trace{frozen: true, Verdicts: slices.Clone(t.Verdicts), Obs: slices.Clone(t.Obs), Results: slices.Clone(t.Results),
+		MaxLoad: t.MaxLoad, AfterClose: t.AfterClose, CloseErr: t.CloseErr, Hung: t.Hung}
+	for _, s := range t.Sends {
+		cp := *s
+		c.Sends = append(c.Sends, &cp)
+	}
+	return c
 }
 
 func (t *Trace) load(d time.Duration) {
@@ -208,9 +248,21 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	if id, ok := req.Context().Value(actionKey{}).(int); ok {
 		s.Action = id
 	}
+	// The send time is when the request was written, not when the round
+	// trip began (a dial can take long on a busy machine).
 	s.T = time.Now()
 	r.trace.send(s)
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) {
+			now := time.Now()
+			r.trace.update(func() { s.T = now })
+		},
+	}))
 	resp, err := r.next.RoundTrip(req)
+	if err == nil {
+		now := time.Now()
+		r.trace.update(func() { s.Answered = now })
+	}
 	if err != nil || s.Unload {
 		return resp, err
 	}
