@@ -69,8 +69,8 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 			if !explained {
 				add(RuleGoneNotGone, "%s verdict on %s at %s (last unload sent %s): %s later it was listed %v, runners %d, and no load was sent since the last unload",
 					v.Party, v.Model, stamp(v.T), stamp(cut), o.T0.Sub(v.T).Round(time.Millisecond), o.Listed[v.Model], o.Runners[v.Model])
-				if queued(tr, sends, v, cut, o) {
-					vs[len(vs)-1].Known = knownQueued
+				if late(tr, sends, v, cut, o) {
+					vs[len(vs)-1].Known = knownLate
 				}
 				break
 			}
@@ -152,6 +152,9 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 	for _, r := range tr.Results {
 		if r.Note == "final foreign cleanup" && r.Err != nil {
 			add(RuleLeftResident, "%v", r.Err)
+			if wedged(tr, r.Start, r.End) {
+				vs[len(vs)-1].Known = knownWedged
+			}
 		}
 	}
 	return vs
@@ -181,44 +184,30 @@ func lastUnload(sends []*Send, v Verdict) time.Time {
 	return in[v.Attempts-1]
 }
 
-// knownQueued is why a queued load is the server's: see queued.
-const knownQueued = "a request sent before the unload waited in Ollama's scheduler queue behind a load of the same weights " +
-	"that then ended; while queued it is in neither /api/ps nor the process table (README, known server issues)"
+// settle is the library's settle window: a verified unload on a local
+// server promises no runner of the model across at least this long after
+// its last unload request (UnloadModel's doc), on the ground that a load
+// begun before that request shows its runner by then.
+const settle = 50 * time.Millisecond
 
-// queued reports whether the appearance o after verdict v is a load that
-// waited in the server's queue: the model was seen gone from the verdict
-// on (no listing, no runner) until o, o is a runner before any listing
-// (a new load), and a load of the model sent before the verdict's last
-// unload (cut) was still unanswered at the verdict, by a call that had
-// not ended. Nothing the client can query shows such a request.
-func queued(tr *Trace, sends []*Send, v Verdict, cut time.Time, o Obs) bool {
-	if o.Listed[v.Model] || o.Runners[v.Model] == 0 {
-		return false
-	}
-	gap := false
-	for _, p := range tr.Obs {
-		if p.T0.After(v.T) && p.T0.Before(o.T0) && p.Err == "" {
-			if p.present(v.Model) {
-				return false
-			}
-			gap = true
-		}
-	}
-	if !gap {
-		return false
-	}
-	return slices.ContainsFunc(sends, func(s *Send) bool {
-		if s.Unload || s.Model != v.Model || !s.T.Before(cut) {
+// knownLate is why a late load is the server's: see late.
+const knownLate = "a load sent before the unload had no runner and no listing until after the settle window " +
+	"(queued in Ollama's scheduler behind another load, or a runner start slower than 50 ms on a loaded machine): " +
+	"while so it is in neither /api/ps nor the process table, which is all a verdict can look at (README, known server issues)"
+
+// late reports whether the appearance o after verdict v is a load that
+// showed nothing within the library's settle window: a load of the model
+// sent before the verdict's cut, unanswered, and the model seen gone
+// (no listing, no runner) at a look that began after the window ended
+// and before o. Nothing the client can query shows such a request; a
+// runner the library overlooked would have been seen by that look.
+func late(tr *Trace, sends []*Send, v Verdict, cut time.Time, o Obs) bool {
+	return slices.ContainsFunc(tr.Obs, func(p Obs) bool {
+		if p.Err != "" || p.present(v.Model) || p.T0.Before(cut.Add(settle)) || !p.T1.Before(o.T0) {
 			return false
 		}
-		// Unanswered at the verdict (Ollama answers with the first
-		// chunk), and behind a runner of the same weights: one was
-		// seen between the request and the verdict, and went.
-		if !s.Answered.IsZero() && !s.Answered.After(v.T) {
-			return false
-		}
-		return slices.ContainsFunc(tr.Obs, func(p Obs) bool {
-			return p.T0.After(s.T) && p.T1.Before(v.T) && p.Runners[v.Model] > 0
+		return slices.ContainsFunc(sends, func(s *Send) bool {
+			return !s.Unload && s.Model == v.Model && s.T.Before(cut) && (s.Answered.IsZero() || s.Answered.After(p.T1))
 		})
 	})
 }
@@ -232,12 +221,35 @@ func busy(tr *Trace, r Result) bool {
 	if slices.ContainsFunc(tr.Obs, func(o Obs) bool { return o.Err != "" && o.T0.After(from) && o.T0.Before(r.End) }) {
 		return true // the server did not answer: restarting, or gone
 	}
+	if wedged(tr, from, r.End) {
+		return true
+	}
 	return slices.ContainsFunc(tr.Results, func(o Result) bool {
 		same := r.Action.Model == "" || o.Action.Model == "" || Group(o.Action.Model) == Group(r.Action.Model)
 		chaos := o.Action.Op == OpRestart || o.Action.Op == OpKillRunner
 		return o.ID != r.ID && (o.Action.Op.loads() && same || chaos) && o.Start.Before(r.End) && o.End.After(from)
 	})
 }
+
+// wedged reports whether the server left an unload request sent in
+// [from, to] unanswered for two seconds or more: it had stopped serving
+// (seen on v0.6.5 after canceled loads), which no client can change.
+func wedged(tr *Trace, from, to time.Time) bool {
+	return slices.ContainsFunc(tr.Sends, func(s *Send) bool {
+		if !s.Unload || s.T.Before(from) || s.T.After(to) {
+			return false
+		}
+		end := s.Answered
+		if end.IsZero() {
+			end = to
+		}
+		return end.Sub(s.T) >= 2*time.Second
+	})
+}
+
+// knownWedged is why a model left by a server that stopped answering is
+// the server's.
+const knownWedged = "the server stopped answering unload requests (two seconds and more): no client can unload then"
 
 // leafKinds returns the kinds of the errors joined in err (one per branch
 // of errors.Join; an unjoined error is one branch).

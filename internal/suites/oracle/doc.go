@@ -47,6 +47,12 @@
 //     nothing is; no goroutine the schedule started is left (each run is
 //     labeled for the profiler, so schedules can run side by side).
 //
+// Two patterns are the server's and are counted apart (Violation.Known),
+// not failed: a load that showed neither a listing nor a runner until the
+// library's settle window had passed (queued in Ollama's scheduler, or a
+// runner that started late on a loaded machine), and a server that
+// stopped answering unload requests.
+//
 // Probe measures, with a raw client, what a server does by itself in the
 // races the library works around; TestServerBehaviour holds that to the
 // README's compatibility table.
