@@ -7,10 +7,13 @@
 # the checkout. A patch that no longer applies fails the
 # check: the code it breaks moved, and the mutant must follow it.
 #
-# Usage: scripts/oracle-mutants.sh [BUDGET]   (default 60s per version)
+# Usage: scripts/oracle-mutants.sh [BUDGET [RACE]]   (default 25s per version,
+# -race on: the CI sweep's settings; RACE=norace turns the race detector off)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-budget=${1:-60s}
+budget=${1:-25s}
+race=-race
+[ "${2:-}" = norace ] && race=
 status=0
 for patch in "$repo"/internal/suites/oracle/testdata/mutants/*.patch; do
 	name=$(basename "$patch" .patch)
@@ -23,7 +26,7 @@ for patch in "$repo"/internal/suites/oracle/testdata/mutants/*.patch; do
 	fi
 	start=$(date +%s)
 	log="$tmp/oracle.log"
-	(cd "$tmp" && go test -count=1 -run 'TestOracle$' -v -timeout 30m ./internal/suites/oracle \
+	(cd "$tmp" && go test $race -count=1 -run 'TestOracle$' -v -parallel 4 -timeout 30m ./internal/suites/oracle \
 		-oracle.budget "$budget" -oracle.sim=false -oracle.failfast) >"$log" 2>&1 || true
 	if ! grep -q -- '--- ' "$log"; then
 		echo "oracle-mutants: $name: the sweep did not run:" >&2

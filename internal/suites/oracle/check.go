@@ -196,19 +196,33 @@ const knownLate = "a load sent before the unload had no runner and no listing un
 	"while so it is in neither /api/ps nor the process table, which is all a verdict can look at (README, known server issues)"
 
 // late reports whether the appearance o after verdict v is a load that
-// showed nothing within the library's settle window: a load of the model
-// sent before the verdict's cut, unanswered, and the model seen gone
-// (no listing, no runner) at a look that began after the window ended
-// and before o. Nothing the client can query shows such a request; a
-// runner the library overlooked would have been seen by that look.
+// showed nothing within the library's settle window: o's presence began
+// after a look that found the model gone (no listing, no runner) and
+// ended after the window (a look reads the process table last, so its
+// end is when it saw no runner), and a load of the model sent before the
+// verdict's cut was still unanswered then. Nothing the client can query
+// shows such a load before it does; a runner the library overlooked
+// would have been seen by that look.
 func late(tr *Trace, sends []*Send, v Verdict, cut time.Time, o Obs) bool {
-	return slices.ContainsFunc(tr.Obs, func(p Obs) bool {
-		if p.Err != "" || p.present(v.Model) || p.T0.Before(cut.Add(settle)) || !p.T1.Before(o.T0) {
-			return false
+	var gone *Obs // the last look before o's presence began that saw the model gone
+	for i := range tr.Obs {
+		p := &tr.Obs[i]
+		if !p.T0.Before(o.T0) {
+			break
 		}
-		return slices.ContainsFunc(sends, func(s *Send) bool {
-			return !s.Unload && s.Model == v.Model && s.T.Before(cut) && (s.Answered.IsZero() || s.Answered.After(p.T1))
-		})
+		switch {
+		case p.Err != "":
+		case p.present(v.Model):
+			gone = nil
+		default:
+			gone = p
+		}
+	}
+	if gone == nil || gone.T1.Before(cut.Add(settle)) {
+		return false
+	}
+	return slices.ContainsFunc(sends, func(s *Send) bool {
+		return !s.Unload && s.Model == v.Model && s.T.Before(cut) && (s.Answered.IsZero() || s.Answered.After(gone.T1))
 	})
 }
 
