@@ -413,7 +413,7 @@ func (p *player) run(ctx context.Context, id int, a Action) Result {
 		defer cancel()
 		res.Err = p.tgt.CLI(fctx, p.cli.Host(), a.Model)
 	case OpChild:
-		res.Err, res.Note = p.runChild(ctx, a)
+		res.Note, res.Err = p.runChild(ctx, a)
 	case OpKillRunner:
 		killed, err := p.tgt.KillRunner(Group(a.Model))
 		res.Err = err
@@ -482,9 +482,9 @@ func (p *player) clearFault() error {
 	return p.tgt.ClearFault()
 }
 
-func (p *player) runChild(ctx context.Context, a Action) (error, string) {
+func (p *player) runChild(ctx context.Context, a Action) (string, error) {
 	if p.cfg.Child == nil {
-		return nil, "skipped: no child command"
+		return "skipped: no child command", nil
 	}
 	cmd := p.cfg.Child(ctx, p.child.Host(), a.Model, a.Tokens)
 	var stderr strings.Builder
@@ -494,16 +494,16 @@ func (p *player) runChild(ctx context.Context, a Action) (error, string) {
 	if !ok || err != nil {
 		// A child that died, or exited non-zero after its result (the
 		// race detector exits 66), crashed.
-		return &childError{kind: childCrashed, msg: fmt.Sprintf("%v; stdout %q; stderr %q", err, tailOf(out, 300), tailOf([]byte(stderr.String()), 2000))}, "crashed"
+		return "crashed", &childError{kind: childCrashed, msg: fmt.Sprintf("%v; stdout %q; stderr %q", err, tailOf(out, 300), tailOf([]byte(stderr.String()), 2000))}
 	}
 	for _, v := range cl.Verdicts {
 		v.Party = PartyChild
 		p.trace.verdict(v)
 	}
 	if cl.Err != "" {
-		return &childError{msg: cl.Err, kind: cl.Kind}, "kind " + cl.Kind
+		return "kind " + cl.Kind, &childError{msg: cl.Err, kind: cl.Kind}
 	}
-	return nil, "ok"
+	return "ok", nil
 }
 
 // childCrashed is the kind of a child that printed no result or exited

@@ -179,16 +179,6 @@ func (t *Trace) load(d time.Duration) {
 	t.MaxLoad = max(t.MaxLoad, d)
 }
 
-// lastObs returns the latest look, if any.
-func (t *Trace) lastObs() (Obs, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.Obs) == 0 {
-		return Obs{}, false
-	}
-	return t.Obs[len(t.Obs)-1], true
-}
-
 // Group maps a model name to its weights group: tiny-a and tiny-a-short
 // share one runner.
 func Group(model string) string {
