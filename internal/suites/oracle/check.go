@@ -69,8 +69,11 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 			if !explained {
 				add(RuleGoneNotGone, "%s verdict on %s at %s (last unload sent %s): %s later it was listed %v, runners %d, and no load was sent since the last unload",
 					v.Party, v.Model, stamp(v.T), stamp(cut), o.T0.Sub(v.T).Round(time.Millisecond), o.Listed[v.Model], o.Runners[v.Model])
-				if late(tr, sends, v, cut, o) {
+				switch {
+				case late(tr, sends, v, cut, o):
 					vs[len(vs)-1].Known = knownLate
+				case o.Listed[v.Model] && o.Runners[v.Model] == 0 && o.Err == "":
+					vs[len(vs)-1].Known = knownStale
 				}
 				break
 			}
@@ -194,6 +197,11 @@ const settle = 50 * time.Millisecond
 const knownLate = "a load sent before the unload had no runner and no listing until after the settle window " +
 	"(queued in Ollama's scheduler behind another load, or a runner start slower than 50 ms on a loaded machine): " +
 	"while so it is in neither /api/ps nor the process table, which is all a verdict can look at (README, known server issues)"
+
+// knownStale is why a listing with no runner after a verdict is the
+// server's.
+const knownStale = "/api/ps listed the model with no runner process left (a runner that had just ended; " +
+	"Ollama up to v0.32.3 reads its scheduler's map without the lock): nothing was resident"
 
 // late reports whether the appearance o after verdict v is a load that
 // showed nothing within the library's settle window: o's presence began

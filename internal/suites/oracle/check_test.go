@@ -38,6 +38,7 @@ func TestCheckRules(t *testing.T) {
 		{"gone and staying gone", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(150, false, 0), obs(600, false, 0)}}, ""},
 		{"a runner after the verdict, no load since", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(150, false, 1)}}, RuleGoneNotGone},
 		{"listed after the verdict, no load since", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(400, true, 1)}}, RuleGoneNotGone},
+		{"listed after the verdict with no runner left", &Trace{Sends: []*Send{unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(101, true, 0)}}, "known"},
 		{"a load sent before the last unload does not explain it",
 			&Trace{Sends: []*Send{{T: at(-50), Party: PartyForeign, Model: ModelA}, unload}, Verdicts: []Verdict{verdict}, Obs: []Obs{obs(300, true, 1)}}, RuleGoneNotGone},
 		{"a load sent after the last unload explains it",
