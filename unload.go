@@ -148,8 +148,9 @@ func (c Checks) String() string {
 // serves the model's weights blob, across a settle window of at least
 // 50 ms after the last unload request. UnloadReport.Checked names the
 // checks made. On a local server whose /api/show fails (a restart, a
-// reset), the process check is tried again at every poll: the unload is
-// not verified without it.
+// reset), the process check is tried again at every poll for a second
+// (or ten poll intervals): the unload is not verified without it until
+// then, and after that by /api/ps alone (NoRunnerCheck says why).
 //
 // Ollama's "unload" reply comes before the runner stops, and an unload that
 // arrives during a load is lost (Ollama 0.17 to 0.34): while the model is
@@ -217,9 +218,12 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 	defer cancel()
 
 	// unresolved says why the process check of a local server could not
-	// start yet (its /api/show failed); the unload is not verified
-	// without it.
+	// start yet (its /api/show failed, since unresolvedSince); the unload
+	// is not verified without it until the failure has lasted
+	// retryResolve.
 	var unresolved string
+	var unresolvedSince time.Time
+	retryResolve := max(time.Second, 10*c.opts.PollInterval)
 	fail := func(err error) (*UnloadReport, error) {
 		rep.Elapsed = time.Since(start)
 		switch {
@@ -282,7 +286,7 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 		return fail(context.Cause(wctx))
 	}
 	if again {
-		unresolved = why // tried again at every poll below
+		unresolved, unresolvedSince = why, time.Now() // tried again at every poll below
 	} else if runners == nil {
 		rep.NoRunnerCheck = why
 		c.log.Debug("unload verified by /api/ps only", "model", model, "why", why, "settle", c.opts.SettleWindow)
@@ -329,12 +333,16 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 				// A local server whose /api/show failed: the process
 				// check is still to be made, and nothing is verified
 				// without it.
-				if runners, why, again = c.watchRunners(wctx, model); runners != nil || !again {
+				runners, why, again = c.watchRunners(wctx, model)
+				switch {
+				case runners != nil:
 					unresolved = ""
-					if runners == nil {
-						rep.NoRunnerCheck = why
-					}
-				} else {
+				case !again || time.Since(unresolvedSince) >= retryResolve:
+					// A server that cannot say (or keeps failing to):
+					// /api/ps alone, as for a remote one.
+					unresolved, rep.NoRunnerCheck = "", why
+					c.log.Debug("unload verified by /api/ps only", "model", model, "why", why)
+				default:
 					unresolved = why
 				}
 			}
