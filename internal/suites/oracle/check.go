@@ -253,19 +253,19 @@ func busy(tr *Trace, r Result) bool {
 	})
 }
 
-// wedged reports whether the server left an unload request sent in
-// [from, to] unanswered for two seconds or more: it had stopped serving
-// (seen on v0.6.5 after canceled loads), which no client can change.
+// wedged reports whether the server left an unload request unanswered
+// for two seconds or more during [from, to]: it had stopped serving (seen
+// on v0.6.5 after canceled loads), which no client can change.
 func wedged(tr *Trace, from, to time.Time) bool {
 	return slices.ContainsFunc(tr.Sends, func(s *Send) bool {
-		if !s.Unload || s.T.Before(from) || s.T.After(to) {
+		if !s.Unload || s.T.After(to) {
 			return false
 		}
 		end := s.Answered
 		if end.IsZero() {
-			end = to
+			end = to // never answered: unanswered up to the window's end
 		}
-		return end.Sub(s.T) >= 2*time.Second
+		return end.Sub(s.T) >= 2*time.Second && end.After(from)
 	})
 }
 
