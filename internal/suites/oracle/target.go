@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ollama/ollama/api"
+	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/procs"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
@@ -67,7 +68,7 @@ func NewReal(ctx context.Context, s *ollamatest.Server) (*Real, error) {
 	}
 	r := &Real{S: s, blobs: map[string]string{}, hc: noKeepAlive()}
 	for _, m := range []string{ModelA, ModelB} {
-		blob, err := blobOf(ctx, c, m)
+		blob, err := blobOf(ctx, s, m)
 		if err != nil {
 			return nil, err
 		}
@@ -94,20 +95,19 @@ func NewReal(ctx context.Context, s *ollamatest.Server) (*Real, error) {
 	return r, waitEmpty(ctx, r, 20*time.Second)
 }
 
-// blobOf returns the weights blob of model from /api/show's FROM line.
-func blobOf(ctx context.Context, c *api.Client, model string) (string, error) {
-	show, err := c.Show(ctx, &api.ShowRequest{Model: model})
+// blobOf returns the weights blob of model as the library resolves it
+// (OllamaClient.ModelBlob: the modelfile's FROM line).
+func blobOf(ctx context.Context, s *ollamatest.Server, model string) (string, error) {
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), KeepModelsOnClose: true})
 	if err != nil {
-		return "", fmt.Errorf("show %s: %w", model, err)
+		return "", err
 	}
-	for _, l := range strings.Split(show.Modelfile, "\n") {
-		if p, ok := strings.CutPrefix(l, "FROM "); ok {
-			if b := procs.BlobOf(strings.TrimSpace(p)); b != "" {
-				return b, nil
-			}
-		}
+	defer c.Close()
+	blob, err := c.ModelBlob(ctx, model)
+	if err == nil && blob == "" {
+		err = fmt.Errorf("no weights blob in %s's modelfile", model)
 	}
-	return "", fmt.Errorf("no weights blob in %s's modelfile", model)
+	return blob, err
 }
 
 func (r *Real) Name() string            { return "ollama-" + r.S.Version() }
