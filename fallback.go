@@ -82,6 +82,54 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 	wd := newWatchdog(ctx, t, 0)
 	defer wd.release()
 
+	cmd, stderr := c.cliCommand(wd.ctx, path, req, ka)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, newError(op, req.Model, KindInternal, err)
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, newError(op, req.Model, KindUnavailable, err)
+	}
+	limit, _ := cliOptions(req.Options)
+	out := cliOutput{start: start, tc: tokenCap{max: limit}, wd: wd, f: f, fn: fn}
+	out.read(stdout, func() { _ = cmd.Process.Kill() })
+	werr := cmd.Wait()
+	if err := wd.finish(op, req.Model, ctx, out.fnErr); err != nil {
+		return nil, err
+	}
+	if werr != nil && !out.capped {
+		msg := strings.TrimSpace(stderr.String())
+		var ee *exec.ExitError
+		if msg == "" || !errors.As(werr, &ee) {
+			msg = werr.Error()
+		}
+		return nil, newError(op, req.Model, classifyMessage(msg), fmt.Errorf("%w: %s", werr, lastLine(msg)))
+	}
+	text := strings.TrimRight(out.text.String(), "\n")
+	if fn != nil {
+		if err := fn(Chunk{Index: out.chunks + 1, Bytes: len(text), Elapsed: time.Since(start), Done: true}); err != nil {
+			return nil, newError(op, req.Model, KindCanceled, fmt.Errorf("chunk callback: %w", err))
+		}
+	}
+	reason := "stop"
+	if out.capped {
+		reason = "length"
+	}
+	return &Generation{
+		Model:      req.Model,
+		Text:       text,
+		DoneReason: reason,
+		Chunks:     out.chunks,
+		Fallback:   true,
+		FirstChunk: out.first,
+		Elapsed:    time.Since(start),
+	}, nil
+}
+
+// cliCommand builds the `ollama run` command for req, its stdin set to the
+// prompt; the returned buffer keeps the end of its stderr.
+func (c *OllamaClient) cliCommand(ctx context.Context, path string, req *GenerateRequest, ka KeepAlive) (*exec.Cmd, *tailBuffer) {
 	args := []string{"run", req.Model, "--nowordwrap", "--keepalive", ka.cliFlag()}
 	if req.Think != nil {
 		args = append(args, fmt.Sprintf("--think=%t", *req.Think))
@@ -89,7 +137,7 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 	if f := cliFormat(req.Format); f != "" {
 		args = append(args, "--format", f)
 	}
-	cmd := exec.CommandContext(wd.ctx, path, args...)
+	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = os.Environ()
 	if c.host != "" {
 		cmd.Env = append(cmd.Env, "OLLAMA_HOST="+c.host)
@@ -102,32 +150,37 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 	stderr := &tailBuffer{max: 4096}
 	cmd.Stderr = stderr
 	cmd.WaitDelay = time.Second
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, newError(op, req.Model, KindInternal, err)
-	}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, newError(op, req.Model, KindUnavailable, err)
-	}
+	return cmd, stderr
+}
 
-	limit, _ := cliOptions(req.Options)
-	tc := tokenCap{max: limit}
-	var text strings.Builder
-	var first time.Duration
-	var fnErr error
+// cliOutput reads the CLI's stdout into chunks.
+type cliOutput struct {
+	start  time.Time
+	tc     tokenCap
+	wd     *watchdog
+	f      *flight
+	fn     ChunkFunc
+	text   strings.Builder
+	first  time.Duration
+	chunks int
+	capped bool  // the token cap was reached and the CLI killed
+	fnErr  error // the chunk callback's failure
+}
+
+// read reads stdout to its end, or until the token cap, when kill stops
+// the CLI: its request to the server ends with it, so the server stops
+// generating and drops its reference to the model.
+func (o *cliOutput) read(stdout io.Reader, kill func()) {
 	var pending []byte // an incomplete UTF-8 sequence at the end of the last read
-	chunks := 0
-	capped := false
 	buf := make([]byte, 4096)
 	for {
 		n, rerr := stdout.Read(buf)
 		if n > 0 {
-			if first == 0 {
-				first = max(time.Since(start), 1)
-				f.streaming.Store(true)
+			if o.first == 0 {
+				o.first = max(time.Since(o.start), 1)
+				o.f.streaming.Store(true)
 			}
-			wd.chunk()
+			o.wd.chunk()
 		}
 		data := buf[:n]
 		if len(pending) > 0 {
@@ -139,59 +192,25 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		}
 		piece := string(data[:end])
 		pending = bytes.Clone(data[end:])
-		fit, full := tc.fit(piece)
+		fit, full := o.tc.fit(piece)
 		if piece = piece[:fit]; piece != "" {
-			chunks++
-			text.WriteString(piece)
-			if fn != nil && fnErr == nil {
-				if fnErr = fn(Chunk{Text: piece, Index: chunks, Bytes: text.Len(), Elapsed: time.Since(start)}); fnErr != nil {
-					wd.abort(fnErr)
+			o.chunks++
+			o.text.WriteString(piece)
+			if o.fn != nil && o.fnErr == nil {
+				if o.fnErr = o.fn(Chunk{Text: piece, Index: o.chunks, Bytes: o.text.Len(), Elapsed: time.Since(o.start)}); o.fnErr != nil {
+					o.wd.abort(o.fnErr)
 				}
 			}
 		}
 		if full {
-			// The cap is reached: stop the CLI now. Its request to the
-			// server ends with it, so the server stops generating and
-			// drops its reference to the model.
-			capped = true
-			_ = cmd.Process.Kill()
-			break
+			o.capped = true
+			kill()
+			return
 		}
 		if rerr != nil {
-			break
+			return
 		}
 	}
-	werr := cmd.Wait()
-	if err := wd.finish(op, req.Model, ctx, fnErr); err != nil {
-		return nil, err
-	}
-	if werr != nil && !capped {
-		msg := strings.TrimSpace(stderr.String())
-		var ee *exec.ExitError
-		if msg == "" || !errors.As(werr, &ee) {
-			msg = werr.Error()
-		}
-		return nil, newError(op, req.Model, classifyMessage(msg), fmt.Errorf("%w: %s", werr, lastLine(msg)))
-	}
-	out := strings.TrimRight(text.String(), "\n")
-	if fn != nil {
-		if err := fn(Chunk{Index: chunks + 1, Bytes: len(out), Elapsed: time.Since(start), Done: true}); err != nil {
-			return nil, newError(op, req.Model, KindCanceled, fmt.Errorf("chunk callback: %w", err))
-		}
-	}
-	reason := "stop"
-	if capped {
-		reason = "length"
-	}
-	return &Generation{
-		Model:      req.Model,
-		Text:       out,
-		DoneReason: reason,
-		Chunks:     chunks,
-		Fallback:   true,
-		FirstChunk: first,
-		Elapsed:    time.Since(start),
-	}, nil
 }
 
 // cliOptions splits a request's options for the CLI fallback. `ollama run`

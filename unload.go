@@ -209,245 +209,242 @@ func (c *OllamaClient) heldGrace() time.Duration {
 // another client's request keeps (listed, expired, no generation of ours
 // on it) ends the wait early with ErrHeldByOthers (KindUnverified): the
 // unload was sent and the server unloads the model when that request ends.
+//
+// It is the driver of the state machine in unload_state.go: it performs
+// the actions the state asks for and feeds back what it saw.
 func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloadMode) (*UnloadReport, error) {
-	const op = "unload"
 	start := time.Now()
-	rep := &UnloadReport{Model: model}
 	wctx, cancel := context.WithTimeoutCause(ctx, c.opts.UnloadTimeout,
 		fmt.Errorf("%w after %v", ErrStillResident, c.opts.UnloadTimeout))
 	defer cancel()
-
-	// unresolved says why the process check of a local server could not
-	// start yet (its /api/show failed, since unresolvedSince); the unload
-	// is not verified without it until the failure has lasted
-	// retryResolve.
-	var unresolved string
-	var unresolvedSince time.Time
-	retryResolve := max(time.Second, 10*c.opts.PollInterval)
-	fail := func(err error) (*UnloadReport, error) {
-		rep.Elapsed = time.Since(start)
-		switch {
-		case ctx.Err() != nil:
-			return rep, newError(op, model, KindCanceled, context.Cause(ctx))
-		case wctx.Err() != nil && unresolved != "":
-			return rep, newError(op, model, KindTimeout, fmt.Errorf("%w (the process check could not start: %s)", context.Cause(wctx), unresolved))
-		case wctx.Err() != nil:
-			return rep, newError(op, model, KindTimeout, context.Cause(wctx))
-		}
-		return rep, newError(op, model, classify(err), err)
-	}
-
-	var before *VRAMSnapshot
+	u := &unload{c: c, ctx: ctx, wctx: wctx, model: model, mode: mode, start: start,
+		rep: &UnloadReport{Model: model}, rules: c.unloadRules(wctx, mode)}
 	if c.opts.VerifyVRAM {
-		before, _ = c.opts.VRAM.Snapshot(wctx) // best effort; checked below
+		u.before, _ = c.opts.VRAM.Snapshot(wctx) // best effort; checked when the model is gone
 	}
+	todo := []unloadAction{{kind: actLook}}
+	for len(todo) > 0 {
+		a := todo[0]
+		todo = todo[1:]
+		var ev unloadEvent
+		switch a.kind {
+		case actLook:
+			ev = u.look()
+		case actSend:
+			ev = u.send()
+		case actSetup:
+			ev = u.setup()
+		case actPoll:
+			ev = u.poll(a.wait)
+		case actCount:
+			ev = u.count()
+		case actAwaitMemory:
+			ev = u.awaitMemory()
+		case actNoCheck:
+			u.rep.NoRunnerCheck = a.why
+			c.log.Debug("unload verified by /api/ps only", "model", model, "why", a.why, "settle", c.opts.SettleWindow)
+			continue
+		case actVerdict:
+			continue
+		}
+		var more []unloadAction
+		u.s, more = u.s.next(&u.rules, ev)
+		if u.s.phase.done() {
+			todo = todo[:0] // nothing scheduled before the end is done
+		}
+		todo = append(todo, more...)
+	}
+	return u.verdict()
+}
 
-	// Look first, so the report says what was there even when the server
-	// removes the model before the first poll after the request.
-	seen := func(ms *api.ProcessResponse) *api.ProcessModelResponse {
-		entry := findRunning(ms.Models, model)
-		if entry != nil {
-			rep.WasLoaded = true
-			rep.Size, rep.SizeVRAM = entry.Size, entry.SizeVRAM
-		}
-		return entry
+// unloadRules gives one unload's fixed terms.
+func (c *OllamaClient) unloadRules(wctx context.Context, mode unloadMode) unloadRules {
+	deadline, _ := wctx.Deadline()
+	return unloadRules{
+		deadline:    deadline,
+		poll:        c.opts.PollInterval,
+		settle:      unloadSettle,
+		window:      c.opts.SettleWindow,
+		resendEvery: max(10*c.opts.PollInterval, 500*time.Millisecond),
+		heldGrace:   c.heldGrace(),
+		retryCheck:  max(time.Second, 10*c.opts.PollInterval),
+		heldOK:      mode.heldOK,
+		vram:        c.opts.VerifyVRAM,
 	}
-	// A listing of the last interval will do (the poller shares them
-	// among concurrent unloads).
-	if l, err := c.ps.get(wctx, start.Add(-c.opts.PollInterval)); err == nil && l.err == nil {
-		rep.Polls++
-		seen(l.resp)
-	}
-	// Our own loads are cut before the unload goes out: the server aborts
-	// a load whose request is gone, and drops an unload sent during one.
-	cut := func() {
-		if !mode.keepLoads {
-			rep.CanceledLoads += c.book.cancelLoads(model)
-		}
-	}
-	cut()
-	var lastSent time.Time
-	if err := c.sendUnload(wctx, model); err != nil {
-		// A reset or a busy server: the loop below resends as soon as it
-		// sees the model listed. Anything else is final.
-		if wctx.Err() != nil || classify(err) != KindTransient {
-			return fail(err)
-		}
-		c.log.Debug("unload request failed; retrying", "model", model, "err", err)
-	} else {
-		rep.Attempts++
-		lastSent = time.Now()
-	}
-	// The process check, on a local server: resolved once, after the
-	// unload went out, so a model the server does not know fails above.
-	checks := CheckPS // what the verdict will rest on
-	runners, why, again := c.watchRunners(wctx, model)
-	if wctx.Err() != nil {
-		return fail(context.Cause(wctx))
-	}
-	if again {
-		unresolved, unresolvedSince = why, time.Now() // tried again at every poll below
-	} else if runners == nil {
-		rep.NoRunnerCheck = why
-		c.log.Debug("unload verified by /api/ps only", "model", model, "why", why, "settle", c.opts.SettleWindow)
-	}
-	resendEvery := max(10*c.opts.PollInterval, 500*time.Millisecond)
-	var heldSince time.Time   // when the model was first seen held by others
-	var goneAt time.Time      // when the model was seen gone before the settle window ended
-	var absentSince time.Time // without the process check: first absent poll of the current run
+}
 
-	if rep.WasLoaded {
-		// Ollama stops the runner after it replied: a poll right now would
-		// still list the model. (It would also land in the window where
-		// /api/ps can crash the server; see the README.) The time the
-		// process check's set-up took counts.
-		if err := sleepCtx(wctx, c.opts.PollInterval-time.Since(lastSent)); err != nil {
-			return fail(err)
-		}
-	}
-	var begun uint64 // this client's generations on the model, begun before the last count
-	for {
-		// Our generations are counted before the listing's request goes
-		// out (it may be another unload's, sent later): one that ends
-		// after the count and makes the model resident is in both.
-		cut() // a generation of ours that began since
-		ours, b := c.book.inFlight(model)
-		begun = b
-		l, err := c.ps.get(wctx, time.Now())
-		if err == nil {
-			err = l.err
-		}
-		ms := l.resp
-		rep.Polls++
-		if err != nil {
-			if wctx.Err() != nil {
-				return fail(err)
-			}
-			// A failed poll is retried until the deadline: the unload itself
-			// was accepted.
-			c.log.Debug("poll failed", "model", model, "err", err)
-		} else {
-			entry := seen(ms)
-			loading := false // a runner serves the model, which /api/ps does not list
-			if unresolved != "" {
-				// A local server whose /api/show failed: the process
-				// check is still to be made, and nothing is verified
-				// without it.
-				runners, why, again = c.watchRunners(wctx, model)
-				switch {
-				case runners != nil:
-					unresolved = ""
-				case !again || time.Since(unresolvedSince) >= retryResolve:
-					// A server that cannot say (or keeps failing to):
-					// /api/ps alone, as for a remote one.
-					unresolved, rep.NoRunnerCheck = "", why
-					c.log.Debug("unload verified by /api/ps only", "model", model, "why", why)
-				default:
-					unresolved = why
-				}
-			}
-			if unresolved != "" {
-				loading = entry == nil // as for a runner no listing names: resend now and then
-			} else if entry == nil && ours == 0 && runners == nil {
-				if c.opts.SettleWindow <= 0 {
-					break
-				}
-				// Absent across the window, re-sent whenever it appeared:
-				// a load that began before the last unload would have
-				// shown by now.
-				if absentSince.IsZero() {
-					absentSince = l.sent
-				}
-				if l.sent.Sub(absentSince) >= c.opts.SettleWindow { // both ends are requests' send times
-					checks |= CheckSettled
-					break
-				}
-			} else if entry == nil && ours == 0 {
-				n, err := runners.live()
-				switch {
-				case err != nil:
-					// procfs went away (or was never there): /api/ps alone,
-					// with the settle window if one is set.
-					rep.NoRunnerCheck = fmt.Sprintf("runner processes: %v", err)
-					runners = nil
-					c.log.Debug("unload verified by /api/ps only", "model", model, "why", rep.NoRunnerCheck)
-					goneAt = time.Time{}
-				case n > 0:
-					rep.RunnerSeen, loading = true, true
-					goneAt = time.Time{}
-				case time.Since(lastSent) >= unloadSettle:
-					// Gone at a poll late enough after the last unload
-					// that a load begun before it would have its runner
-					// by now.
-					checks |= CheckRunnerProcesses
-				default:
-					goneAt = time.Now() // poll again when the window ends
-				}
-				if checks.Has(CheckRunnerProcesses) || (runners == nil && c.opts.SettleWindow <= 0) {
-					break
-				}
-			} else {
-				goneAt = time.Time{}
-				absentSince = time.Time{}
-			}
-			if entry != nil && ours == 0 && time.Until(entry.ExpiresAt) <= 0 {
-				// Unloading, but another client's request holds it.
-				if heldSince.IsZero() {
-					heldSince = time.Now()
-				}
-				if mode.heldOK && time.Since(heldSince) >= c.heldGrace() {
-					rep.HeldByOthers = true
-					rep.Elapsed = time.Since(start)
-					return rep, newError(op, model, KindUnverified, ErrHeldByOthers)
-				}
-			} else {
-				heldSince = time.Time{}
-			}
-			// Listed with a future expiry: our unload was lost (it came
-			// during a load) or a later request set a keep-alive again.
-			// Not listed but one of our generations runs: it may be loading,
-			// and an unload now would be lost; resend when it shows up.
-			// A runner no listing names: a load in progress, which drops
-			// an unload, or a model listed under another name that shares
-			// the weights (Ollama keys runners by weights file): resend
-			// now and then, as for a listed model.
-			lost := entry != nil && time.Until(entry.ExpiresAt) > 0
-			if lost || ((entry != nil || loading) && time.Since(lastSent) >= resendEvery) {
-				if err := c.sendUnload(wctx, model); err != nil {
-					if wctx.Err() != nil {
-						return fail(err)
-					}
-					c.log.Debug("unload resend failed", "model", model, "err", err)
-				} else {
-					rep.Attempts++
-					lastSent = time.Now()
-				}
-			}
-		}
-		wait := c.opts.PollInterval
-		if !goneAt.IsZero() {
-			// Only the settle window is left: poll again at its end.
-			wait = min(wait, max(time.Until(lastSent.Add(unloadSettle)), 0))
-		}
-		if err := sleepCtx(wctx, wait); err != nil {
-			return fail(err)
-		}
-	}
+// unload is one unloadModel call as its driver sees it: the report, the
+// contexts, and what the actions need between them.
+type unload struct {
+	c         *OllamaClient
+	ctx, wctx context.Context
+	model     string
+	mode      unloadMode
+	start     time.Time
+	rep       *UnloadReport
+	rules     unloadRules
+	s         unloadState
+	before    *VRAMSnapshot // VerifyVRAM: the device before the unload
+	runners   *runnerWatch  // the process check, once set up
+	begun     uint64        // this client's generations on the model, begun before the last count
+	err       error         // the failure behind phFailed
+}
 
-	if c.opts.VerifyVRAM && rep.WasLoaded {
-		freed, err := c.awaitRunnerGone(wctx, before, rep.SizeVRAM)
-		rep.VRAMFreed = freed
-		if err != nil {
-			return fail(err)
-		}
-		checks |= CheckDeviceMemory
+// seen takes a listing into the report: what was there, as last listed.
+func (u *unload) seen(ms *api.ProcessResponse) *api.ProcessModelResponse {
+	entry := findRunning(ms.Models, u.model)
+	if entry != nil {
+		u.rep.WasLoaded = true
+		u.rep.Size, u.rep.SizeVRAM = entry.Size, entry.SizeVRAM
 	}
-	rep.Checked = checks
+	return entry
+}
+
+// cut cancels this client's generations still loading the model, unless
+// the mode waits for them: the server aborts a load whose request is gone,
+// and drops an unload sent during one.
+func (u *unload) cut() {
+	if !u.mode.keepLoads {
+		u.rep.CanceledLoads += u.c.book.cancelLoads(u.model)
+	}
+}
+
+// look reads a listing of the last poll interval (the poller shares them
+// among concurrent unloads), so the report says what was there even when
+// the server removes the model before the first poll after the request;
+// then our own loads are cut, before the unload goes out.
+func (u *unload) look() unloadEvent {
+	listed := false
+	if l, err := u.c.ps.get(u.wctx, u.start.Add(-u.c.opts.PollInterval)); err == nil && l.err == nil {
+		u.rep.Polls++
+		listed = u.seen(l.resp) != nil
+	}
+	u.cut()
+	return unloadEvent{kind: evLooked, at: time.Now(), listed: listed}
+}
+
+// send sends one unload request.
+func (u *unload) send() unloadEvent {
+	err := u.c.sendUnload(u.wctx, u.model)
+	if err == nil {
+		u.rep.Attempts++
+		return unloadEvent{kind: evSent, at: time.Now()}
+	}
+	if u.wctx.Err() != nil {
+		return u.stopped(err)
+	}
+	u.err = err
+	u.c.log.Debug("unload request failed", "model", u.model, "attempts", u.rep.Attempts, "err", err)
+	return unloadEvent{kind: evSendFailed, at: time.Now(), fail: classify(err)}
+}
+
+// setup prepares the process check: resolved after the unload went out,
+// so a model the server does not know fails first.
+func (u *unload) setup() unloadEvent {
+	w, why, again := u.c.watchRunners(u.wctx, u.model)
+	if u.wctx.Err() != nil {
+		return u.stopped(context.Cause(u.wctx))
+	}
+	if w != nil {
+		u.runners = w
+		return unloadEvent{kind: evCheckReady, at: time.Now()}
+	}
+	return unloadEvent{kind: evCheckFailed, at: time.Now(), why: why, again: again}
+}
+
+// poll waits, then reads a listing. Our generations are counted before the
+// listing's request goes out (it may be another unload's, sent later): one
+// that ends after the count and makes the model resident is in both.
+func (u *unload) poll(wait time.Duration) unloadEvent {
+	if err := sleepCtx(u.wctx, wait); err != nil {
+		return u.stopped(err)
+	}
+	u.cut() // a generation of ours that began since
+	ours, begun := u.c.book.inFlight(u.model)
+	u.begun = begun
+	l, err := u.c.ps.get(u.wctx, time.Now())
+	if err == nil {
+		err = l.err
+	}
+	u.rep.Polls++
+	if err != nil {
+		if u.wctx.Err() != nil {
+			return u.stopped(err)
+		}
+		u.c.log.Debug("poll failed", "model", u.model, "err", err)
+		return unloadEvent{kind: evPollFailed, at: time.Now()}
+	}
+	ev := unloadEvent{kind: evNotListed, at: time.Now(), sent: l.sent, ours: ours}
+	if entry := u.seen(l.resp); entry != nil {
+		ev.kind = evListedExpired
+		if entry.ExpiresAt.After(ev.at) {
+			ev.kind = evListed
+		}
+	}
+	return ev
+}
+
+// count counts the live runners of the model's weights.
+func (u *unload) count() unloadEvent {
+	n, err := u.runners.live()
+	if err != nil {
+		return unloadEvent{kind: evRunnersUnreadable, at: time.Now(), why: fmt.Sprintf("runner processes: %v", err)}
+	}
+	if n > 0 {
+		u.rep.RunnerSeen = true
+	}
+	return unloadEvent{kind: evRunners, at: time.Now(), runners: n}
+}
+
+// awaitMemory waits for the device to report the model's memory back.
+func (u *unload) awaitMemory() unloadEvent {
+	freed, err := u.c.awaitRunnerGone(u.wctx, u.before, u.rep.SizeVRAM)
+	u.rep.VRAMFreed = freed
+	if err != nil {
+		return u.stopped(err)
+	}
+	return unloadEvent{kind: evMemoryBack, at: time.Now()}
+}
+
+// stopped is the event of a failure that ends the unload: the caller's
+// context, the unload timeout (saying so when the process check never
+// started), or the failure's own kind.
+func (u *unload) stopped(err error) unloadEvent {
+	kind := classify(err)
+	switch {
+	case u.ctx.Err() != nil:
+		kind, err = KindCanceled, context.Cause(u.ctx)
+	case u.wctx.Err() != nil && u.s.check == checkPending:
+		kind, err = KindTimeout, fmt.Errorf("%w (the process check could not start: %s)", context.Cause(u.wctx), u.s.why)
+	case u.wctx.Err() != nil:
+		kind, err = KindTimeout, context.Cause(u.wctx)
+	}
+	u.err = err
+	return unloadEvent{kind: evStopped, at: time.Now(), fail: kind}
+}
+
+// verdict turns the end phase into the report and error.
+func (u *unload) verdict() (*UnloadReport, error) {
+	const op = "unload"
+	c, rep, s := u.c, u.rep, u.s
+	rep.Elapsed = time.Since(u.start)
+	switch s.phase {
+	case phVerified:
+	case phHeldByOthers:
+		rep.HeldByOthers = true
+		return rep, newError(op, u.model, s.kind, ErrHeldByOthers)
+	case phFailed:
+		if s.kind == KindInternal || u.err == nil {
+			return rep, newError(op, u.model, KindInternal, errors.New(s.why))
+		}
+		return rep, newError(op, u.model, s.kind, u.err)
+	default:
+		return rep, newError(op, u.model, KindInternal, fmt.Errorf("unload: the driver stopped in phase %q", s.phase))
+	}
+	rep.Checked = s.checks
 	rep.Verified = true
-	rep.Elapsed = time.Since(start)
-
-	c.book.forget(model, begun)
-	c.log.Debug("eviction verified", "model", model, "was_loaded", rep.WasLoaded,
+	c.book.forget(u.model, u.begun)
+	c.log.Debug("eviction verified", "model", u.model, "was_loaded", rep.WasLoaded,
 		"attempts", rep.Attempts, "elapsed", rep.Elapsed)
 	c.callHook(func() {
 		if c.opts.Hooks.OnEvictionVerified != nil {
