@@ -105,8 +105,9 @@ const (
 	CheckPS Checks = 1 << iota
 	// CheckRunnerProcesses: no runner process of a live Ollama server on
 	// this machine serves the model's weights blob, across a settle window
-	// after the last unload request (a runner appears some 20 ms after
-	// the request that loads it).
+	// after the last unload request and after the last runner seen went
+	// (a runner appears some 20 ms after the request that loads it, or
+	// after the runner a queued load waited for).
 	CheckRunnerProcesses
 	// CheckDeviceMemory: the GPU reported the model's memory back
 	// (Options.VerifyVRAM).
@@ -146,7 +147,9 @@ func (c Checks) String() string {
 // server on this machine (a loopback, "localhost" or unspecified host
 // address, with procfs readable), no runner process of a live Ollama server
 // serves the model's weights blob, across a settle window of at least
-// 50 ms after the last unload request. UnloadReport.Checked names the
+// 50 ms after the last unload request and after the last runner of the
+// model it saw went (a load queued behind that runner in the server starts
+// its own only then). UnloadReport.Checked names the
 // checks made. On a local server whose /api/show fails (a restart, a
 // reset), the process check is tried again at every poll for a second
 // (or ten poll intervals): the unload is not verified without it until

@@ -279,3 +279,75 @@ func TestUnloadRetriesTheProcessCheck(t *testing.T) {
 		}
 	})
 }
+
+// A load queued behind another in the server's scheduler starts its runner
+// only when the first one has gone: the hand-over leaves a gap with no
+// runner. The unload waits a settle window after the runner went, and so
+// sees the new one and waits for it too (found by the race oracle: a CLI's
+// load queued behind a load the unload had cut, seed 255562726847794 on
+// v0.34.4).
+func TestUnloadSettlesAfterTheRunnerGoes(t *testing.T) {
+	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: 1 << 30})
+	listings := make(chan struct{}, 1024)
+	c := newTestClient(t, s, Options{HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Path == "/api/ps" {
+			listings <- struct{}{}
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}})
+	procs := newFakeProcs(t)
+	c.procRoot = procs.root
+	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	weights := blobFile(t, c, "tiny")
+	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", weights, "--port", "40000")
+
+	type result struct {
+		rep *UnloadReport
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := c.UnloadModel(context.WithoutCancel(t.Context()), "tiny")
+		done <- result{rep, err, time.Now()}
+	}()
+	time.Sleep(300 * time.Millisecond) // the unload has seen runner 101
+	procs.remove(101)
+	// Two listings requested after the removal: the runners were counted
+	// after the first, with none left. Then the next runner starts.
+	for len(listings) > 0 {
+		<-listings
+	}
+	for range 2 {
+		select {
+		case <-listings:
+		case r := <-done:
+			t.Fatalf("UnloadModel returned when the runner went: %+v, %v", r.rep, r.err)
+		}
+	}
+	procs.add(102, 100, "ollama", "/usr/bin/ollama", "runner", "--model", weights, "--port", "40001")
+	select {
+	case r := <-done:
+		t.Fatalf("UnloadModel returned in the hand-over from one runner to the next: %+v, %v", r.rep, r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	gone := time.Now()
+	procs.remove(102)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.at.Before(gone) {
+		t.Error("verified before the second runner went")
+	}
+	if !r.rep.Verified || !r.rep.RunnerSeen || r.rep.Checked != CheckPS|CheckRunnerProcesses {
+		t.Errorf("report %+v", r.rep)
+	}
+	if wait := r.at.Sub(gone); wait < unloadSettle {
+		t.Errorf("verified %v after the last runner went, less than the settle window %v", wait, unloadSettle)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

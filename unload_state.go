@@ -162,6 +162,7 @@ type unloadState struct {
 	checkSince  time.Time   // checkPending: when the set-up first failed
 	heldSince   time.Time   // phHeld: since when
 	goneAt      time.Time   // checkRunners: absent at a poll before the settle window ended
+	runnerGone  time.Time   // checkRunners: the first count with no runner after one with a runner
 	absentSince time.Time   // checkListing: the first absent listing of the current run
 	checks      Checks      // what the verdict rests on
 	runnerSeen  bool        // a runner served the weights while nothing listed them
@@ -320,10 +321,16 @@ func (s unloadState) counted(r *unloadRules, ev unloadEvent) (unloadState, []unl
 			return s, append(acts, more...)
 		}
 	case ev.runners > 0:
-		s.runnerSeen, loading, s.goneAt = true, true, time.Time{}
-	case ev.at.Sub(s.lastSent) >= r.settle:
-		// Gone at a poll late enough after the last unload that a load
-		// begun before it would have its runner by now.
+		s.runnerSeen, loading, s.goneAt, s.runnerGone = true, true, time.Time{}, time.Time{}
+	case s.runnerSeen && s.runnerGone.IsZero():
+		// The runner just went. A load queued behind it in the server's
+		// scheduler (another request, sent before the unload) starts its
+		// own runner only now: the settle window starts again.
+		s.runnerGone, s.goneAt = ev.at, ev.at
+	case !ev.at.Before(s.settleEnd(r)):
+		// Gone at a poll late enough after the last unload (and after
+		// the last runner went) that a load begun before it would have
+		// its runner by now.
 		return s.gone(r, CheckRunnerProcesses)
 	default:
 		s.goneAt = ev.at // poll again when the window ends
@@ -381,8 +388,19 @@ func (s unloadState) tail(r *unloadRules, ev unloadEvent, loading bool) (unloadS
 // window when only that is left, and never past the deadline.
 func (s unloadState) pollIn(r *unloadRules, now time.Time, wait time.Duration) unloadAction {
 	if !s.goneAt.IsZero() {
-		wait = min(wait, s.lastSent.Add(r.settle).Sub(now))
+		wait = min(wait, s.settleEnd(r).Sub(now))
 	}
 	wait = max(min(wait, r.deadline.Sub(now)), 0)
 	return unloadAction{kind: actPoll, wait: wait}
+}
+
+// settleEnd is when the settle window of the process check ends: unloadSettle
+// after the last unload request, and after the last runner of the model
+// was seen gone.
+func (s unloadState) settleEnd(r *unloadRules) time.Time {
+	from := s.lastSent
+	if s.runnerGone.After(from) {
+		from = s.runnerGone
+	}
+	return from.Add(r.settle)
 }

@@ -201,6 +201,12 @@ func stateRows() []stateRow {
 			}},
 		{name: "no runner, settle window over: verified by the processes", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(50)}},
 			ev: unloadEvent{kind: evRunners, at: ms(50)}, want: phVerified, acts: []unloadActionKind{actVerdict}, then: wantVerified(CheckPS | CheckRunnerProcesses)},
+		{name: "the runner went: the settle window starts again", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), runnerSeen: true, poll: unloadEvent{kind: evNotListed, at: ms(700)}},
+			ev: unloadEvent{kind: evRunners, at: ms(700)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(50 * time.Millisecond)},
+		{name: "absent a settle window after the runner went: verified", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), runnerSeen: true, runnerGone: ms(700), goneAt: ms(700), poll: unloadEvent{kind: evNotListed, at: ms(750)}},
+			ev: unloadEvent{kind: evRunners, at: ms(750)}, want: phVerified, acts: []unloadActionKind{actVerdict}, then: wantVerified(CheckPS | CheckRunnerProcesses)},
+		{name: "absent inside the window after the runner went: wait for its end", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), runnerSeen: true, runnerGone: ms(700), goneAt: ms(700), poll: unloadEvent{kind: evNotListed, at: ms(730)}},
+			ev: unloadEvent{kind: evRunners, at: ms(730)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(20 * time.Millisecond)},
 		{name: "no runner inside the settle window: poll at its end", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(20)}},
 			ev: unloadEvent{kind: evRunners, at: ms(20)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(30 * time.Millisecond)},
 		{name: "process table unreadable, no settle window: verified by /api/ps", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(60)}},
@@ -333,6 +339,8 @@ func FuzzUnloadState(f *testing.F) {
 		todo := []due{{unloadAction: unloadAction{kind: actLook}, at: now}}
 		var last unloadEvent // the latest listing (and the count made for it, in counted)
 		counted, verdicts := -1, 0
+		var sawRunner bool
+		var zeroSince time.Time // the first count with no runner since the last with one
 		for steps := 0; len(todo) > 0; steps++ {
 			if steps > 100_000 {
 				t.Fatal("no end after 100,000 steps")
@@ -394,6 +402,12 @@ func FuzzUnloadState(f *testing.F) {
 				last, counted = ev, -1
 			case ev.kind == evRunners:
 				counted = ev.runners
+				switch {
+				case ev.runners > 0:
+					sawRunner, zeroSince = true, time.Time{}
+				case sawRunner && zeroSince.IsZero():
+					zeroSince = ev.at
+				}
 			}
 			prev := s
 			var more []unloadAction
@@ -410,6 +424,9 @@ func FuzzUnloadState(f *testing.F) {
 				}
 				if s.checks.Has(CheckRunnerProcesses) && (s.check != checkRunners || counted != 0 || now.Sub(s.lastSent) < r.settle) {
 					t.Fatalf("verified by the processes with check %v, count %d, %v after the last request", s.check, counted, now.Sub(s.lastSent))
+				}
+				if s.checks.Has(CheckRunnerProcesses) && sawRunner && (zeroSince.IsZero() || now.Sub(zeroSince) < r.settle) {
+					t.Fatalf("verified by the processes %v after the runner was first seen gone", now.Sub(zeroSince))
 				}
 			}
 			if s.phase.done() {
