@@ -17,7 +17,7 @@ type book struct {
 	inflight map[string]map[*flight]struct{} // normalized model -> generations of this client
 	warm     map[string]struct{}             // models used with a keep-alive other than unload
 	uses     map[string]*use                 // normalized model -> guarded users
-	phases   map[*Phase]struct{}             // phases not yet ended
+	phases   map[*Phase]func() bool          // phases not yet ended, with the stop of each one's context watch
 	begun    map[string]uint64               // normalized model -> generations begun so far
 }
 
@@ -26,7 +26,7 @@ func newBook() *book {
 		inflight: make(map[string]map[*flight]struct{}),
 		warm:     make(map[string]struct{}),
 		uses:     make(map[string]*use),
-		phases:   make(map[*Phase]struct{}),
+		phases:   make(map[*Phase]func() bool),
 		begun:    make(map[string]uint64),
 	}
 }
@@ -204,16 +204,17 @@ func (b *book) users(model string) int {
 	return 0
 }
 
-// addPhase registers p, unless the client is closed; arm runs under the
-// same lock, so that Close cannot slip in between.
-func (b *book) addPhase(op string, p *Phase, arm func()) error {
+// addPhase registers p, unless the client is closed. arm starts the
+// watch of p's context and returns its stop; it runs under the same lock,
+// so that Close cannot slip in between, and a watch that fires at once
+// finds p registered with its stop (removePhase waits for the lock).
+func (b *book) addPhase(op string, p *Phase, arm func() (stop func() bool)) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return newError(op, "", KindUnavailable, ErrClosed)
 	}
-	b.phases[p] = struct{}{}
-	arm()
+	b.phases[p] = arm()
 	return nil
 }
 
@@ -222,8 +223,9 @@ func (b *book) addPhase(op string, p *Phase, arm func()) error {
 func (b *book) removePhase(p *Phase) (stop func() bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	stop = b.phases[p]
 	delete(b.phases, p)
-	return p.stopAfter
+	return stop
 }
 
 // livePhases returns the phases not yet ended: all of them, or only those

@@ -282,7 +282,6 @@ type Phase struct {
 	opts      PhaseOptions
 	keepAlive KeepAlive
 	started   time.Time
-	stopAfter func() bool
 	ctxDone   <-chan struct{} // the StartPhase context's Done, to end it from Wait
 
 	mu     sync.Mutex
@@ -336,10 +335,10 @@ func (c *OllamaClient) StartPhase(ctx context.Context, name string, opts PhaseOp
 		endDone:   make(chan struct{}),
 		ctxDone:   ctx.Done(),
 	}
-	// Checked, registered and armed under the book's lock: Close cannot
-	// slip in between, and the callback cannot run before stopAfter is set.
-	err := c.book.addPhase(op, p, func() {
-		p.stopAfter = context.AfterFunc(ctx, func() {
+	// Checked, registered and armed under the book's lock, which keeps
+	// the watch's stop: Close cannot slip in between.
+	err := c.book.addPhase(op, p, func() func() bool {
+		return context.AfterFunc(ctx, func() {
 			if c.book.isClosed() {
 				return // Close ends every phase itself
 			}
