@@ -232,17 +232,17 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 		}
 	}
 
-	bar := &progressBar{w: c.stderr, on: c.tty, stage: "caption"}
-	defer bar.clear()
+	bar := &nodes.ProgressLine{W: c.stderr, Off: !c.tty, Stage: "caption"}
+	defer bar.Clear()
 	n := nodes.ImagePrompter{
 		Guard:     vramguard.Guard{Client: client, KeepLoaded: cfg.keep},
 		Model:     model,
 		Timeout:   cfg.timeout,
 		MaxTokens: cfg.maxTokens,
-		Progress:  bar.update,
+		Progress:  bar.Update,
 	}
 	res, err := n.Generate(ctx, nodes.ImageInput{Image: img, Hint: cfg.hint, Style: cfg.style, Mood: cfg.mood, Sampling: nodes.Sampling{Seed: cfg.seed}})
-	bar.clear()
+	bar.Clear()
 	if res == nil {
 		return err
 	}

@@ -211,21 +211,21 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 		guard = phase.Guard()
 	}
 
-	bar := &progressBar{w: c.stderr, on: c.tty}
-	defer bar.clear()
+	bar := &nodes.ProgressLine{W: c.stderr, Off: !c.tty}
+	defer bar.Clear()
 	if cfg.generate {
-		bar.stage = "generate"
-		g := nodes.PromptGenerator{Guard: guard, Model: model, Timeout: cfg.timeout, MaxTokens: cfg.maxTokens, Progress: bar.update}
+		bar.Stage = "generate"
+		g := nodes.PromptGenerator{Guard: guard, Model: model, Timeout: cfg.timeout, MaxTokens: cfg.maxTokens, Progress: bar.Update}
 		res, err := g.Generate(ctx, nodes.GenerateInput{Description: prompt, Style: cfg.style})
 		if err != nil {
 			return err
 		}
 		prompt = res.Prompt
 	}
-	bar.stage = "refine"
-	r := nodes.PromptRefiner{Guard: guard, Model: model, Timeout: cfg.timeout, MaxTokens: cfg.maxTokens, Progress: bar.update}
+	bar.Stage = "refine"
+	r := nodes.PromptRefiner{Guard: guard, Model: model, Timeout: cfg.timeout, MaxTokens: cfg.maxTokens, Progress: bar.Update}
 	res, err := r.Refine(ctx, nodes.RefineInput{Prompt: prompt, Instructions: cfg.instructions, Passes: cfg.passes})
-	bar.clear()
+	bar.Clear()
 	if res != nil {
 		if _, werr := fmt.Fprintln(c.stdout, res.Prompt); werr != nil && err == nil {
 			err = &vramguard.Error{Op: "write result", Kind: vramguard.KindUnavailable, Err: werr}

@@ -247,24 +247,3 @@ func TestProgress(t *testing.T) {
 		})
 	}
 }
-
-func TestProgressBarLine(t *testing.T) {
-	tests := []struct {
-		name string
-		p    nodes.Progress
-		want string
-	}{
-		{name: "start", p: nodes.Progress{Pass: 1, Passes: 1, Fraction: 0}, want: "refine [------------------------]   0% 0 tokens"},
-		{name: "half of two passes", p: nodes.Progress{Pass: 2, Passes: 2, Tokens: 30, Fraction: 0.5}, want: "refine 2/2 [############------------]  50% 30 tokens"},
-		{name: "over one", p: nodes.Progress{Pass: 1, Passes: 1, Tokens: 9, Fraction: 1.5}, want: "refine [########################] 100% 9 tokens"},
-		{name: "unknown length", p: nodes.Progress{Pass: 1, Passes: 3, Tokens: 7, Fraction: -1}, want: "refine 1/3 | 7 tokens"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			b := &progressBar{stage: "refine"}
-			if got := b.line(tt.p); got != tt.want {
-				t.Errorf("line = %q, want %q", got, tt.want)
-			}
-		})
-	}
-}
