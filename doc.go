@@ -59,6 +59,12 @@
 //
 // Every error is an [*Error] with a [Kind]: errors.Is(err, KindTimeout);
 // causes stay reachable with errors.As. Options.Logger takes a
-// *slog.Logger; Options.Hooks take one struct each. There is no
-// package-level state.
+// *slog.Logger; Options.Hooks take one struct each.
+//
+// Each [OllamaClient] owns its state (its requests, guards, phases, its
+// poller of /api/ps). The package-level variables are the error sentinels
+// (ErrClosed, ...) and the three KeepAlive values ([KeepAliveUnload],
+// [KeepAliveForever], [KeepAliveServerDefault]), all meant to be read and
+// never assigned, and read-only tables of server messages; nothing else is
+// shared between clients.
 package vramguard
