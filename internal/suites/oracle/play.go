@@ -449,6 +449,8 @@ func (a Action) bound() time.Duration {
 		return 3*cleanupTimeout + margin
 	case OpForeign, OpCLI:
 		return totalTimeout + margin
+	case OpForeignStop:
+		return margin + margin // its own deadline is margin (run), then the margin
 	case OpChild:
 		return gen + margin
 	case OpRestart:
