@@ -19,6 +19,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/wire"
 )
 
 // MaxPromptBytes is the largest prompt (plus system prompt) accepted.
@@ -525,8 +527,9 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 	defer wd.release()
 
 	st.start = wd.start
-	// The client's own reader when it owns the HTTP client (ndjson.go):
-	// no line limit for the done line's context array, no 8 MiB buffer.
+	// The client's own reader when it owns the HTTP client (ndjson.go,
+	// internal/wire): no line limit for the done line's context array, no
+	// 8 MiB buffer.
 	own := c.readsOwnStream()
 	err := cl.send(wd.ctx, own, ka.apiDuration(), func(r piece) error {
 		elapsed := time.Since(st.start) // one clock read per chunk
@@ -581,7 +584,7 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 		// end then returned.
 		err = nil
 	}
-	var cut *replyCut
+	var cut *wire.CutError
 	switch {
 	case errors.As(err, &cut) && !st.done:
 		// Our reader: the body ended or broke inside the stream.
@@ -589,7 +592,7 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
 	case errors.As(err, &cut):
 		return nil, newError(op, model, KindTransient, err)
-	case errors.Is(err, errMalformedLine) || errors.Is(err, ErrReplyTooLarge):
+	case errors.Is(err, wire.ErrMalformedLine) || errors.Is(err, ErrReplyTooLarge):
 		// A line that the same request would get again: not retryable.
 		return nil, newError(op, model, KindServer, err)
 	case !own && err != nil && !st.done && isPartialLine(err):
