@@ -1,9 +1,7 @@
 package vramguard
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 
@@ -29,9 +27,6 @@ import (
 // 64 MiB. Lines carry a piece of text each, so a request cannot cause
 // this and the same call would fail again: it is not retryable.
 var ErrReplyTooLarge = wire.ErrReplyTooLarge
-
-// maxErrorBody bounds what is read of the body of an error status.
-const maxErrorBody = 1 << 20
 
 // readsOwnStream reports whether generations go through generateNDJSON:
 // the client owns its HTTP client, and the api client would not sign the
@@ -83,48 +78,19 @@ func (c *OllamaClient) readNDJSON(ctx context.Context, path string, req any, fn 
 
 // postJSON sends req as JSON to path through the client's own HTTP
 // client. A status of 400 and up comes back as the error the api client
-// would return (replyStatusError), with the body closed.
+// would return (wire.ReadStatusError), with the body closed.
 func (c *OllamaClient) postJSON(ctx context.Context, path string, req any, accept string) (*http.Response, error) {
-	body, err := json.Marshal(req)
+	hreq, err := wire.NewRequest(ctx, c.base.JoinPath(path).String(), req, accept)
 	if err != nil {
 		return nil, err
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base.JoinPath(path).String(), bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", accept)
 	resp, err := c.hc.Do(hreq)
 	if err != nil {
 		return nil, err
 	}
 	if resp.StatusCode >= http.StatusBadRequest {
 		defer resp.Body.Close()
-		return nil, replyStatusError(resp)
+		return nil, wire.ReadStatusError(resp)
 	}
 	return resp, nil
-}
-
-// replyStatusError is the error api.Client.Generate returns for a status
-// of 400 and up (FIELD_NOTES §1, trap 3): built from the first line of the
-// body, with Status set.
-func replyStatusError(resp *http.Response) error {
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody)) // what arrived is enough
-	line := data
-	if i := bytes.IndexByte(data, '\n'); i >= 0 {
-		line = data[:i]
-	}
-	line = bytes.TrimSuffix(line, []byte("\r"))
-	var e struct {
-		Error     string `json:"error"`
-		SigninURL string `json:"signin_url"`
-	}
-	if err := json.Unmarshal(line, &e); err != nil {
-		return api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status, ErrorMessage: string(line)}
-	}
-	if resp.StatusCode == http.StatusUnauthorized {
-		return api.AuthorizationError{StatusCode: resp.StatusCode, Status: resp.Status, SigninURL: e.SigninURL}
-	}
-	return api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status, ErrorMessage: e.Error}
 }

@@ -1,6 +1,8 @@
 // Package wire holds the part of Ollama's HTTP API that vramguard speaks
-// itself when it owns its HTTP client: the NDJSON reply of /api/generate
-// and /api/chat ([Reader]).
+// itself when it owns its HTTP client: the JSON body of a request
+// ([NewRequest]), the error body of a status of 400 and up
+// ([ReadStatusError]), and the NDJSON reply of /api/generate and /api/chat
+// ([Reader]).
 //
 // # Why a reader of its own
 //
@@ -18,7 +20,8 @@
 // where it has one, and the root package gives them their kinds: io.EOF at
 // the clean end of a reply, a [*CutError] for a reply that broke off, an
 // error wrapping [ErrMalformedLine] or [ErrReplyTooLarge] for a line it
-// cannot use, and an {"error": ...} line's text as a plain error.
+// cannot use, an {"error": ...} line's text as a plain error, and
+// api.StatusError or api.AuthorizationError for a failed status.
 //
 // Nothing here keeps state between calls; a [Reader] is not safe for
 // concurrent use, the functions are.
