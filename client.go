@@ -266,7 +266,9 @@ func validCommon(op, model string, t Timeouts, opts map[string]any, format json.
 		return err
 	}
 	if err := t.validate(op); err != nil {
-		err.(*Error).Model = model
+		if e, ok := err.(*Error); ok {
+			e.Model = model
+		}
 		return err
 	}
 	for k, v := range opts {
@@ -436,10 +438,10 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 	}
 	// The fallback starts the text again: it runs only if fn has seen
 	// none of it, so a caller never receives text twice.
-	if !c.opts.Fallback || !KindOf(err).Retryable() || ctx.Err() != nil || (fn != nil && st.chunks > 0) {
+	var e *Error
+	if !c.opts.Fallback || !errors.As(err, &e) || !e.Kind.Retryable() || ctx.Err() != nil || (fn != nil && st.chunks > 0) {
 		return nil, err
 	}
-	e := err.(*Error)
 	if cl.cli == nil {
 		c.log.Debug("request failed; the ollama CLI cannot carry it", "op", op, "model", cl.model, "what", cl.noCLI)
 		return nil, newError(op, cl.model, e.Kind, errors.Join(e.Err,
