@@ -19,6 +19,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/wire"
 )
 
 // MaxPromptBytes is the largest prompt (plus system prompt) accepted.
@@ -264,7 +266,9 @@ func validCommon(op, model string, t Timeouts, opts map[string]any, format json.
 		return err
 	}
 	if err := t.validate(op); err != nil {
-		err.(*Error).Model = model
+		if e, ok := err.(*Error); ok {
+			e.Model = model
+		}
 		return err
 	}
 	for k, v := range opts {
@@ -434,10 +438,10 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 	}
 	// The fallback starts the text again: it runs only if fn has seen
 	// none of it, so a caller never receives text twice.
-	if !c.opts.Fallback || !KindOf(err).Retryable() || ctx.Err() != nil || (fn != nil && st.chunks > 0) {
+	var e *Error
+	if !c.opts.Fallback || !errors.As(err, &e) || !e.Kind.Retryable() || ctx.Err() != nil || (fn != nil && st.chunks > 0) {
 		return nil, err
 	}
-	e := err.(*Error)
 	if cl.cli == nil {
 		c.log.Debug("request failed; the ollama CLI cannot carry it", "op", op, "model", cl.model, "what", cl.noCLI)
 		return nil, newError(op, cl.model, e.Kind, errors.Join(e.Err,
@@ -525,8 +529,9 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 	defer wd.release()
 
 	st.start = wd.start
-	// The client's own reader when it owns the HTTP client (ndjson.go):
-	// no line limit for the done line's context array, no 8 MiB buffer.
+	// The client's own reader when it owns the HTTP client (ndjson.go,
+	// internal/wire): no line limit for the done line's context array, no
+	// 8 MiB buffer.
 	own := c.readsOwnStream()
 	err := cl.send(wd.ctx, own, ka.apiDuration(), func(r piece) error {
 		elapsed := time.Since(st.start) // one clock read per chunk
@@ -581,7 +586,7 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 		// end then returned.
 		err = nil
 	}
-	var cut *replyCut
+	var cut *wire.CutError
 	switch {
 	case errors.As(err, &cut) && !st.done:
 		// Our reader: the body ended or broke inside the stream.
@@ -589,7 +594,7 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
 	case errors.As(err, &cut):
 		return nil, newError(op, model, KindTransient, err)
-	case errors.Is(err, errMalformedLine) || errors.Is(err, ErrReplyTooLarge):
+	case errors.Is(err, wire.ErrMalformedLine) || errors.Is(err, ErrReplyTooLarge):
 		// A line that the same request would get again: not retryable.
 		return nil, newError(op, model, KindServer, err)
 	case !own && err != nil && !st.done && isPartialLine(err):

@@ -18,14 +18,19 @@ import (
 	"unicode"
 
 	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/wire"
+	"github.com/vramguard/vramguard/internal/wire/wiretest"
 )
 
 // Fuzz targets for every parser of untrusted text in this package. The
 // NDJSON stream handling is fed through GenerateStreaming with a transport
 // that answers with the fuzzer's bytes, so the client's own reply reader
-// (ndjson.go: lines of any length, context arrays, {"error"} lines, status
-// errors) is part of what is fuzzed; FuzzStreamMatchesAPI (ndjson_test.go)
-// compares it with api.Client.Generate on the same bytes.
+// (internal/wire: lines of any length, context arrays, {"error"} lines,
+// status errors) and its classification are part of what is fuzzed;
+// FuzzStreamMatchesAPI (ndjson_test.go) compares it with
+// api.Client.Generate on the same bytes, and internal/wire fuzzes the
+// reader alone (FuzzReplyReader).
 
 // bodyTransport answers every request with status and body, whose read
 // ends with tail (nil: a clean end).
@@ -116,41 +121,11 @@ func hasDoneLine(body []byte) bool {
 
 func validKind(k Kind) bool { return k > KindUnknown && k <= KindInternal }
 
+// streamSeeds adds the seeds the reply reader's fuzz target (internal/wire)
+// also starts from.
 func streamSeeds(f *testing.F) {
-	line := func(v any) string { b, _ := json.Marshal(v); return string(b) + "\n" }
-	ok := line(api.GenerateResponse{Response: "a castle"}) + line(api.GenerateResponse{Response: " at dawn"}) +
-		line(api.GenerateResponse{Done: true, DoneReason: "stop", Metrics: api.Metrics{LoadDuration: 3e7, EvalCount: 2}})
-	for _, s := range []struct {
-		body   string
-		status uint16
-		tail   uint8
-	}{
-		{ok, 200, 0},
-		{ok, 200, 1},
-		{ok[:len(ok)/2], 200, 1}, // cut mid-line, connection reset
-		{ok[:len(ok)/2], 200, 0}, // cut mid-line, clean end
-		{strings.ReplaceAll(ok, "\n", "\r\n"), 200, 0},
-		{line(api.GenerateResponse{Response: "x"}), 200, 0}, // no done line
-		{`{"error":"an error was encountered while running the model: unexpected EOF"}` + "\n", 200, 0},
-		{`{"error":"model 'tiny' not found"}`, 404, 0},
-		{`{"error":"llama runner process has terminated: exit status 2"}`, 500, 0},
-		{`{"error":"llama-server process has terminated: exit status 2"}`, 500, 0},
-		{`{"error":"the input length exceeds the context length"}`, 400, 0},
-		{line(api.GenerateResponse{Response: "x"}) + `{"error":"prediction aborted, token repeat limit reached"}` + "\n", 200, 0},
-		{line(api.GenerateResponse{Response: "x"}), 200, 2}, // v0.30+: a cut stream returns unexpected EOF
-		{`{"error":"server busy, please try again.  maximum pending requests exceeded"}`, 503, 0},
-		{"<html>502 Bad Gateway</html>", 502, 0},
-		{"\x00\xff garbage", 200, 0},
-		{`{"response":42,"done":"yes"}`, 200, 0},
-		{`{"done":true}` + "\n" + `{"error":"late"}` + "\n", 200, 0},
-		{`{"done":true}{"done":true}`, 200, 0},
-		{"", 200, 0},
-		{"", 200, 2},
-		{`{"error":""}` + "\n" + `{"done":true}`, 401, 0},
-		{"[1,2,3]\n" + `{"done":true}`, 200, 0},
-		{"null\n" + `{"done":true}`, 200, 0},
-	} {
-		f.Add([]byte(s.body), s.status, s.tail)
+	for _, s := range wiretest.StreamSeeds() {
+		f.Add([]byte(s.Body), s.Status, s.Tail)
 	}
 }
 
@@ -253,7 +228,7 @@ func TestStreamHugeLine(t *testing.T) {
 
 	t.Run("garbage", func(t *testing.T) {
 		_, _, err := streamFromBody(200, withGarbage, nil)
-		if !errors.Is(err, KindServer) || !errors.Is(err, errMalformedLine) || KindOf(err).Retryable() {
+		if !errors.Is(err, KindServer) || !errors.Is(err, wire.ErrMalformedLine) || KindOf(err).Retryable() {
 			t.Fatalf("got %v, want a KindServer malformed line, not retryable", err)
 		}
 	})

@@ -14,11 +14,14 @@ import (
 	"testing"
 
 	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/wire"
 )
 
-// Tests of the client's own reply reader (ndjson.go), through
-// GenerateStreaming against httptest servers where they can, and of the
-// reader alone where a small buffer or cap makes a case cheap.
+// Tests of the client's own reply reader (ndjson.go, internal/wire),
+// through GenerateStreaming against httptest servers. The tests of the
+// reader alone, where a small buffer or cap makes a case cheap, are in
+// internal/wire.
 
 // streamTestClient starts a server whose /api/generate runs write, and a
 // client for it that owns its HTTP client (so the own reader is used).
@@ -117,44 +120,12 @@ func TestStreamFieldTooLarge(t *testing.T) {
 	block := bytes.Repeat([]byte("a"), 1<<20)
 	c := streamTestClient(t, func(w http.ResponseWriter) {
 		_, _ = io.WriteString(w, `{"response":"a"}`+"\n"+`{"response":"`)
-		repeatTo(w, block, maxReplyLine+1)
+		repeatTo(w, block, wire.MaxLine+1)
 		_, _ = io.WriteString(w, `",`+doneMetrics)
 	})
 	_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, nil)
 	if !errors.Is(err, ErrReplyTooLarge) || !errors.Is(err, KindServer) || KindOf(err).Retryable() {
 		t.Fatalf("got %v (kind %v), want KindServer wrapping ErrReplyTooLarge", err, KindOf(err))
-	}
-}
-
-// TestReplyReaderCap: the cap bounds every member but the context arrays:
-// text, thinking and members the reader does not know.
-func TestReplyReaderCap(t *testing.T) {
-	const max = 1 << 16
-	huge := strings.Repeat("b", max)
-	ints := strings.Repeat("12,", max) + "1"
-	for _, tt := range []struct {
-		name string
-		line string
-		ok   bool
-	}{
-		{"response", `{"response":"` + huge + `","done":true}`, false},
-		{"thinking", `{"thinking":"` + huge + `","done":true}`, false},
-		{"unknown string", `{"_debug_info":"` + huge + `","done":true}`, false},
-		{"unknown array", `{"logprobs":[` + ints + `],"done":true}`, false},
-		{"unknown number", `{"x":` + strings.Repeat("1", max) + `,"done":true}`, false},
-		{"context", `{"context":[` + ints + `],"done":true}`, true},
-		{"two contexts", `{"context":[` + ints + `],"done":true,"CONTEXT":[` + ints + `]}`, true},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			rr := newReplyReader(strings.NewReader(tt.line+"\n"), 64, max)
-			r, err := rr.next()
-			switch {
-			case tt.ok && (err != nil || !r.Done):
-				t.Fatalf("got %v, %v; want the done line", r, err)
-			case !tt.ok && !errors.Is(err, ErrReplyTooLarge):
-				t.Fatalf("got %v, want ErrReplyTooLarge", err)
-			}
-		})
 	}
 }
 
@@ -279,7 +250,7 @@ func TestStreamMalformed(t *testing.T) {
 		{ok + `{"response":"a castle`, KindTransient},
 	} {
 		_, _, err := streamFromBody(200, []byte(tt.body), nil)
-		if KindOf(err) != tt.kind || (tt.kind == KindServer && !errors.Is(err, errMalformedLine)) ||
+		if KindOf(err) != tt.kind || (tt.kind == KindServer && !errors.Is(err, wire.ErrMalformedLine)) ||
 			(tt.kind == KindTransient && !errors.Is(err, ErrIncompleteStream)) {
 			t.Errorf("%q: got %v (kind %v), want %v", tt.body, err, KindOf(err), tt.kind)
 		}
@@ -289,99 +260,6 @@ func TestStreamMalformed(t *testing.T) {
 	if err != nil || gen.Text != "a" {
 		t.Errorf("blank lines: %v, %v", gen, err)
 	}
-}
-
-// TestContextTokens: the context check accepts exactly what decoding into
-// []int accepts.
-func TestContextTokens(t *testing.T) {
-	for _, s := range []string{
-		`[]`, `[ ]`, `null`, `[0]`, `[-0]`, `[1,2,3]`, ` [ 1 , 2 ] `, "[1,\t2\r]", `[9223372036854775807]`,
-		`[-9223372036854775808]`, `[9223372036854775808]`, `[-9223372036854775809]`, `[99999999999999999999]`,
-		`[01]`, `[1.0]`, `[1e3]`, `[-]`, `[1,]`, `[,1]`, `[1 2]`, `["1"]`, `[null]`, `[[1]]`, `{}`, `"x"`, `1`,
-		`[1]]`, `[1`, `[+1]`, `[--1]`, `[0x1]`, `[null, 1,null ]`, `[nul]`, `[nulll]`, `[nullx]`, `[true]`,
-	} {
-		var ints []int
-		want := json.Unmarshal([]byte(s), &ints) == nil
-		var ct contextTokens
-		if got := json.Unmarshal([]byte(s), &ct) == nil; got != want {
-			t.Errorf("%s: contextTokens accepts it: %v, []int: %v", s, got, want)
-		}
-		line := `{"done":true,"context":` + s + `,"response":"` + strings.Repeat("p", 100) + `"}` + "\n"
-		if got := readAll(newReplyReader(strings.NewReader(line), 16, 1<<20)).err == nil; got != want {
-			t.Errorf("%s in a long line: accepted %v, []int: %v", s, got, want)
-		}
-	}
-}
-
-// replies is what a replyReader made of a body.
-type replies struct {
-	resps []api.GenerateResponse
-	err   error // nil at a clean end
-}
-
-func readAll(rr *replyReader) replies {
-	var out replies
-	for {
-		r, err := rr.next()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			out.err = err
-			return out
-		}
-		out.resps = append(out.resps, *r)
-	}
-}
-
-// FuzzReplyReader: the long-line path (a 16-byte buffer makes every line
-// long) reads what the in-place path reads: the same responses, the same
-// end, the same error lines, and a cut where the in-place path sees one
-// (or a context array that went wrong before the cut).
-func FuzzReplyReader(f *testing.F) {
-	streamSeeds(f)
-	f.Add([]byte(`{"response":"a","context":[1, 2,3]}`+"\n"+`{"CONTEXT":null,"done":true,"context":[4]}`), uint16(200), uint8(0))
-	f.Add([]byte(`{"error":"boom","context":[1],"response":42}`+"\n"), uint16(200), uint8(0))
-	f.Add([]byte(`{"con\u0074ext":[1],"done":true}`+"\n"+`   `+"\n"+`null`+"\n"), uint16(200), uint8(0))
-	f.Add([]byte(`{"response":"a\"b\\","thinking":"\u00e9","tool_calls":[{"function":{"name":"f","arguments":{"a":[1,{"b":"}"}]}}}],"done":true}`), uint16(200), uint8(1))
-	f.Fuzz(func(t *testing.T, body []byte, _ uint16, tail uint8) {
-		src := func() io.Reader {
-			if tail%2 == 1 {
-				return io.MultiReader(bytes.NewReader(body), errReader{syscall.ECONNRESET})
-			}
-			return bytes.NewReader(body)
-		}
-		fast := readAll(newReplyReader(src(), replyBufferSize, maxReplyLine))
-		slow := readAll(newReplyReader(src(), 16, maxReplyLine))
-		if len(fast.resps) != len(slow.resps) {
-			t.Fatalf("%d responses in place, %d skimmed (errors %v, %v)", len(fast.resps), len(slow.resps), fast.err, slow.err)
-		}
-		for i := range fast.resps {
-			a, _ := json.Marshal(fast.resps[i])
-			b, _ := json.Marshal(slow.resps[i])
-			if !bytes.Equal(a, b) {
-				t.Fatalf("response %d: in place %s, skimmed %s", i, a, b)
-			}
-		}
-		var fc, sc *replyCut
-		switch {
-		case (fast.err == nil) != (slow.err == nil):
-			t.Fatalf("in place %v, skimmed %v", fast.err, slow.err)
-		case errors.As(fast.err, &fc) && !errors.As(slow.err, &sc) && !strings.Contains(slow.err.Error(), errNotIntArray.Error()):
-			// In place, a line cut short is only checked as JSON; the
-			// skimmer also sees a context array go wrong before the cut.
-			t.Fatalf("in place a cut (%v), skimmed %v", fast.err, slow.err)
-		case isLineError(fast.err) != isLineError(slow.err),
-			isLineError(fast.err) && fast.err.Error() != slow.err.Error():
-			t.Fatalf("in place %v, skimmed %v", fast.err, slow.err)
-		}
-	})
-}
-
-// isLineError reports whether err is an {"error"} line's text.
-func isLineError(err error) bool {
-	var cut *replyCut
-	return err != nil && !errors.As(err, &cut) && !errors.Is(err, errMalformedLine) && !errors.Is(err, ErrReplyTooLarge)
 }
 
 // FuzzStreamMatchesAPI: whatever api.Client.Generate makes a success of,
