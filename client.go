@@ -586,33 +586,8 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 		// end then returned.
 		err = nil
 	}
-	var cut *wire.CutError
-	switch {
-	case errors.As(err, &cut) && !st.done:
-		// Our reader: the body ended or broke inside the stream.
-		return nil, newError(op, model, KindTransient,
-			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
-	case errors.As(err, &cut):
-		return nil, newError(op, model, KindTransient, err)
-	case errors.Is(err, wire.ErrMalformedLine) || errors.Is(err, ErrReplyTooLarge):
-		// A line that the same request would get again: not retryable.
-		return nil, newError(op, model, KindServer, err)
-	case !own && err != nil && !st.done && isPartialLine(err):
-		// The connection was cut inside a line: the api client hands the
-		// partial line over as an error text. It is a cut stream, not a
-		// server's verdict.
-		return nil, newError(op, model, KindTransient,
-			fmt.Errorf("%w after %d chunks: partial line %.40q", ErrIncompleteStream, st.chunks, err.Error()))
-	case !own && err != nil && !st.done && isCutStream(err):
-		// From Ollama v0.30 the api client returns the reader's error when
-		// the stream breaks (v0.17 returned nil): a cut stream either way.
-		return nil, newError(op, model, KindTransient,
-			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
-	case err != nil:
-		return nil, serverError(op, model, err)
-	case !st.done:
-		return nil, newError(op, model, KindTransient,
-			fmt.Errorf("%w after %d chunks", ErrIncompleteStream, st.chunks))
+	if err := streamError(op, model, own, st, err); err != nil {
+		return nil, err
 	}
 	return &Generation{
 		Model:      model,
@@ -626,6 +601,40 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 		FirstChunk: st.firstChunk,
 		Elapsed:    time.Since(st.start),
 	}, nil
+}
+
+// streamError classifies how a stream ended: nil for a complete one, else
+// the typed failure (own: the client's own reader read it).
+func streamError(op, model string, own bool, st *streamState, err error) error {
+	var cut *wire.CutError
+	switch {
+	case errors.As(err, &cut) && !st.done:
+		// Our reader: the body ended or broke inside the stream.
+		return newError(op, model, KindTransient,
+			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
+	case errors.As(err, &cut):
+		return newError(op, model, KindTransient, err)
+	case errors.Is(err, wire.ErrMalformedLine) || errors.Is(err, ErrReplyTooLarge):
+		// A line that the same request would get again: not retryable.
+		return newError(op, model, KindServer, err)
+	case !own && err != nil && !st.done && isPartialLine(err):
+		// The connection was cut inside a line: the api client hands the
+		// partial line over as an error text. It is a cut stream, not a
+		// server's verdict.
+		return newError(op, model, KindTransient,
+			fmt.Errorf("%w after %d chunks: partial line %.40q", ErrIncompleteStream, st.chunks, err.Error()))
+	case !own && err != nil && !st.done && isCutStream(err):
+		// From Ollama v0.30 the api client returns the reader's error when
+		// the stream breaks (v0.17 returned nil): a cut stream either way.
+		return newError(op, model, KindTransient,
+			fmt.Errorf("%w after %d chunks: %w", ErrIncompleteStream, st.chunks, err))
+	case err != nil:
+		return serverError(op, model, err)
+	case !st.done:
+		return newError(op, model, KindTransient,
+			fmt.Errorf("%w after %d chunks", ErrIncompleteStream, st.chunks))
+	}
+	return nil
 }
 
 // isCutStream reports whether err is a failure to read the rest of the
