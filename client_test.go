@@ -556,7 +556,7 @@ func (f *fakeReader) Snapshot(context.Context) (*VRAMSnapshot, error) {
 	defer f.mu.Unlock()
 	free := f.free[min(f.calls, len(f.free)-1)]
 	f.calls++
-	return &VRAMSnapshot{Source: SourceSimulated, Taken: time.Now(), Devices: []DeviceMemory{
+	return &VRAMSnapshot{Source: "simulated", Taken: time.Now(), Devices: []DeviceMemory{
 		{Index: 0, Name: "fake", Total: 24 << 30, Free: free, Used: 24<<30 - free},
 	}}, nil
 }
