@@ -101,7 +101,10 @@ func (c *OllamaClient) callError(ctx context.Context, op, model string, err erro
 
 // Running lists the models the server has loaded (GET /api/ps). Ollama lists
 // a model until its runner is removed, which can be before the GPU has the
-// memory back, and still lists a runner that crashed.
+// memory back, and still lists a runner that crashed. The listing is one
+// whose request went out at or after the call, shared with the client's
+// other callers (its unloads, other Running calls, gpu.NameRunners): at
+// most one request per Options.PollInterval.
 //
 // On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) Running(ctx context.Context) ([]api.ProcessModelResponse, error) {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ollama/ollama/api"
 
@@ -26,10 +27,12 @@ const (
 	blobC   = "sha256:" + runHexC
 )
 
-// countingTransport counts the requests a client sends, by path.
+// countingTransport counts the requests a client sends, by path, and
+// records when each /api/ps request went out.
 type countingTransport struct {
 	mu    sync.Mutex
 	paths map[string]int
+	ps    []time.Time
 }
 
 func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -38,6 +41,9 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		c.paths = make(map[string]int)
 	}
 	c.paths[r.URL.Path]++
+	if r.URL.Path == "/api/ps" {
+		c.ps = append(c.ps, time.Now())
+	}
 	c.mu.Unlock()
 	return http.DefaultTransport.RoundTrip(r)
 }
@@ -167,6 +173,49 @@ func TestNameRunners(t *testing.T) {
 			t.Error("a name without a server")
 		}
 	})
+}
+
+// TestNameRunnersSharePolls: concurrent NameRunners calls on one client
+// share its /api/ps listings (the poller of vramguard's unloads): at most
+// one request per poll interval, not one per call.
+func TestNameRunnersSharePolls(t *testing.T) {
+	const (
+		n        = 8
+		interval = 50 * time.Millisecond
+	)
+	s, _, _ := namingSim(t)
+	tr := &countingTransport{}
+	c := newTestClient(t, s, vramguard.Options{PollInterval: interval, HTTPClient: &http.Client{Transport: tr}, KeepModelsOnClose: true})
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	snaps := make([]*vramguard.VRAMSnapshot, n)
+	for i := range n {
+		snaps[i] = &vramguard.VRAMSnapshot{Devices: []vramguard.DeviceMemory{{Processes: []vramguard.GPUProcess{
+			{PID: uint32(i + 1), Role: vramguard.RoleOllamaRunner, Blob: blobA},
+		}}}}
+		wg.Go(func() { errs[i] = NameRunners(t.Context(), c, snaps[i]) })
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	for i := range n {
+		if m := snaps[i].Devices[0].Processes[0].Model; errs[i] != nil || m != "tiny:latest" {
+			t.Errorf("call %d: model %q, %v; want tiny:latest", i, m, errs[i])
+		}
+	}
+	tr.mu.Lock()
+	at := tr.ps
+	tr.mu.Unlock()
+	// One request per interval, plus the first.
+	if max := int(elapsed/interval) + 1; len(at) > max {
+		t.Errorf("%d /api/ps requests in %v: more than one per %v interval (%d)", len(at), elapsed, interval, max)
+	}
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < interval/2 {
+			t.Errorf("/api/ps requests %d and %d went out %v apart, within one %v interval", i-1, i, gap, interval)
+		}
+	}
+	t.Logf("%d calls in %v sent %d /api/ps requests", n, elapsed.Round(time.Millisecond), len(at))
 }
 
 // TestNameRunnersSkipsBrokenModels: a model /api/show fails for does not
