@@ -67,9 +67,11 @@ type ReleaseReport struct {
 	Elapsed     time.Duration
 }
 
-// Freed returns the rise in free memory on all devices between Before and
-// After, or 0 when either is missing.
-func (r *ReleaseReport) Freed() int64 {
+// FreedAllDevices returns the rise in free memory summed over every device
+// between Before and After, that is across the release functions' run
+// only, or 0 when either snapshot is missing. EnsureReport.Freed, by
+// contrast, measures one device across a whole EnsureFree.
+func (r *ReleaseReport) FreedAllDevices() int64 {
 	if r == nil || r.Before == nil || r.After == nil {
 		return 0
 	}

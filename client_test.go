@@ -556,7 +556,7 @@ func (f *fakeReader) Snapshot(context.Context) (*VRAMSnapshot, error) {
 	defer f.mu.Unlock()
 	free := f.free[min(f.calls, len(f.free)-1)]
 	f.calls++
-	return &VRAMSnapshot{Source: SourceSimulated, Taken: time.Now(), Devices: []DeviceMemory{
+	return &VRAMSnapshot{Source: "simulated", Taken: time.Now(), Devices: []DeviceMemory{
 		{Index: 0, Name: "fake", Total: 24 << 30, Free: free, Used: 24<<30 - free},
 	}}, nil
 }
@@ -577,8 +577,8 @@ func TestReleaseVRAM(t *testing.T) {
 	if strings.Join(order, ",") != "first,second,third" || strings.Join(rep.Ran, ",") != "first,second,third" {
 		t.Errorf("ran %v / %v", order, rep.Ran)
 	}
-	if rep.Freed() != 4<<30 {
-		t.Errorf("freed %d, want %d", rep.Freed(), 4<<30)
+	if rep.FreedAllDevices() != 4<<30 {
+		t.Errorf("freed %d, want %d", rep.FreedAllDevices(), 4<<30)
 	}
 	unreg()
 	unreg()
@@ -593,7 +593,7 @@ func TestReleaseVRAM(t *testing.T) {
 	// Without a reader or functions it succeeds and reports nothing.
 	c2 := newTestClient(t, s, Options{})
 	rep, err = c2.ReleaseVRAM(t.Context())
-	if err != nil || rep.Before != nil || rep.Freed() != 0 {
+	if err != nil || rep.Before != nil || rep.FreedAllDevices() != 0 {
 		t.Errorf("no reader: %+v, %v", rep, err)
 	}
 }

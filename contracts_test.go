@@ -87,11 +87,10 @@ func TestClosedClientSendsNothing(t *testing.T) {
 			_, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1})
 			return err
 		},
-		"Running":     func() error { _, err := c.Running(t.Context()); return err },
-		"IsResident":  func() error { _, err := c.IsResident(t.Context(), "a"); return err },
-		"ListModels":  func() error { _, err := c.ListModels(t.Context()); return err },
-		"ModelBlob":   func() error { _, err := c.ModelBlob(t.Context(), "a"); return err },
-		"NameRunners": func() error { return c.NameRunners(t.Context(), &vramguard.VRAMSnapshot{}) },
+		"Running":    func() error { _, err := c.Running(t.Context()); return err },
+		"IsResident": func() error { _, err := c.IsResident(t.Context(), "a"); return err },
+		"ListModels": func() error { _, err := c.ListModels(t.Context()); return err },
+		"ModelBlob":  func() error { _, err := c.ModelBlob(t.Context(), "a"); return err },
 		"StartPhase": func() error {
 			_, err := c.StartPhase(t.Context(), "q", vramguard.PhaseOptions{})
 			return err

@@ -50,10 +50,12 @@
 //
 // # VRAM truth
 //
-// A [DeviceReader] ([NewAutoReader]: NVML in cgo builds, nvidia-smi
-// otherwise) or your own [VRAMReader] reads device and per-process memory.
-// [AwaitFree] waits for room; [OllamaClient.EnsureFree] makes it and names
-// who holds the memory when it cannot.
+// A [VRAMReader] reads device and per-process memory: package gpu's
+// (github.com/vramguard/vramguard/gpu: NVML in cgo builds, nvidia-smi
+// otherwise, and the attribution of each process to an Ollama runner and
+// its model), or your own. [AwaitFree] waits for room;
+// [OllamaClient.EnsureFree] makes it and names who holds the memory when
+// it cannot. This package needs no cgo: only package gpu links NVML.
 //
 // # Errors and observability
 //

@@ -73,7 +73,8 @@ func (k Kind) Retryable() bool { return k == KindTimeout || k == KindTransient }
 // Op names the operation ("generate", "unload", "await free", ...), Model the
 // model it concerned (empty if none), Kind the classification and Err the
 // underlying cause, which stays reachable through errors.As and errors.Is
-// (for example api.StatusError, context.DeadlineExceeded or nvml.Return).
+// (for example api.StatusError, context.DeadlineExceeded or, from package
+// gpu, nvml.Return).
 type Error struct {
 	Op    string
 	Model string

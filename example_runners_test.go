@@ -35,33 +35,6 @@ func startNamingSim() (*sim.Server, *vramguard.OllamaClient) {
 	return s, c
 }
 
-func ExampleOllamaClient_NameRunners() {
-	s, c := startNamingSim()
-	defer s.Close()
-	defer c.Close()
-
-	// A snapshot as the NVML or nvidia-smi reader makes it: each runner's
-	// command line names its weights blob, not its model.
-	snap := &vramguard.VRAMSnapshot{Devices: []vramguard.DeviceMemory{{
-		Index: 0, ProcessesKnown: true,
-		Processes: []vramguard.GPUProcess{
-			{PID: 4242, UsedBytes: 5 << 30, UsedKnown: true, Role: vramguard.RoleOllamaRunner, Blob: exampleBlobA,
-				Command: "/usr/lib/ollama/llama-server --model /root/.ollama/models/blobs/sha256-6a07... --port 40125"},
-			{PID: 4343, UsedBytes: 3 << 30, UsedKnown: true, Role: vramguard.RoleOllamaRunner, Blob: exampleBlobB,
-				Command: "/usr/lib/ollama/llama-server --model /root/.ollama/models/blobs/sha256-e8ad... --port 40126"},
-		},
-	}}}
-	if err := c.NameRunners(context.Background(), snap); err != nil {
-		log.Fatal(err)
-	}
-	for _, p := range snap.Devices[0].Processes {
-		fmt.Printf("pid %d serves %s\n", p.PID, p.Model)
-	}
-	// Output:
-	// pid 4242 serves tiny-a:latest
-	// pid 4343 serves tiny-b:latest
-}
-
 func ExampleOllamaClient_ModelBlob() {
 	s, c := startNamingSim()
 	defer s.Close()
@@ -76,20 +49,4 @@ func ExampleOllamaClient_ModelBlob() {
 	fmt.Println(blob)
 	// Output:
 	// sha256:6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa
-}
-
-func ExampleClassifyCommand_generations() {
-	for _, argv := range [][]string{
-		{"/usr/local/bin/ollama", "runner", "--model", "/root/.ollama/models/blobs/sha256-6a07", "--port", "40123"},
-		{"/usr/lib/ollama/llama-server", "--model", "/root/.ollama/models/blobs/sha256-6a07", "--port", "40125"},
-		{"/usr/lib/ollama/llama-server", "--list-devices"},
-		{"llama-server", "-m", "model.gguf"},
-	} {
-		fmt.Println(vramguard.ClassifyCommand(argv))
-	}
-	// Output:
-	// ollama runner
-	// ollama runner
-	// ollama discovery
-	// other
 }

@@ -25,7 +25,7 @@ func (g *drainingGPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, er
 	free := g.free
 	g.free = min(g.free+4*gib, 24*gib)
 	return &vramguard.VRAMSnapshot{
-		Source: vramguard.SourceSimulated,
+		Source: "simulated",
 		Taken:  time.Now(),
 		Devices: []vramguard.DeviceMemory{{
 			Index: 0, Name: "example GPU", Total: 24 * gib, Free: free, Used: 24*gib - free,
@@ -71,71 +71,4 @@ func ExampleAwaitFree() {
 	// 10 GiB free
 	// timeout
 	// device 0 has 0 B free of 24.0 GiB, needs 20.0 GiB; held by pid 4242 "/usr/local/bin/ollama runner --port 40000" (ollama runner) 24.0 GiB
-}
-
-func ExampleFindOrphans() {
-	snap, _ := (&drainingGPU{free: 8 << 30}).Snapshot(context.Background())
-
-	// Ollama's /api/ps lists no model, yet a runner holds memory.
-	for _, p := range vramguard.FindOrphans(snap, 0) {
-		fmt.Printf("orphan: pid %d, %d GiB\n", p.PID, p.UsedBytes>>30)
-		// vramguard.KillProcess(p.PID) would end it; the library never does.
-	}
-	// Output:
-	// orphan: pid 4242, 16 GiB
-}
-
-func ExampleClassifyCommand() {
-	fmt.Println(vramguard.ClassifyCommand([]string{"/usr/local/bin/ollama", "serve"}))
-	fmt.Println(vramguard.ClassifyCommand([]string{"/usr/local/bin/ollama", "runner", "--port", "40000"}))
-	fmt.Println(vramguard.ClassifyCommand([]string{"python3", "main.py"}))
-	// Output:
-	// ollama server
-	// ollama runner
-	// other
-}
-
-func ExampleNewAutoReader() {
-	ctx := context.Background()
-	r, err := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{})
-	if err != nil {
-		// No NVML and no nvidia-smi: run without GPU truth.
-		fmt.Println("no GPU reader:", vramguard.KindOf(err))
-		return
-	}
-	defer r.Close() // shuts NVML down when that is what it opened
-	snap, err := r.Snapshot(ctx)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	for _, d := range snap.Devices {
-		fmt.Printf("GPU %d %s: %d MiB free (%s)\n", d.Index, d.Name, d.Free>>20, r.Source())
-	}
-}
-
-func ExampleNewSMIReader() {
-	r, err := vramguard.NewSMIReader(vramguard.ReaderOptions{SMITimeout: 5 * time.Second})
-	if err != nil {
-		fmt.Println(vramguard.KindOf(err)) // unavailable: nvidia-smi is not on PATH
-		return
-	}
-	defer r.Close()
-	snap, err := r.Snapshot(context.Background())
-	if err == nil {
-		fmt.Println(len(snap.Devices), "GPUs")
-	}
-}
-
-func ExampleNewNVMLReader() {
-	r, err := vramguard.NewNVMLReader(vramguard.ReaderOptions{})
-	if err != nil {
-		fmt.Println(vramguard.KindOf(err)) // unavailable: no driver, or a build without cgo
-		return
-	}
-	defer r.Close()
-	snap, err := r.Snapshot(context.Background())
-	if err == nil {
-		fmt.Println(len(snap.Devices), "GPUs")
-	}
 }

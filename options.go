@@ -134,6 +134,7 @@ type Options struct {
 
 	// VRAM, when set, reports device memory in ReleaseVRAM and lets
 	// UnloadModel wait for the GPU to give the memory back (VerifyVRAM).
+	// Package gpu's NewAutoReader returns one for NVIDIA devices.
 	VRAM VRAMReader
 	// Budget, when set, is checked before each load a generation of this
 	// client would cause (see Budget). Needs VRAM.

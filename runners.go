@@ -1,9 +1,7 @@
 package vramguard
 
 import (
-	"cmp"
 	"context"
-	"slices"
 	"strings"
 	"time"
 
@@ -17,126 +15,6 @@ import (
 // names and of manifest digests (the Digest of /api/tags and /api/ps). The
 // bridge is /api/show: the modelfile it returns starts with a `FROM <blob
 // path>` line naming the same weights file.
-
-// NameRunners fills in GPUProcess.Model for the Ollama runners in snap that
-// have a weights blob (GPUProcess.Blob) and no name yet, by asking the
-// server which of its models has those weights. It changes nothing else.
-//
-// It asks /api/ps for the loaded models and /api/show for each of them;
-// only when a runner is still unnamed (a load in flight, which /api/ps
-// does not list yet, or a runner left over from an earlier server) does it
-// go on through every installed model (/api/tags), one /api/show each.
-// Models that share a weights file (tags or copies of one model) share a
-// runner: the name given is the loaded one, else the first in name order.
-// A runner of a model the server does not have keeps an empty Model, and
-// so does one whose model /api/show fails for (removed meanwhile, a broken
-// manifest). A snap with no runner to name costs no request. Nothing is
-// cached: a model re-created under the same name may have other weights,
-// and the requests are few where it matters (loaded models).
-//
-// It fails fast with ErrClosed (KindUnavailable) on a closed client. When
-// ctx is done it returns KindCanceled with context.Cause(ctx); other
-// failures (Ollama down, busy) are classified like every call. Names found
-// before a failure are kept in snap. It writes to snap: call it before
-// sharing snap with other goroutines.
-func (c *OllamaClient) NameRunners(ctx context.Context, snap *VRAMSnapshot) error {
-	const op = "name runners"
-	if err := c.checkOpen(op, ""); err != nil {
-		return err
-	}
-	want := make(map[string]string) // blob -> model name, "" while unknown
-	for _, d := range snapDevices(snap) {
-		for _, p := range d.Processes {
-			if p.Role == RoleOllamaRunner && p.Blob != "" && p.Model == "" {
-				want[p.Blob] = ""
-			}
-		}
-	}
-	if len(want) == 0 {
-		return nil
-	}
-	n := &runnerNamer{c: c, op: op, want: want, left: len(want), tried: make(map[string]bool)}
-	err := n.run(ctx)
-	for i := range snapDevices(snap) {
-		ps := snap.Devices[i].Processes
-		for j := range ps {
-			if name := want[ps[j].Blob]; ps[j].Role == RoleOllamaRunner && ps[j].Model == "" && name != "" {
-				ps[j].Model = name
-			}
-		}
-	}
-	return err
-}
-
-func snapDevices(snap *VRAMSnapshot) []DeviceMemory {
-	if snap == nil {
-		return nil
-	}
-	return snap.Devices
-}
-
-// runnerNamer is one NameRunners call's search.
-type runnerNamer struct {
-	c     *OllamaClient
-	op    string
-	want  map[string]string // blob -> name found
-	left  int               // blobs still without a name
-	tried map[string]bool   // models already shown
-}
-
-func (n *runnerNamer) run(ctx context.Context) error {
-	ps, err := n.c.api.ListRunning(ctx)
-	if err != nil {
-		return n.c.callError(ctx, n.op, "", err)
-	}
-	names := make([]string, 0, len(ps.Models))
-	for _, m := range ps.Models {
-		names = append(names, cmp.Or(m.Name, m.Model))
-	}
-	if err := n.try(ctx, names); err != nil || n.left == 0 {
-		return err
-	}
-	tags, err := n.c.api.List(ctx)
-	if err != nil {
-		return n.c.callError(ctx, n.op, "", err)
-	}
-	names = names[:0]
-	for _, m := range tags.Models {
-		names = append(names, cmp.Or(m.Name, m.Model))
-	}
-	return n.try(ctx, names)
-}
-
-// try shows the models not shown yet, in name order, until every blob has
-// a name.
-func (n *runnerNamer) try(ctx context.Context, names []string) error {
-	slices.Sort(names)
-	for _, name := range names {
-		if n.left == 0 {
-			return nil
-		}
-		if name == "" || n.tried[name] {
-			continue
-		}
-		n.tried[name] = true
-		blob, err := n.c.modelBlob(ctx, n.op, name)
-		switch KindOf(err) {
-		case KindUnknown: // no error
-		case KindNotFound, KindServer, KindInvalidInput:
-			// Removed since it was listed, or broken (a manifest
-			// whose layer is gone): that model's trouble, not the
-			// search's.
-			continue
-		default:
-			return err
-		}
-		if found, ok := n.want[blob]; ok && found == "" {
-			n.want[blob] = name
-			n.left--
-		}
-	}
-	return nil
-}
 
 // ModelBlob returns the digest ("sha256:<hex>") of model's weights file,
 // the blob its runner's command line names (GPUProcess.Blob), as /api/show
@@ -223,7 +101,10 @@ func (c *OllamaClient) callError(ctx context.Context, op, model string, err erro
 
 // Running lists the models the server has loaded (GET /api/ps). Ollama lists
 // a model until its runner is removed, which can be before the GPU has the
-// memory back, and still lists a runner that crashed.
+// memory back, and still lists a runner that crashed. The listing is one
+// whose request went out at or after the call, shared with the client's
+// other callers (its unloads, other Running calls, gpu.NameRunners): at
+// most one request per Options.PollInterval.
 //
 // On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) Running(ctx context.Context) ([]api.ProcessModelResponse, error) {

@@ -1,14 +1,10 @@
 package vramguard
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/ollama/ollama/api"
@@ -145,146 +141,6 @@ func FuzzBlobFromModelfile(f *testing.F) {
 	})
 }
 
-func TestNameRunners(t *testing.T) {
-	runner := func(pid uint32, blob, model string) GPUProcess {
-		return GPUProcess{PID: pid, UsedBytes: 1 << 30, UsedKnown: true, Role: RoleOllamaRunner, Blob: blob, Model: model}
-	}
-	t.Run("loaded, loading, unknown", func(t *testing.T) {
-		_, c, tr := namingSim(t)
-		snap := &VRAMSnapshot{Devices: []DeviceMemory{
-			{Index: 0, Processes: []GPUProcess{
-				runner(1, blobA, ""),     // tiny, loaded: named from /api/ps
-				runner(2, blobB, ""),     // small, loading: not in /api/ps yet
-				runner(3, blobC, ""),     // weights the server does not have
-				runner(4, blobA, "kept"), // already named
-				runner(5, "", ""),        // no blob on its command line
-				{PID: 6, Role: RoleOllamaDiscovery, Blob: blobB},
-				{PID: 7, Role: RoleOther, Blob: blobA},
-			}},
-			{Index: 1, Processes: []GPUProcess{runner(1, blobA, "")}}, // the same runner on a second GPU
-		}}
-		if err := c.NameRunners(t.Context(), snap); err != nil {
-			t.Fatal(err)
-		}
-		var got []string
-		for _, d := range snap.Devices {
-			for _, p := range d.Processes {
-				got = append(got, p.Model)
-			}
-		}
-		want := []string{"tiny:latest", "small:latest", "", "kept", "", "", "", "tiny:latest"}
-		if strings.Join(got, ",") != strings.Join(want, ",") {
-			t.Errorf("models = %q, want %q", got, want)
-		}
-		// /api/ps, one show for tiny, then /api/tags and the rest for B and C.
-		if ps, tags := tr.count("/api/ps"), tr.count("/api/tags"); ps != 1 || tags != 1 {
-			t.Errorf("%d /api/ps and %d /api/tags requests, want 1 each", ps, tags)
-		}
-		if n := tr.count("/api/show"); n != 4 {
-			t.Errorf("%d /api/show requests, want 4 (each model once)", n)
-		}
-	})
-	t.Run("loaded runners need no listing of every model", func(t *testing.T) {
-		_, c, tr := namingSim(t)
-		snap := &VRAMSnapshot{Devices: []DeviceMemory{{Processes: []GPUProcess{runner(1, blobA, "")}}}}
-		if err := c.NameRunners(t.Context(), snap); err != nil {
-			t.Fatal(err)
-		}
-		if m := snap.Devices[0].Processes[0].Model; m != "tiny:latest" {
-			t.Errorf("model %q, want the loaded tiny:latest over its copy", m)
-		}
-		if tr.count("/api/tags") != 0 || tr.count("/api/show") != 1 {
-			t.Errorf("requests %v, want /api/ps and one /api/show", tr.paths)
-		}
-	})
-	t.Run("shared weights, none loaded: first name", func(t *testing.T) {
-		s, c, _ := namingSim(t)
-		if _, err := c.UnloadModel(t.Context(), "tiny"); err != nil {
-			t.Fatal(err)
-		}
-		if s.Listed("tiny") {
-			t.Fatal("tiny still listed")
-		}
-		snap := &VRAMSnapshot{Devices: []DeviceMemory{{Processes: []GPUProcess{runner(1, blobA, "")}}}}
-		if err := c.NameRunners(t.Context(), snap); err != nil {
-			t.Fatal(err)
-		}
-		if m := snap.Devices[0].Processes[0].Model; m != "copy:latest" {
-			t.Errorf("model %q, want copy:latest, first in name order", m)
-		}
-	})
-	t.Run("nothing to name costs no request", func(t *testing.T) {
-		_, c, tr := namingSim(t)
-		before := tr.count("")
-		for _, snap := range []*VRAMSnapshot{nil, {}, {Devices: []DeviceMemory{{Processes: []GPUProcess{runner(1, "", ""), runner(2, blobA, "tiny")}}}}} {
-			if err := c.NameRunners(t.Context(), snap); err != nil {
-				t.Errorf("NameRunners(%+v) = %v", snap, err)
-			}
-		}
-		if n := tr.count("") - before; n != 0 {
-			t.Errorf("%d requests, want none", n)
-		}
-	})
-	t.Run("server down", func(t *testing.T) {
-		s, c, _ := namingSim(t)
-		s.Close()
-		snap := &VRAMSnapshot{Devices: []DeviceMemory{{Processes: []GPUProcess{runner(1, blobA, "")}}}}
-		err := c.NameRunners(t.Context(), snap)
-		if !errors.Is(err, KindUnavailable) && !errors.Is(err, KindTransient) {
-			t.Errorf("got %v (kind %v), want unavailable or transient", err, KindOf(err))
-		}
-		if snap.Devices[0].Processes[0].Model != "" {
-			t.Error("a name without a server")
-		}
-	})
-}
-
-// TestNameRunnersSkipsBrokenModels: a model /api/show fails for does not
-// stop the search; a failure of the server itself does.
-func TestNameRunnersSkipsBrokenModels(t *testing.T) {
-	var busy atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/api/ps":
-			if busy.Load() {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				fmt.Fprint(w, `{"error":"server busy, please try again.  maximum pending requests exceeded"}`)
-				return
-			}
-			fmt.Fprint(w, `{"models":[{"name":"broken:latest","model":"broken:latest"},{"name":"good:latest","model":"good:latest"}]}`)
-		case "/api/show":
-			var req api.ShowRequest
-			_ = json.NewDecoder(r.Body).Decode(&req)
-			if req.Model == "broken:latest" {
-				w.WriteHeader(http.StatusInternalServerError)
-				fmt.Fprint(w, `{"error":"open /root/.ollama/models/blobs/sha256-00: no such file or directory"}`)
-				return
-			}
-			fmt.Fprintf(w, `{"modelfile":"# Modelfile generated by \"ollama show\"\nFROM /m/blobs/sha256-%s\n"}`, runHexA)
-		default:
-			w.WriteHeader(http.StatusNotFound)
-		}
-	}))
-	defer srv.Close()
-	c, err := NewClient(Options{Host: srv.URL, KeepModelsOnClose: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	snap := &VRAMSnapshot{Devices: []DeviceMemory{{Processes: []GPUProcess{{PID: 1, Role: RoleOllamaRunner, Blob: blobA}}}}}
-	if err := c.NameRunners(t.Context(), snap); err != nil {
-		t.Fatal(err)
-	}
-	if m := snap.Devices[0].Processes[0].Model; m != "good:latest" {
-		t.Errorf("model %q, want good:latest past the broken one", m)
-	}
-	busy.Store(true)
-	snap.Devices[0].Processes[0].Model = ""
-	if err := c.NameRunners(t.Context(), snap); !errors.Is(err, KindTransient) {
-		t.Errorf("busy server: %v, want KindTransient", err)
-	}
-}
-
 // TestRunnersClosedClient: a closed client fails fast and sends nothing.
 func TestRunnersClosedClient(t *testing.T) {
 	_, c, tr := namingSim(t)
@@ -292,10 +148,6 @@ func TestRunnersClosedClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := tr.count("")
-	snap := &VRAMSnapshot{Devices: []DeviceMemory{{Processes: []GPUProcess{{PID: 1, Role: RoleOllamaRunner, Blob: blobA}}}}}
-	if err := c.NameRunners(t.Context(), snap); !errors.Is(err, KindUnavailable) || !errors.Is(err, ErrClosed) {
-		t.Errorf("NameRunners on a closed client = %v", err)
-	}
 	if _, err := c.ModelBlob(t.Context(), "tiny"); !errors.Is(err, KindUnavailable) || !errors.Is(err, ErrClosed) {
 		t.Errorf("ModelBlob on a closed client = %v", err)
 	}

@@ -10,26 +10,26 @@ import (
 // reports what the driver says.
 //
 // Implementations must be safe for concurrent use and must honour ctx.
-// The library ships one, DeviceReader, reading through NVML
-// (NewNVMLReader, cgo builds on Linux), nvidia-smi (NewSMIReader) or the
-// better of the two (NewAutoReader). Users plug in their own (ROCm, a
-// remote agent) by implementing this.
+// Package gpu (github.com/vramguard/vramguard/gpu) ships one for NVIDIA
+// devices, reading through NVML or nvidia-smi; it is the only package of
+// the module that needs cgo. Users plug in their own (ROCm, a remote
+// agent) by implementing this.
 type VRAMReader interface {
 	// Snapshot returns the memory of every visible device.
 	Snapshot(ctx context.Context) (*VRAMSnapshot, error)
 }
 
-// Sources named in VRAMSnapshot.Source.
-const (
-	SourceNVML      = "nvml"
-	SourceSMI       = "nvidia-smi"
-	SourceSimulated = "simulated"
-	SourceNone      = "none"
-)
+// SourceNone is the Source of a report made without a VRAM reader
+// (EnsureReport.Source), and what package gpu's DeviceReader.Source
+// returns for a reader that reads nothing (nil or zero).
+const SourceNone = "none"
 
 // VRAMSnapshot is the state of every device at one moment.
 type VRAMSnapshot struct {
-	Source  string // where the figures came from: SourceNVML, SourceSMI, ...
+	// Source names the reader that took the snapshot: package gpu's
+	// readers say "nvml" or "nvidia-smi" (gpu.SourceNVML, gpu.SourceSMI);
+	// other readers name themselves.
+	Source  string
 	Taken   time.Time
 	Devices []DeviceMemory
 }
@@ -110,8 +110,8 @@ type GPUProcess struct {
 	// layer, not the Digest that /api/tags and /api/ps report.
 	Blob string
 	// Model is the name of the model a runner serves, when known: from its
-	// command line (Ollama's MLX runner) or filled in by
-	// OllamaClient.NameRunners. "" otherwise.
+	// command line (Ollama's MLX runner) or filled in by package gpu's
+	// NameRunners. "" otherwise.
 	Model string
 	// Orphaned reports a runner whose parent is not a live `ollama serve`
 	// (after a kill -9 of the server its runners keep running, and their

@@ -1,9 +1,11 @@
 package vramguard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -250,4 +252,34 @@ func vramAwaitEnded(op string, parent, ctx context.Context, device int, need uin
 		vramSortHolders(e.Holders)
 	}
 	return newError(op, "", kind, e)
+}
+
+// vramSortHolders sorts processes by memory, largest first, unknown
+// figures last, then by PID.
+func vramSortHolders(ps []GPUProcess) {
+	slices.SortFunc(ps, func(a, b GPUProcess) int {
+		if a.UsedKnown != b.UsedKnown {
+			if a.UsedKnown {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(b.UsedBytes, a.UsedBytes), cmp.Compare(a.PID, b.PID))
+	})
+}
+
+// vramFormatBytes formats n in binary units for messages.
+func vramFormatBytes(n uint64) string {
+	const (
+		mib = 1 << 20
+		gib = 1 << 30
+	)
+	switch {
+	case n >= gib:
+		return fmt.Sprintf("%.1f GiB", float64(n)/gib)
+	case n >= mib:
+		return fmt.Sprintf("%.1f MiB", float64(n)/mib)
+	default:
+		return fmt.Sprintf("%d B", n)
+	}
 }

@@ -43,7 +43,7 @@ const awaitGiB = 1 << 30
 // and a diffusion process.
 func awaitSnap(free uint64) *VRAMSnapshot {
 	used := 24*awaitGiB - free
-	return &VRAMSnapshot{Source: SourceSimulated, Taken: time.Now(), Devices: []DeviceMemory{{
+	return &VRAMSnapshot{Source: "simulated", Taken: time.Now(), Devices: []DeviceMemory{{
 		Index: 0, Name: "Fake 4090", Total: 24 * awaitGiB, Free: free, Used: used, ProcessesKnown: true,
 		Processes: []GPUProcess{
 			{PID: 300, UsedBytes: 2 * awaitGiB, UsedKnown: true, Command: "/opt/ComfyUI/venv/bin/python main.py", Role: RoleOther},
@@ -231,7 +231,7 @@ func TestAwaitFreeProcessesUnknown(t *testing.T) {
 func TestAwaitFreeValidation(t *testing.T) {
 	good := newVRAMFakeReader(func(int, time.Duration) (*VRAMSnapshot, error) { return awaitSnap(awaitGiB), nil })
 	noFigures := newVRAMFakeReader(func(int, time.Duration) (*VRAMSnapshot, error) {
-		return &VRAMSnapshot{Source: SourceSMI, Devices: []DeviceMemory{{Index: 0}}}, nil
+		return &VRAMSnapshot{Source: "nvidia-smi", Devices: []DeviceMemory{{Index: 0}}}, nil
 	})
 	tests := []struct {
 		name string
@@ -257,5 +257,45 @@ func TestAwaitFreeValidation(t *testing.T) {
 				t.Errorf("err = %v, want %v containing %q", err, tt.kind, tt.msg)
 			}
 		})
+	}
+}
+
+func TestAttrDescribeHolder(t *testing.T) {
+	runner := GPUProcess{PID: 4242, UsedBytes: 5 << 30, UsedKnown: true, Role: RoleOllamaRunner,
+		Command: "/usr/lib/ollama/llama-server --model /root/.ollama/models/blobs/sha256-" + "6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"}
+	tests := []struct {
+		name string
+		mod  func(*GPUProcess)
+		want string
+	}{
+		{"unnamed", func(*GPUProcess) {},
+			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner) 5.0 GiB`},
+		{"named", func(p *GPUProcess) { p.Model = "tiny-a" },
+			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner, model tiny-a) 5.0 GiB`},
+		{"named orphan", func(p *GPUProcess) { p.Model, p.Orphaned = "user/tiny:q4", true },
+			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner, model user/tiny:q4, orphaned) 5.0 GiB`},
+		{"odd name from argv", func(p *GPUProcess) { p.Model, p.Command = "a b\n", "" },
+			`pid 4242 (ollama runner, model "a b\n") 5.0 GiB`},
+		{"discovery", func(p *GPUProcess) {
+			p.Role, p.Command, p.UsedKnown, p.UsedBytes = RoleOllamaDiscovery, "llama-server --list-devices", false, 0
+		},
+			`pid 4242 "llama-server --list-devices" (ollama discovery) memory unknown`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := runner
+			tt.mod(&p)
+			if got := vramDescribeHolder(p); got != tt.want {
+				t.Errorf("got  %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestAttrFormatBytes(t *testing.T) {
+	for n, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1 << 20: "1.0 MiB", 5 << 29: "2.5 GiB"} {
+		if got := vramFormatBytes(n); got != want {
+			t.Errorf("vramFormatBytes(%d) = %q, want %q", n, got, want)
+		}
 	}
 }

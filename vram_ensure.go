@@ -43,7 +43,10 @@ type EnsureReport struct {
 	Elapsed    time.Duration
 }
 
-// Freed returns the rise in free memory on the device.
+// Freed returns the rise in free memory on the device EnsureFree was asked
+// about (EnsureRequest.Device), FreeAfter minus FreeBefore: from before the
+// unloads to the end of the wait. Release.FreedAllDevices measures only
+// the release functions' run, summed over every device.
 func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeBefore) }
 
 // EnsureFree makes room for a load of req.Bytes (plus req.Reserve) on

@@ -121,7 +121,7 @@ func TestEnsureFree(t *testing.T) {
 				}
 			}
 			if tt.wantErr == 0 {
-				if rep.FreeAfter < tt.need || rep.Source != vramguard.SourceSimulated {
+				if rep.FreeAfter < tt.need || rep.Source != simvram.Source {
 					t.Errorf("free after %d, source %s", rep.FreeAfter, rep.Source)
 				}
 				// The orchestrator's load now succeeds.

@@ -9,7 +9,7 @@
 #      unload plus AwaitFree, each timed against a 10 ms NVML poll of the
 #      driver (median, p95, max of the time from the unload to the memory
 #      being free), and whether the memory was free when each call returned;
-#   4. attribution: the holder named with its PID and model (NameRunners).
+#   4. attribution: the holder named with its PID and model (gpu.NameRunners).
 # Without a GPU it runs the same plumbing on the CPU path (server, stand-in,
 # one round per mode) and reports "no NVIDIA GPU: skipped".
 #

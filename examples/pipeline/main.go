@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/gpu"
 	"github.com/vramguard/vramguard/nodes"
 )
 
@@ -120,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			cfg.model = simModel
 		}
 	} else {
-		r, rerr := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{})
+		r, rerr := gpu.NewAutoReader(ctx, gpu.ReaderOptions{})
 		if rerr == nil {
 			defer r.Close() // shuts NVML down
 			reader = r      // only on success: a nil *DeviceReader would be a non-nil VRAMReader
@@ -356,7 +357,7 @@ func writeFile(path string, fn func(io.Writer) error) error {
 	return f.Close()
 }
 
-func readerName(r *vramguard.DeviceReader, err error) string {
+func readerName(r *gpu.DeviceReader, err error) string {
 	if err != nil {
 		return "nowhere (no GPU reader: " + shortErr(err) + ")"
 	}

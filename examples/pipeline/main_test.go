@@ -14,7 +14,7 @@ import (
 	"github.com/ollama/ollama/api"
 	"go.uber.org/goleak"
 
-	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/gpu"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
@@ -167,7 +167,7 @@ func TestPipelineUsage(t *testing.T) {
 // machine without a GPU reader, the pipeline neither fails its hand-over
 // nor unloads another program's model.
 func TestPipelineWithoutGPUReader(t *testing.T) {
-	if r, err := vramguard.NewAutoReader(t.Context(), vramguard.ReaderOptions{}); err == nil {
+	if r, err := gpu.NewAutoReader(t.Context(), gpu.ReaderOptions{}); err == nil {
 		r.Close()
 		t.Skipf("this machine has a GPU reader (%s)", r.Source())
 	}

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/gpu"
 )
 
 func main() {
@@ -58,7 +59,7 @@ type cmd struct {
 	getenv         func(string) string
 	tty            bool // stdout is a terminal: redraw in place
 	// newReader opens a GPU reader of the caller's (tests); nil means
-	// vramguard.NewAutoReader, closed when run returns.
+	// gpu.NewAutoReader, closed when run returns.
 	newReader func(context.Context) (vramguard.VRAMReader, error)
 }
 
@@ -149,7 +150,7 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 	w := &watcher{ollama: client, host: host, timeout: max(cfg.interval, 5*time.Second)}
 	if c.newReader != nil {
 		w.gpu, w.gpuErr = c.newReader(ctx)
-	} else if r, rerr := vramguard.NewAutoReader(ctx, vramguard.ReaderOptions{}); rerr != nil {
+	} else if r, rerr := gpu.NewAutoReader(ctx, gpu.ReaderOptions{}); rerr != nil {
 		w.gpuErr = rerr // w.gpu stays a nil interface, not a nil *DeviceReader
 	} else {
 		w.gpu = r

@@ -78,19 +78,19 @@ var (
 	noGPU        = &vramguard.Error{Op: "new auto reader", Kind: vramguard.KindUnavailable, Err: errors.New("no GPU reader: nvml: library not found; nvidia-smi: not found")}
 )
 
-// gpu is how a test case gets its GPU reader.
-type gpu int
+// gpuKind is how a test case gets its GPU reader.
+type gpuKind int
 
 const (
-	gpuSim    gpu = iota // simvram over the test's simulator
-	gpuNone              // NewAutoReader's error
-	gpuOrphan            // a runner holding memory, and another process
-	gpuOther             // another process only
-	gpuNamed             // llama-server runners of tiny and small, and a discovery probe
-	gpuGone              // a runner of small whose server was killed, and one of tiny
+	gpuSim    gpuKind = iota // simvram over the test's simulator
+	gpuNone                  // NewAutoReader's error
+	gpuOrphan                // a runner holding memory, and another process
+	gpuOther                 // another process only
+	gpuNamed                 // llama-server runners of tiny and small, and a discovery probe
+	gpuGone                  // a runner of small whose server was killed, and one of tiny
 )
 
-func (g gpu) open(s *sim.Server) func(context.Context) (vramguard.VRAMReader, error) {
+func (g gpuKind) open(s *sim.Server) func(context.Context) (vramguard.VRAMReader, error) {
 	return func(context.Context) (vramguard.VRAMReader, error) {
 		switch g {
 		case gpuSim:
@@ -110,7 +110,7 @@ func (g gpu) open(s *sim.Server) func(context.Context) (vramguard.VRAMReader, er
 
 // invoke runs the command and returns its exit status, stdout and stderr;
 // the host in stdout is replaced by HOST.
-func invoke(ctx context.Context, t *testing.T, s *sim.Server, g gpu, stdout *safeBuffer, tty bool, args ...string) (code int, out, errOut string) {
+func invoke(ctx context.Context, t *testing.T, s *sim.Server, g gpuKind, stdout *safeBuffer, tty bool, args ...string) (code int, out, errOut string) {
 	t.Helper()
 	if stdout == nil {
 		stdout = &safeBuffer{}
@@ -126,7 +126,7 @@ func TestOnce(t *testing.T) {
 		name    string
 		loaded  []string
 		reserve uint64 // bytes another process holds on the simulated GPU
-		gpu     gpu
+		gpu     gpuKind
 		down    bool // Ollama does not answer
 		code    int
 		want    string   // the whole output, when set
@@ -276,13 +276,13 @@ func TestJSON(t *testing.T) {
 	tests := []struct {
 		name   string
 		loaded []string
-		gpu    gpu
+		gpu    gpuKind
 		check  func(t *testing.T, r *report)
 	}{
 		{
 			name: "one model", loaded: []string{"tiny"},
 			check: func(t *testing.T, r *report) {
-				if r.GPU == nil || r.GPU.Source != vramguard.SourceSimulated || len(r.GPU.Devices) != 1 || len(r.GPU.Devices[0].Processes) != 1 {
+				if r.GPU == nil || r.GPU.Source != simvram.Source || len(r.GPU.Devices) != 1 || len(r.GPU.Devices[0].Processes) != 1 {
 					t.Fatalf("gpu = %+v, want one simulated device with one process", r.GPU)
 				}
 				if r.Ollama == nil || len(r.Ollama.Models) != 1 {

@@ -15,6 +15,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/gpu"
 )
 
 // watcher reads both sides of the GPU.
@@ -92,11 +93,11 @@ type runner struct {
 	UsedBytes uint64 `json:"used_bytes"`
 	UsedKnown bool   `json:"used_known"`
 	// Model is the model it serves, when that is certain: named through
-	// its weights blob (OllamaClient.NameRunners), or the only model
+	// its weights blob (gpu.NameRunners), or the only model
 	// listed next to the only runner.
 	Model string `json:"model,omitempty"`
 	// Orphan: no live Ollama server will free its memory
-	// (vramguard.FindOrphans): its server is gone (ServerGone), or Ollama
+	// (gpu.FindOrphans): its server is gone (ServerGone), or Ollama
 	// lists no model at all.
 	Orphan     bool `json:"orphan"`
 	ServerGone bool `json:"server_gone,omitempty"`
@@ -131,7 +132,7 @@ func (w *watcher) collect(ctx context.Context) *report {
 	} else {
 		rep.Ollama = &ollamaReport{Host: w.host, Models: modelsOf(ps)}
 		// Runners name weights blobs; the server knows whose they are.
-		if err := w.ollama.NameRunners(octx, snap); err != nil {
+		if err := gpu.NameRunners(octx, w.ollama, snap); err != nil {
 			rep.NamesError = "runners not named: " + trim(err)
 		}
 	}
@@ -142,7 +143,7 @@ func (w *watcher) collect(ctx context.Context) *report {
 		loaded = len(rep.Ollama.Models)
 		linkModels(rep.Ollama.Models, rep.Runners)
 	}
-	for _, o := range vramguard.FindOrphans(snap, loaded) {
+	for _, o := range gpu.FindOrphans(snap, loaded) {
 		if i := slices.IndexFunc(rep.Runners, func(r runner) bool { return r.PID == o.PID }); i >= 0 {
 			rep.Runners[i].Orphan = true
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/gpu"
 	"github.com/vramguard/vramguard/internal/procs"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 )
@@ -86,7 +87,7 @@ func watchLoads(t *testing.T, s *ollamatest.Server) (stop func() int) {
 	return func() int {
 		n := 0
 		for _, p := range stopProcs() {
-			if p.ppid == s.PID() && vramguard.ClassifyCommand(p.args) == vramguard.RoleOllamaRunner {
+			if p.ppid == s.PID() && gpu.ClassifyCommand(p.args) == vramguard.RoleOllamaRunner {
 				n++
 			}
 		}
@@ -131,7 +132,7 @@ func TestRunnerProcessesClassified(t *testing.T) {
 					continue // another server's (tests of other packages may run)
 				}
 				args := p.args
-				role := vramguard.ClassifyCommand(args)
+				role := gpu.ClassifyCommand(args)
 				info := procs.Classify(args)
 				t.Logf("ollama %s: %s -> %v (%v)", v, strings.Join(args, " "), role, info.Generation)
 				switch {
@@ -165,7 +166,7 @@ func TestRunnerProcessesClassified(t *testing.T) {
 				for _, e := range evs {
 					if e.Event == "start" && !slices.Contains(e.Args, "--model") {
 						starts++
-						if role := vramguard.ClassifyCommand(append([]string{"llama-server"}, e.Args...)); role != vramguard.RoleOllamaDiscovery {
+						if role := gpu.ClassifyCommand(append([]string{"llama-server"}, e.Args...)); role != vramguard.RoleOllamaDiscovery {
 							t.Errorf("discovery start %q: role %v", e.Args, role)
 						}
 					}

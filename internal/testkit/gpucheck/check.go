@@ -14,6 +14,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/gpu"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 	"github.com/vramguard/vramguard/internal/testkit/standin"
 )
@@ -43,8 +44,8 @@ type checker struct {
 	rep      *report
 	deadline time.Time
 	gpu      bool
-	nvml     *vramguard.DeviceReader // nil without a GPU
-	smi      *vramguard.DeviceReader
+	nvml     *gpu.DeviceReader // nil without a GPU
+	smi      *gpu.DeviceReader
 	srv      *ollamatest.Server
 	client   *vramguard.OllamaClient
 }
@@ -129,7 +130,7 @@ func (c *checker) detect(ctx context.Context) error {
 		return nil
 	}
 	var reasons []string
-	nv, err := vramguard.NewNVMLReader(vramguard.ReaderOptions{})
+	nv, err := gpu.NewNVMLReader(gpu.ReaderOptions{})
 	if err == nil {
 		var snap *vramguard.VRAMSnapshot
 		if snap, err = nv.Snapshot(ctx); err == nil && len(snap.Devices) == 0 {
@@ -144,7 +145,7 @@ func (c *checker) detect(ctx context.Context) error {
 	} else {
 		c.nvml = nv
 	}
-	sr, err := vramguard.NewSMIReader(vramguard.ReaderOptions{SMIPath: c.cfg.SMI, SMITimeout: 20 * time.Second})
+	sr, err := gpu.NewSMIReader(gpu.ReaderOptions{SMIPath: c.cfg.SMI, SMITimeout: 20 * time.Second})
 	if err == nil {
 		var snap *vramguard.VRAMSnapshot
 		if snap, err = sr.Snapshot(ctx); err == nil && len(snap.Devices) == 0 {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/gpu"
 )
 
 // findProcess returns the device and process entry of pid in snap.
@@ -97,7 +98,7 @@ func (c *checker) gpuRound(ctx context.Context, r *round) {
 		r.Err = err.Error()
 		return
 	}
-	if err := c.client.NameRunners(ctx, snap); err != nil {
+	if err := gpu.NameRunners(ctx, c.client, snap); err != nil {
 		r.Err = "NameRunners: " + err.Error()
 		return
 	}

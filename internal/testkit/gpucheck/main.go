@@ -5,7 +5,7 @@
 // and over many rounds unloads that runner with UnloadModel (VerifyVRAM),
 // EnsureFree and a plain unload followed by AwaitFree, timing each against
 // a 10 ms NVML poll of its own and naming the holder (PID and model) through
-// NameRunners. It writes gpucheck.json and gpucheck.txt to -out.
+// gpu.NameRunners. It writes gpucheck.json and gpucheck.txt to -out.
 //
 // It needs no Go at run time: scripts/gpu-build.sh builds it, the stand-in
 // (with cgo, for the CUDA driver API) and copies the cached Ollama binary;

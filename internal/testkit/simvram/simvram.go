@@ -11,6 +11,9 @@ import (
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
+// Source is the Source of the snapshots a Reader takes.
+const Source = "simulated"
+
 // Reader reads a simulated GPU. It is safe for concurrent use.
 type Reader struct {
 	S *sim.Server
@@ -44,5 +47,5 @@ func (r *Reader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) 
 		}
 		d.Processes = append(d.Processes, p)
 	}
-	return &vramguard.VRAMSnapshot{Source: vramguard.SourceSimulated, Taken: time.Now(), Devices: []vramguard.DeviceMemory{d}}, nil
+	return &vramguard.VRAMSnapshot{Source: Source, Taken: time.Now(), Devices: []vramguard.DeviceMemory{d}}, nil
 }

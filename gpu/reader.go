@@ -1,4 +1,4 @@
-package vramguard
+package gpu
 
 import (
 	"context"
@@ -7,6 +7,15 @@ import (
 	"io"
 	"sync/atomic"
 	"time"
+
+	"github.com/vramguard/vramguard"
+)
+
+// The sources a DeviceReader names in vramguard.VRAMSnapshot.Source and
+// returns from Source.
+const (
+	SourceNVML = "nvml"       // read through NVML: NewNVMLReader
+	SourceSMI  = "nvidia-smi" // read by running nvidia-smi: NewSMIReader
 )
 
 // ReaderOptions configures NewNVMLReader, NewSMIReader and NewAutoReader.
@@ -39,26 +48,28 @@ func (o ReaderOptions) validate(op string) error {
 	return nil
 }
 
-// DeviceReader is the VRAMReader the library ships, reading devices and
-// their processes through NVML or nvidia-smi (Source says which). Every
-// constructor returns one: close it without asking which it got.
+// DeviceReader is the vramguard.VRAMReader the library ships, reading
+// devices and their processes through NVML or nvidia-smi (Source says
+// which). Every constructor returns one: close it without asking which it
+// got.
 //
 // It is safe for concurrent use. A nil or zero DeviceReader is not usable:
-// Snapshot returns KindUnavailable, Close nil and Source SourceNone.
+// Snapshot returns KindUnavailable, Close nil and Source
+// vramguard.SourceNone.
 type DeviceReader struct {
-	src    vramSource // nil in the zero value
+	src    source // nil in the zero value
 	closed atomic.Bool
 }
 
 var (
-	_ VRAMReader = (*DeviceReader)(nil)
-	_ io.Closer  = (*DeviceReader)(nil)
+	_ vramguard.VRAMReader = (*DeviceReader)(nil)
+	_ io.Closer            = (*DeviceReader)(nil)
 )
 
-// vramSource is one way of reading the GPU: NVML or nvidia-smi.
-type vramSource interface {
+// source is one way of reading the GPU: NVML or nvidia-smi.
+type source interface {
 	name() string // SourceNVML or SourceSMI
-	snapshot(ctx context.Context) (*VRAMSnapshot, error)
+	snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error)
 	close() error
 }
 
@@ -73,13 +84,13 @@ var errReaderClosed = errors.New("reader closed")
 // leaves ProcessesKnown false; nvidia-smi lists compute processes only.
 // Through NVML, Used includes memory the driver reserves, so Free+Used is
 // Total.
-func (r *DeviceReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
+func (r *DeviceReader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
 	if r == nil || r.src == nil {
-		return nil, newError("vram snapshot", "", KindUnavailable,
+		return nil, newError("vram snapshot", "", vramguard.KindUnavailable,
 			errors.New("reader not made by NewNVMLReader, NewSMIReader or NewAutoReader"))
 	}
 	if r.closed.Load() {
-		return nil, newError(r.src.name()+" snapshot", "", KindUnavailable, errReaderClosed)
+		return nil, newError(r.src.name()+" snapshot", "", vramguard.KindUnavailable, errReaderClosed)
 	}
 	return r.src.snapshot(ctx)
 }
@@ -96,10 +107,10 @@ func (r *DeviceReader) Close() error {
 }
 
 // Source returns SourceNVML or SourceSMI, as its snapshots say;
-// SourceNone for a nil or zero reader.
+// vramguard.SourceNone for a nil or zero reader.
 func (r *DeviceReader) Source() string {
 	if r == nil || r.src == nil {
-		return SourceNone
+		return vramguard.SourceNone
 	}
 	return r.src.name()
 }
@@ -132,7 +143,7 @@ func newAutoReader(ctx context.Context, opts ReaderOptions, openNVML func(Reader
 		}
 	}
 	if ctx.Err() != nil {
-		return nil, newError(op, "", KindCanceled, context.Cause(ctx))
+		return nil, newError(op, "", vramguard.KindCanceled, context.Cause(ctx))
 	}
-	return nil, newError(op, "", KindUnavailable, fmt.Errorf("no GPU reader: nvml: %w; nvidia-smi: %w", nerr, serr))
+	return nil, newError(op, "", vramguard.KindUnavailable, fmt.Errorf("no GPU reader: nvml: %w; nvidia-smi: %w", nerr, serr))
 }

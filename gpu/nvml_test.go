@@ -1,6 +1,6 @@
 //go:build linux && cgo
 
-package vramguard
+package gpu
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/nvmlglue/nvmltest"
 )
 
@@ -25,7 +26,7 @@ func TestNVMLReaderNoLibrary(t *testing.T) {
 	if r != nil {
 		t.Fatal("got a reader")
 	}
-	if !errors.Is(err, KindUnavailable) || !errors.Is(err, nvml.ERROR_LIBRARY_NOT_FOUND) {
+	if !errors.Is(err, vramguard.KindUnavailable) || !errors.Is(err, nvml.ERROR_LIBRARY_NOT_FOUND) {
 		t.Fatalf("err = %v, want KindUnavailable wrapping ERROR_LIBRARY_NOT_FOUND", err)
 	}
 	if n := len(lib.InitCalls()); n != 1 {
@@ -36,13 +37,13 @@ func TestNVMLReaderNoLibrary(t *testing.T) {
 func TestNVMLReaderInitFailure(t *testing.T) {
 	lib := nvmltest.Machine{InitRet: nvml.ERROR_NO_PERMISSION}.Interface()
 	_, err := NewNVMLReaderFrom(lib, ReaderOptions{})
-	if !errors.Is(err, KindUnavailable) || !errors.Is(err, nvml.ERROR_NO_PERMISSION) {
+	if !errors.Is(err, vramguard.KindUnavailable) || !errors.Is(err, nvml.ERROR_NO_PERMISSION) {
 		t.Fatalf("err = %v", err)
 	}
 	if n := len(lib.ShutdownCalls()) + len(lib.ExtensionsCalls()); n != 0 {
 		t.Errorf("%d calls after a failed Init", n)
 	}
-	if _, err := NewNVMLReaderFrom(nil, ReaderOptions{}); !errors.Is(err, KindInvalidInput) {
+	if _, err := NewNVMLReaderFrom(nil, ReaderOptions{}); !errors.Is(err, vramguard.KindInvalidInput) {
 		t.Errorf("nil interface: %v", err)
 	}
 }
@@ -52,7 +53,7 @@ func TestNVMLReaderInitFailure(t *testing.T) {
 func TestNVMLReaderSystem(t *testing.T) {
 	r, err := NewNVMLReader(ReaderOptions{})
 	if err != nil {
-		if !errors.Is(err, KindUnavailable) {
+		if !errors.Is(err, vramguard.KindUnavailable) {
 			t.Fatalf("err = %v, want KindUnavailable", err)
 		}
 		var ret nvml.Return
@@ -88,7 +89,7 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 	tests := []struct {
 		name    string
 		machine nvmltest.Machine
-		check   func(t *testing.T, s *VRAMSnapshot)
+		check   func(t *testing.T, s *vramguard.VRAMSnapshot)
 	}{
 		{
 			name: "several GPUs with processes",
@@ -97,7 +98,7 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 					Compute: []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 5 * testGiB}, {Pid: 102, UsedGpuMemory: 12 * testGiB}}},
 				{Name: "NVIDIA GeForce RTX 3060", UUID: "GPU-b", Total: 12 * testGiB, Free: 12 * testGiB},
 			}},
-			check: func(t *testing.T, s *VRAMSnapshot) {
+			check: func(t *testing.T, s *vramguard.VRAMSnapshot) {
 				if s.Source != SourceNVML || len(s.Devices) != 2 || s.Taken.IsZero() {
 					t.Fatalf("snapshot %+v", s)
 				}
@@ -105,9 +106,9 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 				if d.Name != "NVIDIA GeForce RTX 4090" || d.UUID != "GPU-a" || d.Free != 6*testGiB || !d.ProcessesKnown {
 					t.Errorf("device 0 = %+v", d)
 				}
-				want := []GPUProcess{
-					{PID: 100, UsedBytes: 5 * testGiB, UsedKnown: true, Command: "/usr/local/bin/ollama runner --model /blobs/sha256-1 --port 40001", Role: RoleOllamaRunner},
-					{PID: 102, UsedBytes: 12 * testGiB, UsedKnown: true, Command: "/opt/ComfyUI/venv/bin/python main.py", Role: RoleOther},
+				want := []vramguard.GPUProcess{
+					{PID: 100, UsedBytes: 5 * testGiB, UsedKnown: true, Command: "/usr/local/bin/ollama runner --model /blobs/sha256-1 --port 40001", Role: vramguard.RoleOllamaRunner},
+					{PID: 102, UsedBytes: 12 * testGiB, UsedKnown: true, Command: "/opt/ComfyUI/venv/bin/python main.py", Role: vramguard.RoleOther},
 				}
 				if fmt.Sprint(d.Processes) != fmt.Sprint(want) {
 					t.Errorf("processes =\n%+v\nwant\n%+v", d.Processes, want)
@@ -122,12 +123,12 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 			machine: nvmltest.Machine{GPUs: []nvmltest.GPU{
 				{Total: 8 * testGiB, Compute: []nvml.ProcessInfo{{Pid: 101, UsedGpuMemory: unknown}, {Pid: 4242, UsedGpuMemory: testGiB}}},
 			}},
-			check: func(t *testing.T, s *VRAMSnapshot) {
+			check: func(t *testing.T, s *vramguard.VRAMSnapshot) {
 				p := s.Devices[0].Processes
-				if len(p) != 2 || p[0].UsedKnown || p[0].UsedBytes != 0 || p[0].Role != RoleOllamaServer {
+				if len(p) != 2 || p[0].UsedKnown || p[0].UsedBytes != 0 || p[0].Role != vramguard.RoleOllamaServer {
 					t.Errorf("unknown memory: %+v", p)
 				}
-				if p[1].Command != "" || p[1].Role != RoleUnknown {
+				if p[1].Command != "" || p[1].Role != vramguard.RoleUnknown {
 					t.Errorf("invisible process: %+v", p[1])
 				}
 			},
@@ -137,7 +138,7 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 			machine: nvmltest.Machine{HasMemoryInfoV2: true, GPUs: []nvmltest.GPU{
 				{Total: 24 * testGiB, Free: 20 * testGiB, Used: 3 * testGiB, Reserved: testGiB},
 			}},
-			check: func(t *testing.T, s *VRAMSnapshot) {
+			check: func(t *testing.T, s *vramguard.VRAMSnapshot) {
 				if d := s.Devices[0]; d.Used != 4*testGiB || d.Free != 20*testGiB {
 					t.Errorf("device = %+v", d)
 				}
@@ -148,7 +149,7 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 			machine: nvmltest.Machine{GPUs: []nvmltest.GPU{ // GetMemoryInfo_v2 would panic
 				{Total: 24 * testGiB, Free: 20 * testGiB, Used: 3 * testGiB, Reserved: testGiB},
 			}},
-			check: func(t *testing.T, s *VRAMSnapshot) {
+			check: func(t *testing.T, s *vramguard.VRAMSnapshot) {
 				if d := s.Devices[0]; d.Used != 4*testGiB || d.Free != 20*testGiB {
 					t.Errorf("device = %+v", d)
 				}
@@ -162,7 +163,7 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 					{Pid: 102, UsedGpuMemory: 1 << 60}, {Pid: 100, UsedGpuMemory: 5},
 				}},
 			}},
-			check: func(t *testing.T, s *VRAMSnapshot) {
+			check: func(t *testing.T, s *vramguard.VRAMSnapshot) {
 				if p := s.Devices[0].Processes; len(p) != 1 || p[0].PID != 100 || p[0].UsedBytes != testGiB {
 					t.Errorf("processes = %+v", p)
 				}
@@ -171,7 +172,7 @@ func TestNVMLReaderSnapshot(t *testing.T) {
 		{
 			name:    "processes not supported",
 			machine: nvmltest.Machine{GPUs: []nvmltest.GPU{{Total: testGiB, ComputeRet: nvml.ERROR_NOT_SUPPORTED}}},
-			check: func(t *testing.T, s *VRAMSnapshot) {
+			check: func(t *testing.T, s *vramguard.VRAMSnapshot) {
 				if d := s.Devices[0]; d.ProcessesKnown || d.Processes != nil {
 					t.Errorf("device = %+v", d)
 				}
@@ -207,13 +208,13 @@ func TestNVMLReaderErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) || !errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
+	if _, err := r.Snapshot(t.Context()); !errors.Is(err, vramguard.KindUnavailable) || !errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
 		t.Errorf("lost GPU: %v", err)
 	}
 	cause := errors.New("shutting down")
 	ctx, cancel := context.WithCancelCause(t.Context())
 	cancel(cause)
-	if _, err := r.Snapshot(ctx); !errors.Is(err, KindCanceled) || !errors.Is(err, cause) {
+	if _, err := r.Snapshot(ctx); !errors.Is(err, vramguard.KindCanceled) || !errors.Is(err, cause) {
 		t.Errorf("canceled: %v", err)
 	}
 }
@@ -230,7 +231,7 @@ func TestNVMLReaderClose(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Errorf("second Close = %v", err)
 	}
-	if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) || !strings.Contains(err.Error(), "closed") {
+	if _, err := r.Snapshot(t.Context()); !errors.Is(err, vramguard.KindUnavailable) || !strings.Contains(err.Error(), "closed") {
 		t.Errorf("Snapshot after Close = %v", err)
 	}
 	if n := len(lib.ShutdownCalls()); n != 1 {
@@ -268,7 +269,7 @@ func TestAutoReaderNVMLClose(t *testing.T) {
 	if n := len(lib.ShutdownCalls()); n != 1 {
 		t.Errorf("Shutdown calls = %d, want 1", n)
 	}
-	if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) {
+	if _, err := r.Snapshot(t.Context()); !errors.Is(err, vramguard.KindUnavailable) {
 		t.Errorf("Snapshot after Close = %v", err)
 	}
 	if n := len(lib.DeviceGetCountCalls()); n != 1 {

@@ -1,4 +1,4 @@
-package vramguard
+package gpu
 
 import (
 	"cmp"
@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/procs"
 )
 
@@ -31,24 +32,25 @@ import (
 //   - RoleOther for anything else: the ollama CLI client, and a user's own
 //     llama-server serving a .gguf file of theirs.
 //
-// It is exported for VRAMReader implementations of other vendors.
-func ClassifyCommand(args []string) ProcessRole {
+// It is exported for vramguard.VRAMReader implementations of other
+// vendors.
+func ClassifyCommand(args []string) vramguard.ProcessRole {
 	return roleOf(procs.Classify(args).Role)
 }
 
 // roleOf maps the roles of internal/procs to the public ones.
-func roleOf(r procs.Role) ProcessRole {
+func roleOf(r procs.Role) vramguard.ProcessRole {
 	switch r {
 	case procs.RoleServer:
-		return RoleOllamaServer
+		return vramguard.RoleOllamaServer
 	case procs.RoleRunner:
-		return RoleOllamaRunner
+		return vramguard.RoleOllamaRunner
 	case procs.RoleDiscovery:
-		return RoleOllamaDiscovery
+		return vramguard.RoleOllamaDiscovery
 	case procs.RoleOther, procs.RoleClient:
-		return RoleOther
+		return vramguard.RoleOther
 	}
-	return RoleUnknown
+	return vramguard.RoleUnknown
 }
 
 // FindOrphans returns the Ollama runners in snap that hold GPU memory no
@@ -60,7 +62,7 @@ func roleOf(r procs.Role) ProcessRole {
 // every device reported it. The result is sorted by memory, largest first.
 //
 // With loaded > 0 a runner whose server is alive is never reported, even
-// if there are more runners than models: use OllamaClient.NameRunners to
+// if there are more runners than models: use NameRunners to
 // see which model each serves. Discovery processes (RoleOllamaDiscovery)
 // and processes whose command is not visible (RoleUnknown) are never
 // reported. After a runner crash /api/ps may still list the dead model;
@@ -69,27 +71,27 @@ func roleOf(r procs.Role) ProcessRole {
 // lists a model only once its load has ended.
 //
 // FindOrphans only reports; killing is up to the caller (KillProcess).
-func FindOrphans(snap *VRAMSnapshot, loaded int) []GPUProcess {
+func FindOrphans(snap *vramguard.VRAMSnapshot, loaded int) []vramguard.GPUProcess {
 	if snap == nil {
 		return nil
 	}
-	var out []GPUProcess
+	var out []vramguard.GPUProcess
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
-			if p.Role != RoleOllamaRunner || (p.UsedKnown && p.UsedBytes == 0) || (loaded > 0 && !p.Orphaned) {
+			if p.Role != vramguard.RoleOllamaRunner || (p.UsedKnown && p.UsedBytes == 0) || (loaded > 0 && !p.Orphaned) {
 				continue
 			}
-			i := slices.IndexFunc(out, func(q GPUProcess) bool { return q.PID == p.PID })
+			i := slices.IndexFunc(out, func(q vramguard.GPUProcess) bool { return q.PID == p.PID })
 			if i < 0 {
 				out = append(out, p)
 				continue
 			}
-			out[i].UsedBytes = vramSatAdd(out[i].UsedBytes, p.UsedBytes)
+			out[i].UsedBytes = satAdd(out[i].UsedBytes, p.UsedBytes)
 			out[i].UsedKnown = out[i].UsedKnown && p.UsedKnown
 			out[i].Orphaned = out[i].Orphaned || p.Orphaned
 		}
 	}
-	vramSortHolders(out)
+	sortHolders(out)
 	return out
 }
 
@@ -122,21 +124,21 @@ func KillProcess(pid uint32) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, os.ErrProcessDone):
-		return newError(op, "", KindNotFound, fmt.Errorf("pid %d: %w", pid, err))
+		return newError(op, "", vramguard.KindNotFound, fmt.Errorf("pid %d: %w", pid, err))
 	default:
-		return newError(op, "", KindUnavailable, fmt.Errorf("pid %d: %w", pid, err))
+		return newError(op, "", vramguard.KindUnavailable, fmt.Errorf("pid %d: %w", pid, err))
 	}
 }
 
-// vramInitPIDNamespace is the inode of the initial PID namespace
+// initPIDNamespace is the inode of the initial PID namespace
 // (PROC_PID_INIT_INO), fixed since Linux 3.8.
-const vramInitPIDNamespace = "pid:[4026531836]"
+const initPIDNamespace = "pid:[4026531836]"
 
-// vramCmdlineMax bounds how much of a command line is read.
-const vramCmdlineMax = procs.MaxArgsBytes
+// cmdlineMax bounds how much of a command line is read.
+const cmdlineMax = procs.MaxArgsBytes
 
-// vramProcFS reads command lines of GPU processes from procfs.
-type vramProcFS struct {
+// procFS reads command lines of GPU processes from procfs.
+type procFS struct {
 	root string
 	// off is set when this program runs in a child PID namespace (a
 	// container without --pid=host): the driver reports host PIDs, which
@@ -144,20 +146,20 @@ type vramProcFS struct {
 	off bool
 }
 
-// newVRAMProcFS returns a reader for procfs mounted at root ("" means
+// newProcFS returns a reader for procfs mounted at root ("" means
 // /proc). It checks root/self/ns/pid once; if that link cannot be read the
 // namespace is taken to be the host's.
-func newVRAMProcFS(root string) vramProcFS {
+func newProcFS(root string) procFS {
 	if root == "" {
 		root = "/proc"
 	}
 	ns, err := os.Readlink(filepath.Join(root, "self", "ns", "pid"))
-	return vramProcFS{root: root, off: err == nil && ns != vramInitPIDNamespace}
+	return procFS{root: root, off: err == nil && ns != initPIDNamespace}
 }
 
 // args returns the command line of pid, or nil when it is not visible
 // (another namespace, exited, kernel thread, hidepid).
-func (p vramProcFS) args(pid uint32) []string {
+func (p procFS) args(pid uint32) []string {
 	if p.off || pid == 0 || pid > math.MaxInt32 {
 		return nil
 	}
@@ -172,7 +174,7 @@ func (p vramProcFS) args(pid uint32) []string {
 // procfs, falling back to name (what the source itself reports, possibly
 // empty). Orphaned is checked only on a command line read from procfs: a
 // PID the reader cannot see has no parent it can see either.
-func (p vramProcFS) describe(proc *GPUProcess, name string) {
+func (p procFS) describe(proc *vramguard.GPUProcess, name string) {
 	args := p.args(proc.PID)
 	visible := args != nil
 	if args == nil && name != "" {
@@ -182,17 +184,17 @@ func (p vramProcFS) describe(proc *GPUProcess, name string) {
 	info := procs.Classify(args)
 	proc.Role = roleOf(info.Role)
 	proc.Blob = info.Blob
-	if proc.Role == RoleOllamaRunner {
+	if proc.Role == vramguard.RoleOllamaRunner {
 		proc.Model = info.Model // Ollama's MLX runner names its model
 	}
-	if visible && proc.Role == RoleOllamaRunner {
+	if visible && proc.Role == vramguard.RoleOllamaRunner {
 		proc.Orphaned = p.orphaned(proc.PID)
 	}
 }
 
 // orphaned reports whether runner pid's parent is known not to be a live
 // `ollama serve`.
-func (p vramProcFS) orphaned(pid uint32) bool {
+func (p procFS) orphaned(pid uint32) bool {
 	st, err := procs.ReadStat(p.root, int(pid))
 	if err != nil {
 		return false
@@ -201,10 +203,10 @@ func (p vramProcFS) orphaned(pid uint32) bool {
 	return known && !server
 }
 
-// vramSortHolders sorts processes by memory, largest first, unknown
+// sortHolders sorts processes by memory, largest first, unknown
 // figures last, then by PID.
-func vramSortHolders(ps []GPUProcess) {
-	slices.SortFunc(ps, func(a, b GPUProcess) int {
+func sortHolders(ps []vramguard.GPUProcess) {
+	slices.SortFunc(ps, func(a, b vramguard.GPUProcess) int {
 		if a.UsedKnown != b.UsedKnown {
 			if a.UsedKnown {
 				return -1
@@ -215,25 +217,9 @@ func vramSortHolders(ps []GPUProcess) {
 	})
 }
 
-func vramSatAdd(a, b uint64) uint64 {
+func satAdd(a, b uint64) uint64 {
 	if a > math.MaxUint64-b {
 		return math.MaxUint64
 	}
 	return a + b
-}
-
-// vramFormatBytes formats n in binary units for messages.
-func vramFormatBytes(n uint64) string {
-	const (
-		mib = 1 << 20
-		gib = 1 << 30
-	)
-	switch {
-	case n >= gib:
-		return fmt.Sprintf("%.1f GiB", float64(n)/gib)
-	case n >= mib:
-		return fmt.Sprintf("%.1f MiB", float64(n)/mib)
-	default:
-		return fmt.Sprintf("%d B", n)
-	}
 }

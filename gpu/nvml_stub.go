@@ -1,8 +1,12 @@
 //go:build !(linux && cgo)
 
-package vramguard
+package gpu
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/vramguard/vramguard"
+)
 
 // errNoNVMLBuild explains why NVML is unavailable in this build.
 var errNoNVMLBuild = errors.New("nvml needs cgo on linux; this binary was built without it (use nvidia-smi)")
@@ -15,5 +19,5 @@ func NewNVMLReader(opts ReaderOptions) (*DeviceReader, error) {
 	if err := opts.validate(op); err != nil {
 		return nil, err
 	}
-	return nil, newError(op, "", KindUnavailable, errNoNVMLBuild)
+	return nil, newError(op, "", vramguard.KindUnavailable, errNoNVMLBuild)
 }

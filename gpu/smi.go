@@ -1,4 +1,4 @@
-package vramguard
+package gpu
 
 import (
 	"context"
@@ -8,15 +8,16 @@ import (
 	"slices"
 	"time"
 
+	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/smi"
 )
 
-// vramDefaultSMITimeout bounds one nvidia-smi run when
+// defaultSMITimeout bounds one nvidia-smi run when
 // ReaderOptions.SMITimeout is 0. nvidia-smi hangs when the driver is wedged.
-const vramDefaultSMITimeout = 10 * time.Second
+const defaultSMITimeout = 10 * time.Second
 
-// vramPIDMax is PID_MAX_LIMIT on 64-bit Linux; a larger PID is garbage.
-const vramPIDMax = 1 << 22
+// pidMax is PID_MAX_LIMIT on 64-bit Linux; a larger PID is garbage.
+const pidMax = 1 << 22
 
 // errSMITimeout is the cause when one nvidia-smi run exceeds its limit.
 var errSMITimeout = errors.New("nvidia-smi did not answer in time")
@@ -29,7 +30,7 @@ type smiSource struct {
 	path    string
 	timeout time.Duration
 	run     func(ctx context.Context, path string, args ...string) ([]byte, error)
-	proc    vramProcFS
+	proc    procFS
 }
 
 // NewSMIReader returns a reader that runs nvidia-smi. It returns an *Error
@@ -40,9 +41,9 @@ func NewSMIReader(opts ReaderOptions) (*DeviceReader, error) {
 	if err := opts.validate(op); err != nil {
 		return nil, err
 	}
-	s := &smiSource{path: opts.SMIPath, timeout: opts.SMITimeout, run: opts.SMIRun, proc: newVRAMProcFS(opts.ProcRoot)}
+	s := &smiSource{path: opts.SMIPath, timeout: opts.SMITimeout, run: opts.SMIRun, proc: newProcFS(opts.ProcRoot)}
 	if s.timeout == 0 {
-		s.timeout = vramDefaultSMITimeout
+		s.timeout = defaultSMITimeout
 	}
 	if s.path == "" {
 		s.path = "nvidia-smi"
@@ -50,7 +51,7 @@ func NewSMIReader(opts ReaderOptions) (*DeviceReader, error) {
 	if s.run == nil {
 		path, err := exec.LookPath(s.path)
 		if err != nil {
-			return nil, newError(op, "", KindUnavailable, err)
+			return nil, newError(op, "", vramguard.KindUnavailable, err)
 		}
 		s.path, s.run = path, smi.Run
 	}
@@ -67,7 +68,7 @@ func (r *smiSource) close() error { return nil }
 // done), and so does any line of it that cannot be read, since a device
 // missing from a snapshot would look absent. A failed apps query only
 // leaves ProcessesKnown false; unreadable apps lines are skipped.
-func (r *smiSource) snapshot(ctx context.Context) (*VRAMSnapshot, error) {
+func (r *smiSource) snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
 	const op = "nvidia-smi snapshot"
 	out, err := r.query(ctx, smi.QueryGPUs)
 	if err != nil {
@@ -76,11 +77,11 @@ func (r *smiSource) snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 	taken := time.Now()
 	gpus, err := smi.ParseGPUs(out)
 	if err != nil {
-		return nil, newError(op, "", KindUnavailable, err)
+		return nil, newError(op, "", vramguard.KindUnavailable, err)
 	}
-	snap := &VRAMSnapshot{Source: SourceSMI, Taken: taken, Devices: make([]DeviceMemory, len(gpus))}
+	snap := &vramguard.VRAMSnapshot{Source: SourceSMI, Taken: taken, Devices: make([]vramguard.DeviceMemory, len(gpus))}
 	for i, g := range gpus {
-		snap.Devices[i] = DeviceMemory{Index: g.Index, Name: g.Name, UUID: g.UUID, Total: g.Total, Free: g.Free, Used: g.Used}
+		snap.Devices[i] = vramguard.DeviceMemory{Index: g.Index, Name: g.Name, UUID: g.UUID, Total: g.Total, Free: g.Free, Used: g.Used}
 	}
 
 	out, err = r.query(ctx, smi.QueryApps)
@@ -104,19 +105,19 @@ func (r *smiSource) snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 // processes returns the sane apps on the device with the given UUID: no
 // PID 0 or beyond PID_MAX_LIMIT, no figure above the device's total, one
 // entry per PID.
-func (r *smiSource) processes(apps []smi.App, uuid string, total uint64) []GPUProcess {
-	procs := []GPUProcess{}
+func (r *smiSource) processes(apps []smi.App, uuid string, total uint64) []vramguard.GPUProcess {
+	procs := []vramguard.GPUProcess{}
 	for _, a := range apps {
 		switch {
 		case a.GPUUUID != uuid,
-			a.PID == 0 || a.PID > vramPIDMax,
+			a.PID == 0 || a.PID > pidMax,
 			a.UsedKnown && total > 0 && a.UsedBytes > total:
 			continue
 		}
-		if slices.ContainsFunc(procs, func(p GPUProcess) bool { return p.PID == a.PID }) {
+		if slices.ContainsFunc(procs, func(p vramguard.GPUProcess) bool { return p.PID == a.PID }) {
 			continue
 		}
-		p := GPUProcess{PID: a.PID, UsedBytes: a.UsedBytes, UsedKnown: a.UsedKnown}
+		p := vramguard.GPUProcess{PID: a.PID, UsedBytes: a.UsedBytes, UsedKnown: a.UsedKnown}
 		r.proc.describe(&p, a.Name)
 		procs = append(procs, p)
 	}
@@ -136,10 +137,10 @@ func (r *smiSource) query(ctx context.Context, query string) ([]byte, error) {
 func (r *smiSource) runError(op string, ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
-		return newError(op, "", KindCanceled, context.Cause(ctx))
+		return newError(op, "", vramguard.KindCanceled, context.Cause(ctx))
 	case errors.Is(err, errSMITimeout):
-		return newError(op, "", KindTimeout, fmt.Errorf("%w (limit %v)", err, r.timeout))
+		return newError(op, "", vramguard.KindTimeout, fmt.Errorf("%w (limit %v)", err, r.timeout))
 	default:
-		return newError(op, "", KindUnavailable, err)
+		return newError(op, "", vramguard.KindUnavailable, err)
 	}
 }

@@ -1,4 +1,4 @@
-package vramguard
+package gpu
 
 import (
 	"context"
@@ -7,17 +7,19 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/vramguard/vramguard"
 )
 
 func TestDeviceReaderZeroValue(t *testing.T) {
 	for name, r := range map[string]*DeviceReader{"zero": {}, "nil": nil} {
-		if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) {
+		if _, err := r.Snapshot(t.Context()); !errors.Is(err, vramguard.KindUnavailable) {
 			t.Errorf("%s: Snapshot = %v, want KindUnavailable", name, err)
 		}
 		if err := r.Close(); err != nil {
 			t.Errorf("%s: Close = %v", name, err)
 		}
-		if s := r.Source(); s != SourceNone {
+		if s := r.Source(); s != vramguard.SourceNone {
 			t.Errorf("%s: Source = %q", name, s)
 		}
 	}
@@ -52,7 +54,7 @@ func TestReaderConstructorsClose(t *testing.T) {
 			if err := c.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindUnavailable) || !strings.Contains(err.Error(), "closed") {
+			if _, err := r.Snapshot(t.Context()); !errors.Is(err, vramguard.KindUnavailable) || !strings.Contains(err.Error(), "closed") {
 				t.Errorf("Snapshot after Close = %v", err)
 			}
 			if err := c.Close(); err != nil {
@@ -84,7 +86,7 @@ func TestReaderOptionsInvalid(t *testing.T) {
 		"NewAutoReader (NVML)": func() (*DeviceReader, error) { return newAutoReader(t.Context(), opts, openNVML) },
 	} {
 		r, err := open()
-		if r != nil || !errors.Is(err, KindInvalidInput) {
+		if r != nil || !errors.Is(err, vramguard.KindInvalidInput) {
 			t.Errorf("%s = %v, %v; want KindInvalidInput", name, r, err)
 		}
 	}

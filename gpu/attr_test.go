@@ -1,4 +1,4 @@
-package vramguard
+package gpu
 
 import (
 	"errors"
@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vramguard/vramguard"
 )
 
 // Real-looking weights blobs.
@@ -23,34 +25,34 @@ func TestAttrClassifyCommand(t *testing.T) {
 	tests := []struct {
 		name string
 		args []string
-		want ProcessRole
+		want vramguard.ProcessRole
 	}{
-		{"nil", nil, RoleUnknown},
-		{"empty", []string{""}, RoleUnknown},
-		{"server", []string{"/usr/local/bin/ollama", "serve"}, RoleOllamaServer},
-		{"server with global flag", []string{"ollama", "--verbose", "serve"}, RoleOllamaServer},
-		{"server on Windows", []string{`C:\Users\ada\AppData\Local\Programs\Ollama\ollama.exe`, "serve"}, RoleOllamaServer},
-		{"v0.17.4 runner", []string{v17, "runner", "--model", "/tmp/x/models/blobs/sha256-" + attrHexA, "--port", "40123"}, RoleOllamaRunner},
-		{"v0.17.4 new engine runner", []string{v17, "runner", "--ollama-engine", "--model", "/tmp/x/models/blobs/sha256-" + attrHexA, "--port", "40123"}, RoleOllamaRunner},
-		{"v0.24.0 discovery", []string{"/root/.cache/vramguard/ollama/0.24.0/ollama", "runner", "--ollama-engine", "--port", "40124"}, RoleOllamaDiscovery},
-		{"v0.34.4 runner", []string{"/usr/lib/ollama/llama-server", "--model", "/root/.ollama/models/blobs/sha256-" + attrHexA, "--port", "40125", "--host", "127.0.0.1", "--ctx-size", "4096"}, RoleOllamaRunner},
-		{"v0.34.4 list-devices", []string{"/usr/lib/ollama/llama-server", "--list-devices"}, RoleOllamaDiscovery},
-		{"v0.34.4 discovery start", []string{"/usr/lib/ollama/llama-server", "--port", "40126"}, RoleOllamaDiscovery},
-		{"v0.34.4 gpu-discover", []string{"/usr/local/bin/ollama", "gpu-discover", "--lib-dir", "/usr/local/lib/ollama"}, RoleOllamaDiscovery},
-		{"user llama-server -m", []string{"llama-server", "-m", "model.gguf"}, RoleOther},
-		{"user llama-server on an Ollama blob", []string{"llama-server", "-m", "/home/ada/.ollama/models/blobs/sha256-" + attrHexA}, RoleOllamaRunner},
-		{"old runner binary", []string{"/tmp/ollama1180235561/runners/cuda_v12/ollama_llama_server", "--model", "/m"}, RoleOllamaRunner},
-		{"old runner binary, nvidia-smi", []string{"/tmp/ollama1180235561/runners/cuda_v12/ollama_llama_server"}, RoleOllamaRunner},
-		{"deleted binary", []string{"/usr/bin/ollama (deleted)", "runner"}, RoleOllamaRunner},
-		{"argv rewritten into one string", []string{"/usr/local/bin/ollama runner --model /m --port 1"}, RoleOllamaRunner},
-		{"nvidia-smi: ollama", []string{"/usr/local/bin/ollama"}, RoleUnknown},
-		{"nvidia-smi: Ollama's llama-server", []string{"/usr/lib/ollama/llama-server"}, RoleUnknown},
-		{"nvidia-smi: a llama-server elsewhere", []string{"/usr/local/bin/llama-server"}, RoleOther},
-		{"cli run", []string{"ollama", "run", "llama3"}, RoleOther},
-		{"cli version", []string{"ollama", "--version"}, RoleOther},
-		{"python", []string{"/home/ada/ComfyUI/venv/bin/python", "main.py", "--listen"}, RoleOther},
-		{"words in one string", []string{"python3 ollama runner"}, RoleOther},
-		{"xorg", []string{"/usr/lib/xorg/Xorg"}, RoleOther},
+		{"nil", nil, vramguard.RoleUnknown},
+		{"empty", []string{""}, vramguard.RoleUnknown},
+		{"server", []string{"/usr/local/bin/ollama", "serve"}, vramguard.RoleOllamaServer},
+		{"server with global flag", []string{"ollama", "--verbose", "serve"}, vramguard.RoleOllamaServer},
+		{"server on Windows", []string{`C:\Users\ada\AppData\Local\Programs\Ollama\ollama.exe`, "serve"}, vramguard.RoleOllamaServer},
+		{"v0.17.4 runner", []string{v17, "runner", "--model", "/tmp/x/models/blobs/sha256-" + attrHexA, "--port", "40123"}, vramguard.RoleOllamaRunner},
+		{"v0.17.4 new engine runner", []string{v17, "runner", "--ollama-engine", "--model", "/tmp/x/models/blobs/sha256-" + attrHexA, "--port", "40123"}, vramguard.RoleOllamaRunner},
+		{"v0.24.0 discovery", []string{"/root/.cache/vramguard/ollama/0.24.0/ollama", "runner", "--ollama-engine", "--port", "40124"}, vramguard.RoleOllamaDiscovery},
+		{"v0.34.4 runner", []string{"/usr/lib/ollama/llama-server", "--model", "/root/.ollama/models/blobs/sha256-" + attrHexA, "--port", "40125", "--host", "127.0.0.1", "--ctx-size", "4096"}, vramguard.RoleOllamaRunner},
+		{"v0.34.4 list-devices", []string{"/usr/lib/ollama/llama-server", "--list-devices"}, vramguard.RoleOllamaDiscovery},
+		{"v0.34.4 discovery start", []string{"/usr/lib/ollama/llama-server", "--port", "40126"}, vramguard.RoleOllamaDiscovery},
+		{"v0.34.4 gpu-discover", []string{"/usr/local/bin/ollama", "gpu-discover", "--lib-dir", "/usr/local/lib/ollama"}, vramguard.RoleOllamaDiscovery},
+		{"user llama-server -m", []string{"llama-server", "-m", "model.gguf"}, vramguard.RoleOther},
+		{"user llama-server on an Ollama blob", []string{"llama-server", "-m", "/home/ada/.ollama/models/blobs/sha256-" + attrHexA}, vramguard.RoleOllamaRunner},
+		{"old runner binary", []string{"/tmp/ollama1180235561/runners/cuda_v12/ollama_llama_server", "--model", "/m"}, vramguard.RoleOllamaRunner},
+		{"old runner binary, nvidia-smi", []string{"/tmp/ollama1180235561/runners/cuda_v12/ollama_llama_server"}, vramguard.RoleOllamaRunner},
+		{"deleted binary", []string{"/usr/bin/ollama (deleted)", "runner"}, vramguard.RoleOllamaRunner},
+		{"argv rewritten into one string", []string{"/usr/local/bin/ollama runner --model /m --port 1"}, vramguard.RoleOllamaRunner},
+		{"nvidia-smi: ollama", []string{"/usr/local/bin/ollama"}, vramguard.RoleUnknown},
+		{"nvidia-smi: Ollama's llama-server", []string{"/usr/lib/ollama/llama-server"}, vramguard.RoleUnknown},
+		{"nvidia-smi: a llama-server elsewhere", []string{"/usr/local/bin/llama-server"}, vramguard.RoleOther},
+		{"cli run", []string{"ollama", "run", "llama3"}, vramguard.RoleOther},
+		{"cli version", []string{"ollama", "--version"}, vramguard.RoleOther},
+		{"python", []string{"/home/ada/ComfyUI/venv/bin/python", "main.py", "--listen"}, vramguard.RoleOther},
+		{"words in one string", []string{"python3 ollama runner"}, vramguard.RoleOther},
+		{"xorg", []string{"/usr/lib/xorg/Xorg"}, vramguard.RoleOther},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -90,7 +92,7 @@ func writeProc(t testing.TB, cmdlines map[uint32]string, ns string) string {
 
 func TestAttrProcFS(t *testing.T) {
 	cmds := map[uint32]string{10: "/usr/bin/ollama runner --port 1", 11: ""}
-	host := newVRAMProcFS(writeProc(t, cmds, vramInitPIDNamespace))
+	host := newProcFS(writeProc(t, cmds, initPIDNamespace))
 	if got := host.args(10); !reflect.DeepEqual(got, []string{"/usr/bin/ollama", "runner", "--port", "1"}) {
 		t.Errorf("args(10) = %q", got)
 	}
@@ -100,55 +102,55 @@ func TestAttrProcFS(t *testing.T) {
 	if got := host.args(12); got != nil {
 		t.Errorf("args of a missing pid = %q, want nil", got)
 	}
-	var p GPUProcess
+	var p vramguard.GPUProcess
 	p.PID = 12
 	host.describe(&p, "/usr/bin/python3")
-	if p.Command != "/usr/bin/python3" || p.Role != RoleOther {
+	if p.Command != "/usr/bin/python3" || p.Role != vramguard.RoleOther {
 		t.Errorf("fallback name: %+v", p)
 	}
 
 	// In a child PID namespace host PIDs name other processes: resolve none.
-	container := newVRAMProcFS(writeProc(t, cmds, "pid:[4026532511]"))
+	container := newProcFS(writeProc(t, cmds, "pid:[4026532511]"))
 	if got := container.args(10); got != nil {
 		t.Errorf("args in a child namespace = %q, want nil", got)
 	}
 	// Without the link (a fake root) the namespace is taken as the host's.
-	if got := newVRAMProcFS(writeProc(t, cmds, "")).args(10); len(got) != 4 {
+	if got := newProcFS(writeProc(t, cmds, "")).args(10); len(got) != 4 {
 		t.Errorf("args without ns link = %q", got)
 	}
 }
 
 func TestAttrProcFSLongCmdline(t *testing.T) {
-	long := "/usr/bin/ollama runner --model /m/blobs/sha256-" + attrHexA + " " + strings.Repeat("x", 3*vramCmdlineMax)
-	fs := newVRAMProcFS(writeProc(t, map[uint32]string{5: long}, ""))
+	long := "/usr/bin/ollama runner --model /m/blobs/sha256-" + attrHexA + " " + strings.Repeat("x", 3*cmdlineMax)
+	fs := newProcFS(writeProc(t, map[uint32]string{5: long}, ""))
 	args := fs.args(5)
-	if n := len(strings.Join(args, "\x00")); n > vramCmdlineMax {
-		t.Errorf("read %d bytes, want at most %d", n, vramCmdlineMax)
+	if n := len(strings.Join(args, "\x00")); n > cmdlineMax {
+		t.Errorf("read %d bytes, want at most %d", n, cmdlineMax)
 	}
-	p := GPUProcess{PID: 5}
+	p := vramguard.GPUProcess{PID: 5}
 	fs.describe(&p, "")
-	if p.Role != RoleOllamaRunner || p.Blob != "sha256:"+attrHexA {
+	if p.Role != vramguard.RoleOllamaRunner || p.Blob != "sha256:"+attrHexA {
 		t.Errorf("truncated runner: %v, blob %q", p.Role, p.Blob)
 	}
 }
 
 func TestAttrFindOrphans(t *testing.T) {
-	runner := func(pid uint32, used uint64, known bool) GPUProcess {
-		return GPUProcess{PID: pid, UsedBytes: used, UsedKnown: known, Command: "ollama runner", Role: RoleOllamaRunner}
+	runner := func(pid uint32, used uint64, known bool) vramguard.GPUProcess {
+		return vramguard.GPUProcess{PID: pid, UsedBytes: used, UsedKnown: known, Command: "ollama runner", Role: vramguard.RoleOllamaRunner}
 	}
-	gone := func(p GPUProcess) GPUProcess { p.Orphaned = true; return p }
-	snap := &VRAMSnapshot{Devices: []DeviceMemory{
-		{Index: 0, ProcessesKnown: true, Processes: []GPUProcess{
+	gone := func(p vramguard.GPUProcess) vramguard.GPUProcess { p.Orphaned = true; return p }
+	snap := &vramguard.VRAMSnapshot{Devices: []vramguard.DeviceMemory{
+		{Index: 0, ProcessesKnown: true, Processes: []vramguard.GPUProcess{
 			runner(100, 4<<30, true),
 			runner(101, 0, true), // holds nothing
 			runner(102, 0, false),
 			gone(runner(104, 3<<30, true)), // its server was killed
-			{PID: 5, UsedBytes: 9 << 30, UsedKnown: true, Role: RoleOther},
-			{PID: 6, UsedBytes: 1 << 30, UsedKnown: true, Role: RoleOllamaServer},
-			{PID: 7, UsedBytes: 1 << 30, UsedKnown: true, Role: RoleUnknown},
-			{PID: 8, UsedBytes: 1 << 30, UsedKnown: true, Role: RoleOllamaDiscovery, Orphaned: true}, // never
+			{PID: 5, UsedBytes: 9 << 30, UsedKnown: true, Role: vramguard.RoleOther},
+			{PID: 6, UsedBytes: 1 << 30, UsedKnown: true, Role: vramguard.RoleOllamaServer},
+			{PID: 7, UsedBytes: 1 << 30, UsedKnown: true, Role: vramguard.RoleUnknown},
+			{PID: 8, UsedBytes: 1 << 30, UsedKnown: true, Role: vramguard.RoleOllamaDiscovery, Orphaned: true}, // never
 		}},
-		{Index: 1, ProcessesKnown: true, Processes: []GPUProcess{
+		{Index: 1, ProcessesKnown: true, Processes: []vramguard.GPUProcess{
 			runner(100, 2<<30, true), // the same runner split over two GPUs
 			runner(103, 8<<30, true),
 			gone(runner(104, 1<<30, true)),
@@ -157,13 +159,13 @@ func TestAttrFindOrphans(t *testing.T) {
 	tests := []struct {
 		name   string
 		loaded int
-		want   []GPUProcess
+		want   []vramguard.GPUProcess
 	}{
 		{"nothing listed: every runner", 0,
-			[]GPUProcess{runner(103, 8<<30, true), runner(100, 6<<30, true), gone(runner(104, 4<<30, true)), runner(102, 0, false)}},
+			[]vramguard.GPUProcess{runner(103, 8<<30, true), runner(100, 6<<30, true), gone(runner(104, 4<<30, true)), runner(102, 0, false)}},
 		{"negative count", -1,
-			[]GPUProcess{runner(103, 8<<30, true), runner(100, 6<<30, true), gone(runner(104, 4<<30, true)), runner(102, 0, false)}},
-		{"models listed: only runners whose server is gone", 1, []GPUProcess{gone(runner(104, 4<<30, true))}},
+			[]vramguard.GPUProcess{runner(103, 8<<30, true), runner(100, 6<<30, true), gone(runner(104, 4<<30, true)), runner(102, 0, false)}},
+		{"models listed: only runners whose server is gone", 1, []vramguard.GPUProcess{gone(runner(104, 4<<30, true))}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -175,7 +177,7 @@ func TestAttrFindOrphans(t *testing.T) {
 	if got := FindOrphans(nil, 0); got != nil {
 		t.Errorf("FindOrphans(nil) = %+v", got)
 	}
-	alive := &VRAMSnapshot{Devices: []DeviceMemory{{Processes: []GPUProcess{runner(100, 1, true)}}}}
+	alive := &vramguard.VRAMSnapshot{Devices: []vramguard.DeviceMemory{{Processes: []vramguard.GPUProcess{runner(100, 1, true)}}}}
 	if got := FindOrphans(alive, 1); got != nil {
 		t.Errorf("FindOrphans of a live runner with a model listed = %+v, want nil", got)
 	}
@@ -219,7 +221,7 @@ func writeProcTree(t *testing.T, ps ...procEntry) string {
 	if err := os.MkdirAll(ns, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(vramInitPIDNamespace, filepath.Join(ns, "pid")); err != nil {
+	if err := os.Symlink(initPIDNamespace, filepath.Join(ns, "pid")); err != nil {
 		t.Fatal(err)
 	}
 	return root
@@ -249,23 +251,23 @@ func TestAttrDescribe(t *testing.T) {
 		name     string
 		pid      uint32
 		fallback string // what nvidia-smi reports
-		want     GPUProcess
+		want     vramguard.GPUProcess
 	}{
-		{"v0.34.4 runner", 101, "", GPUProcess{Role: RoleOllamaRunner, Blob: a}},
-		{"v0.34.4 discovery", 102, "", GPUProcess{Role: RoleOllamaDiscovery}},
-		{"v0.34.4 runner of a killed server", 103, "", GPUProcess{Role: RoleOllamaRunner, Blob: b, Orphaned: true}},
-		{"v0.17.4 runner", 201, "", GPUProcess{Role: RoleOllamaRunner, Blob: b}},
-		{"v0.17.4 discovery", 202, "", GPUProcess{Role: RoleOllamaDiscovery}},
-		{"runner whose parent vanished", 203, "", GPUProcess{Role: RoleOllamaRunner, Blob: a, Orphaned: true}},
-		{"MLX runner names its model", 300, "", GPUProcess{Role: RoleOllamaRunner, Model: "qwen3:latest"}},
-		{"user llama-server", 400, "", GPUProcess{Role: RoleOther}},
-		{"server", 100, "", GPUProcess{Role: RoleOllamaServer}},
-		{"invisible, nvidia-smi's name", 999, "/usr/lib/ollama/llama-server", GPUProcess{Role: RoleUnknown, Command: "/usr/lib/ollama/llama-server"}},
+		{"v0.34.4 runner", 101, "", vramguard.GPUProcess{Role: vramguard.RoleOllamaRunner, Blob: a}},
+		{"v0.34.4 discovery", 102, "", vramguard.GPUProcess{Role: vramguard.RoleOllamaDiscovery}},
+		{"v0.34.4 runner of a killed server", 103, "", vramguard.GPUProcess{Role: vramguard.RoleOllamaRunner, Blob: b, Orphaned: true}},
+		{"v0.17.4 runner", 201, "", vramguard.GPUProcess{Role: vramguard.RoleOllamaRunner, Blob: b}},
+		{"v0.17.4 discovery", 202, "", vramguard.GPUProcess{Role: vramguard.RoleOllamaDiscovery}},
+		{"runner whose parent vanished", 203, "", vramguard.GPUProcess{Role: vramguard.RoleOllamaRunner, Blob: a, Orphaned: true}},
+		{"MLX runner names its model", 300, "", vramguard.GPUProcess{Role: vramguard.RoleOllamaRunner, Model: "qwen3:latest"}},
+		{"user llama-server", 400, "", vramguard.GPUProcess{Role: vramguard.RoleOther}},
+		{"server", 100, "", vramguard.GPUProcess{Role: vramguard.RoleOllamaServer}},
+		{"invisible, nvidia-smi's name", 999, "/usr/lib/ollama/llama-server", vramguard.GPUProcess{Role: vramguard.RoleUnknown, Command: "/usr/lib/ollama/llama-server"}},
 	}
-	fs := newVRAMProcFS(root)
+	fs := newProcFS(root)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := GPUProcess{PID: tt.pid, UsedBytes: 1 << 30, UsedKnown: true}
+			p := vramguard.GPUProcess{PID: tt.pid, UsedBytes: 1 << 30, UsedKnown: true}
 			fs.describe(&p, tt.fallback)
 			want := tt.want
 			want.PID, want.UsedBytes, want.UsedKnown = tt.pid, 1<<30, true
@@ -279,50 +281,18 @@ func TestAttrDescribe(t *testing.T) {
 	}
 
 	// In a child PID namespace nothing is resolved, not even parents.
-	off := vramProcFS{root: root, off: true}
-	p := GPUProcess{PID: 103}
+	off := procFS{root: root, off: true}
+	p := vramguard.GPUProcess{PID: 103}
 	off.describe(&p, "/usr/lib/ollama/llama-server")
-	if p.Orphaned || p.Blob != "" || p.Role != RoleUnknown {
+	if p.Orphaned || p.Blob != "" || p.Role != vramguard.RoleUnknown {
 		t.Errorf("describe in a child namespace = %+v", p)
-	}
-}
-
-func TestAttrDescribeHolder(t *testing.T) {
-	runner := GPUProcess{PID: 4242, UsedBytes: 5 << 30, UsedKnown: true, Role: RoleOllamaRunner,
-		Command: "/usr/lib/ollama/llama-server --model /root/.ollama/models/blobs/sha256-" + attrHexA}
-	tests := []struct {
-		name string
-		mod  func(*GPUProcess)
-		want string
-	}{
-		{"unnamed", func(*GPUProcess) {},
-			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner) 5.0 GiB`},
-		{"named", func(p *GPUProcess) { p.Model = "tiny-a" },
-			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner, model tiny-a) 5.0 GiB`},
-		{"named orphan", func(p *GPUProcess) { p.Model, p.Orphaned = "user/tiny:q4", true },
-			`pid 4242 "/usr/lib/ollama/llama-server --model /root/.ollama/models/bl..." (ollama runner, model user/tiny:q4, orphaned) 5.0 GiB`},
-		{"odd name from argv", func(p *GPUProcess) { p.Model, p.Command = "a b\n", "" },
-			`pid 4242 (ollama runner, model "a b\n") 5.0 GiB`},
-		{"discovery", func(p *GPUProcess) {
-			p.Role, p.Command, p.UsedKnown, p.UsedBytes = RoleOllamaDiscovery, "llama-server --list-devices", false, 0
-		},
-			`pid 4242 "llama-server --list-devices" (ollama discovery) memory unknown`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p := runner
-			tt.mod(&p)
-			if got := vramDescribeHolder(p); got != tt.want {
-				t.Errorf("got  %s\nwant %s", got, tt.want)
-			}
-		})
 	}
 }
 
 func TestAttrKillProcessRefuses(t *testing.T) {
 	for _, pid := range []uint32{0, 1, uint32(os.Getpid()), 0xFFFFFFFF, 1 << 31} {
 		err := KillProcess(pid)
-		if !errors.Is(err, KindInvalidInput) {
+		if !errors.Is(err, vramguard.KindInvalidInput) {
 			t.Errorf("KillProcess(%d) = %v, want KindInvalidInput", pid, err)
 		}
 	}
@@ -344,15 +314,7 @@ func TestAttrKillProcess(t *testing.T) {
 	if err := cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("Wait = %v, want killed", err)
 	}
-	if err := KillProcess(pid); !errors.Is(err, KindNotFound) {
+	if err := KillProcess(pid); !errors.Is(err, vramguard.KindNotFound) {
 		t.Errorf("KillProcess of a reaped pid = %v, want KindNotFound", err)
-	}
-}
-
-func TestAttrFormatBytes(t *testing.T) {
-	for n, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1 << 20: "1.0 MiB", 5 << 29: "2.5 GiB"} {
-		if got := vramFormatBytes(n); got != want {
-			t.Errorf("vramFormatBytes(%d) = %q, want %q", n, got, want)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package vramguard
+package gpu
 
 import (
 	"context"
@@ -10,13 +10,15 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vramguard/vramguard"
 )
 
 // smiRecorded returns a Run that answers the two queries with recorded
 // samples from internal/smi/testdata ("" answers with an error).
 func smiRecorded(t testing.TB, gpus, apps string) func(ctx context.Context, path string, args ...string) ([]byte, error) {
 	read := func(name string) []byte {
-		b, err := os.ReadFile(filepath.Join("internal", "smi", "testdata", name))
+		b, err := os.ReadFile(filepath.Join("..", "internal", "smi", "testdata", name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,10 +67,10 @@ func TestSMIReaderSnapshot(t *testing.T) {
 	if len(d.Processes) != 2 {
 		t.Fatalf("processes = %+v", d.Processes)
 	}
-	if p := d.Processes[0]; p.PID != 2345 || p.UsedBytes != 9870<<20 || p.Role != RoleOllamaRunner || !strings.Contains(p.Command, "runner") {
+	if p := d.Processes[0]; p.PID != 2345 || p.UsedBytes != 9870<<20 || p.Role != vramguard.RoleOllamaRunner || !strings.Contains(p.Command, "runner") {
 		t.Errorf("runner resolved through /proc: %+v", p)
 	}
-	if p := d.Processes[1]; p.Command != "/home/ada/ComfyUI/venv/bin/python" || p.Role != RoleOther {
+	if p := d.Processes[1]; p.Command != "/home/ada/ComfyUI/venv/bin/python" || p.Role != vramguard.RoleOther {
 		t.Errorf("process_name fallback: %+v", p)
 	}
 }
@@ -77,43 +79,43 @@ func TestSMIReaderVariants(t *testing.T) {
 	tests := []struct {
 		name       string
 		gpus, apps string
-		check      func(t *testing.T, s *VRAMSnapshot)
+		check      func(t *testing.T, s *vramguard.VRAMSnapshot)
 	}{
-		{"apps query fails", "gpus_two_cards.txt", "", func(t *testing.T, s *VRAMSnapshot) {
+		{"apps query fails", "gpus_two_cards.txt", "", func(t *testing.T, s *vramguard.VRAMSnapshot) {
 			for _, d := range s.Devices {
 				if d.ProcessesKnown || d.Processes != nil {
 					t.Errorf("device %+v", d)
 				}
 			}
 		}},
-		{"no processes", "gpus_two_cards.txt", "apps_no_processes.txt", func(t *testing.T, s *VRAMSnapshot) {
+		{"no processes", "gpus_two_cards.txt", "apps_no_processes.txt", func(t *testing.T, s *vramguard.VRAMSnapshot) {
 			for _, d := range s.Devices {
 				if !d.ProcessesKnown || d.Processes == nil || len(d.Processes) != 0 {
 					t.Errorf("device %+v", d)
 				}
 			}
 		}},
-		{"old runner binary on the first of two cards", "gpus_two_cards.txt", "apps_old_runner.txt", func(t *testing.T, s *VRAMSnapshot) {
-			if p := s.Devices[0].Processes; len(p) != 2 || p[0].Role != RoleOllamaRunner || p[1].Role != RoleOther {
+		{"old runner binary on the first of two cards", "gpus_two_cards.txt", "apps_old_runner.txt", func(t *testing.T, s *vramguard.VRAMSnapshot) {
+			if p := s.Devices[0].Processes; len(p) != 2 || p[0].Role != vramguard.RoleOllamaRunner || p[1].Role != vramguard.RoleOther {
 				t.Errorf("processes %+v", p)
 			}
 			if p := s.Devices[1].Processes; len(p) != 0 {
 				t.Errorf("second card %+v", p)
 			}
 		}},
-		{"unknown memory figures", "gpus_placeholders.txt", "apps_empty.txt", func(t *testing.T, s *VRAMSnapshot) {
+		{"unknown memory figures", "gpus_placeholders.txt", "apps_empty.txt", func(t *testing.T, s *vramguard.VRAMSnapshot) {
 			if d := s.Devices[0]; d.Total != 0 || d.Free != 0 {
 				t.Errorf("device %+v", d)
 			}
 		}},
-		{"bare ollama path is unknown", "gpus_rtx4090.txt", "apps_ollama_comfyui.txt", func(t *testing.T, s *VRAMSnapshot) {
-			if p := s.Devices[0].Processes[0]; p.Role != RoleUnknown || p.Command != "/usr/local/bin/ollama" {
+		{"bare ollama path is unknown", "gpus_rtx4090.txt", "apps_ollama_comfyui.txt", func(t *testing.T, s *vramguard.VRAMSnapshot) {
+			if p := s.Devices[0].Processes[0]; p.Role != vramguard.RoleUnknown || p.Command != "/usr/local/bin/ollama" {
 				t.Errorf("process %+v", p)
 			}
 		}},
-		{"unknown per-process memory", "gpus_rtx4090.txt", "apps_container_na.txt", func(t *testing.T, s *VRAMSnapshot) {
+		{"unknown per-process memory", "gpus_rtx4090.txt", "apps_container_na.txt", func(t *testing.T, s *vramguard.VRAMSnapshot) {
 			p := s.Devices[0].Processes
-			if len(p) != 2 || p[0].UsedKnown || p[1].Command != "" || p[1].Role != RoleUnknown {
+			if len(p) != 2 || p[0].UsedKnown || p[1].Command != "" || p[1].Role != vramguard.RoleUnknown {
 				t.Errorf("processes %+v", p)
 			}
 		}},
@@ -157,11 +159,11 @@ func TestSMIReaderErrors(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		gpus string
-		kind Kind
+		kind vramguard.Kind
 	}{
-		{"driver failed", "", KindUnavailable},
-		{"unreadable output", "gpus_driver_failed.txt", KindUnavailable},
-		{"partly garbage", "gpus_garbage.txt", KindUnavailable},
+		{"driver failed", "", vramguard.KindUnavailable},
+		{"unreadable output", "gpus_driver_failed.txt", vramguard.KindUnavailable},
+		{"partly garbage", "gpus_garbage.txt", vramguard.KindUnavailable},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := NewSMIReader(ReaderOptions{SMIRun: smiRecorded(t, tt.gpus, "apps_empty.txt")})
@@ -186,7 +188,7 @@ func TestSMIReaderTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Snapshot(t.Context()); !errors.Is(err, KindTimeout) {
+	if _, err := r.Snapshot(t.Context()); !errors.Is(err, vramguard.KindTimeout) {
 		t.Errorf("hung nvidia-smi: %v, want KindTimeout", err)
 	}
 
@@ -194,7 +196,7 @@ func TestSMIReaderTimeout(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(t.Context())
 	time.AfterFunc(10*time.Millisecond, func() { cancel(cause) })
 	r, _ = NewSMIReader(ReaderOptions{SMIRun: hang})
-	if _, err := r.Snapshot(ctx); !errors.Is(err, KindCanceled) || !errors.Is(err, cause) {
+	if _, err := r.Snapshot(ctx); !errors.Is(err, vramguard.KindCanceled) || !errors.Is(err, cause) {
 		t.Errorf("canceled: %v", err)
 	}
 }
@@ -224,13 +226,13 @@ func TestSMIReaderRunsBinary(t *testing.T) {
 
 func TestNewSMIReaderMissing(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	if _, err := NewSMIReader(ReaderOptions{}); !errors.Is(err, KindUnavailable) {
+	if _, err := NewSMIReader(ReaderOptions{}); !errors.Is(err, vramguard.KindUnavailable) {
 		t.Errorf("no nvidia-smi on PATH: %v", err)
 	}
-	if _, err := NewSMIReader(ReaderOptions{SMIPath: filepath.Join(t.TempDir(), "nvidia-smi")}); !errors.Is(err, KindUnavailable) {
+	if _, err := NewSMIReader(ReaderOptions{SMIPath: filepath.Join(t.TempDir(), "nvidia-smi")}); !errors.Is(err, vramguard.KindUnavailable) {
 		t.Errorf("missing Path: %v", err)
 	}
-	if _, err := NewSMIReader(ReaderOptions{SMITimeout: -1}); !errors.Is(err, KindInvalidInput) {
+	if _, err := NewSMIReader(ReaderOptions{SMITimeout: -1}); !errors.Is(err, vramguard.KindInvalidInput) {
 		t.Errorf("negative timeout: %v", err)
 	}
 }
@@ -249,13 +251,13 @@ func TestSMIAutoReader(t *testing.T) {
 	}
 
 	_, err = newAutoReader(t.Context(), ReaderOptions{SMIRun: smiRecorded(t, "", "")}, noNVML)
-	if !errors.Is(err, KindUnavailable) || !strings.Contains(err.Error(), "nvidia-smi: ") || !strings.Contains(err.Error(), "no nvml here") {
+	if !errors.Is(err, vramguard.KindUnavailable) || !strings.Contains(err.Error(), "nvidia-smi: ") || !strings.Contains(err.Error(), "no nvml here") {
 		t.Errorf("neither works: %v", err)
 	}
 	cause := errors.New("gave up")
 	ctx, cancel := context.WithCancelCause(t.Context())
 	cancel(cause)
-	if _, err := newAutoReader(ctx, ReaderOptions{SMIRun: smiRecorded(t, "gpus_rtx4090.txt", "")}, noNVML); !errors.Is(err, KindCanceled) || !errors.Is(err, cause) {
+	if _, err := newAutoReader(ctx, ReaderOptions{SMIRun: smiRecorded(t, "gpus_rtx4090.txt", "")}, noNVML); !errors.Is(err, vramguard.KindCanceled) || !errors.Is(err, cause) {
 		t.Errorf("canceled: %v", err)
 	}
 
@@ -269,7 +271,7 @@ func TestSMIAutoReader(t *testing.T) {
 		if r.Source() != SourceNVML {
 			t.Errorf("Source = %q with no nvidia-smi on PATH", r.Source())
 		}
-	case !errors.Is(err, KindUnavailable):
+	case !errors.Is(err, vramguard.KindUnavailable):
 		t.Errorf("nothing installed: %v", err)
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux && cgo
 
-package vramguard
+package gpu
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/nvmlglue"
 )
 
@@ -15,7 +16,7 @@ import (
 // keeps initialised until close. NVML calls are serialised.
 type nvmlSource struct {
 	lib  *nvmlglue.Library
-	proc vramProcFS
+	proc procFS
 }
 
 // NewNVMLReader initialises NVML and returns a reader that keeps it
@@ -44,39 +45,39 @@ func NewNVMLReaderFrom(lib nvml.Interface, opts ReaderOptions) (*DeviceReader, e
 	}
 	l, err := nvmlglue.Open(lib)
 	if err != nil {
-		return nil, newError(op, "", KindUnavailable, err)
+		return nil, newError(op, "", vramguard.KindUnavailable, err)
 	}
-	return &DeviceReader{src: &nvmlSource{lib: l, proc: newVRAMProcFS(opts.ProcRoot)}}, nil
+	return &DeviceReader{src: &nvmlSource{lib: l, proc: newProcFS(opts.ProcRoot)}}, nil
 }
 
 func (r *nvmlSource) name() string { return SourceNVML }
 
 // snapshot reads every device; see DeviceReader.Snapshot. A failed NVML
 // call, or a closed library, gives KindUnavailable wrapping the nvml.Return.
-func (r *nvmlSource) snapshot(ctx context.Context) (*VRAMSnapshot, error) {
+func (r *nvmlSource) snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
 	const op = "nvml snapshot"
 	devs, err := r.lib.Devices(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, newError(op, "", KindCanceled, context.Cause(ctx))
+			return nil, newError(op, "", vramguard.KindCanceled, context.Cause(ctx))
 		}
-		return nil, newError(op, "", KindUnavailable, err)
+		return nil, newError(op, "", vramguard.KindUnavailable, err)
 	}
-	snap := &VRAMSnapshot{Source: SourceNVML, Taken: time.Now(), Devices: make([]DeviceMemory, len(devs))}
+	snap := &vramguard.VRAMSnapshot{Source: SourceNVML, Taken: time.Now(), Devices: make([]vramguard.DeviceMemory, len(devs))}
 	for i, d := range devs {
-		dm := DeviceMemory{
+		dm := vramguard.DeviceMemory{
 			Index:          d.Index,
 			Name:           d.Name,
 			UUID:           d.UUID,
 			Total:          d.Total,
 			Free:           d.Free,
-			Used:           vramSatAdd(d.Used, d.Reserved), // as GetMemoryInfo (v1) counts it
+			Used:           satAdd(d.Used, d.Reserved), // as GetMemoryInfo (v1) counts it
 			ProcessesKnown: d.ProcessesKnown,
 		}
 		if d.ProcessesKnown {
-			dm.Processes = make([]GPUProcess, len(d.Processes))
+			dm.Processes = make([]vramguard.GPUProcess, len(d.Processes))
 			for j, p := range d.Processes {
-				gp := GPUProcess{PID: p.PID, UsedBytes: p.UsedBytes, UsedKnown: p.UsedKnown}
+				gp := vramguard.GPUProcess{PID: p.PID, UsedBytes: p.UsedBytes, UsedKnown: p.UsedKnown}
 				r.proc.describe(&gp, "")
 				dm.Processes[j] = gp
 			}
@@ -89,7 +90,7 @@ func (r *nvmlSource) snapshot(ctx context.Context) (*VRAMSnapshot, error) {
 // close shuts NVML down, waiting for a snapshot in progress.
 func (r *nvmlSource) close() error {
 	if err := r.lib.Close(); err != nil {
-		return newError("close nvml reader", "", KindUnavailable, err)
+		return newError("close nvml reader", "", vramguard.KindUnavailable, err)
 	}
 	return nil
 }
