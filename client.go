@@ -87,7 +87,7 @@ func NewClient(opts Options) (*OllamaClient, error) {
 		return c, nil
 	}
 	if host == "" {
-		host = DefaultHost
+		host = defaultHost
 	}
 	u, err := parseHost(host)
 	if err != nil {

@@ -13,18 +13,18 @@ import (
 	"github.com/ollama/ollama/api"
 )
 
-// DefaultEstimateNumCtx is the context length EstimateModel uses when asked
+// defaultEstimateNumCtx is the context length EstimateModel uses when asked
 // for 0 and the model's parameters set no num_ctx: the default of Ollama
 // v0.17 and later on a machine with less than 23 GiB of VRAM (v0.6.5's is
 // 2048, so the estimate is then high, never low).
-const DefaultEstimateNumCtx = 4096
+const defaultEstimateNumCtx = 4096
 
 // ModelEstimate is what a model needs on the device at one context length.
 type ModelEstimate struct {
 	Model string
 	// NumCtx is the context length estimated for: the one asked, or, when 0
 	// was asked, the model's own num_ctx parameter, else
-	// DefaultEstimateNumCtx. It is the server's whole context: a server
+	// 4096. It is the server's whole context: a server
 	// that serves N requests of a model in parallel allocates N × num_ctx
 	// (OLLAMA_NUM_PARALLEL; v0.6.5 on a CPU defaults to 4, later versions
 	// to 1), so ask for that. It is not capped at the model's trained
@@ -99,7 +99,7 @@ func (c *OllamaClient) EstimateModel(ctx context.Context, model string, numCtx i
 		return nil, newError(op, model, KindServer, errors.New("/api/tags does not list the model"))
 	}
 	if numCtx == 0 {
-		numCtx = cmp.Or(paramNumCtx(show.Parameters), DefaultEstimateNumCtx)
+		numCtx = cmp.Or(paramNumCtx(show.Parameters), defaultEstimateNumCtx)
 	}
 	e := &ModelEstimate{Model: model, NumCtx: numCtx, Weights: weights}
 	e.KVCache, e.Compute = shape.kvCache(numCtx), shape.compute(numCtx)

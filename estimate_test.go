@@ -48,8 +48,8 @@ func TestEstimateModelFormula(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e0.NumCtx != DefaultEstimateNumCtx || e0.Total != e2.Total {
-		t.Errorf("num_ctx 0: %+v, want the estimate at %d: %+v", e0, DefaultEstimateNumCtx, e2)
+	if e0.NumCtx != defaultEstimateNumCtx || e0.Total != e2.Total {
+		t.Errorf("num_ctx 0: %+v, want the estimate at %d: %+v", e0, defaultEstimateNumCtx, e2)
 	}
 }
 

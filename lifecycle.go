@@ -10,11 +10,11 @@ import (
 	"time"
 )
 
-// DefaultPhaseKeepAlive is the keep-alive sent by generations inside a
+// defaultPhaseKeepAlive is the keep-alive sent by generations inside a
 // Phase: long enough to keep a model warm between the steps of a prompt
 // stage, short enough to act as a server-side dead-man switch if the
 // process dies before the phase ends.
-const DefaultPhaseKeepAlive = 2 * time.Minute
+const defaultPhaseKeepAlive = 2 * time.Minute
 
 // Users returns how many guarded uses of model are running in this client.
 func (c *OllamaClient) Users(model string) int { return c.book.users(model) }
@@ -71,7 +71,7 @@ func (s *Session) KeepAlive() KeepAlive {
 		// Another goroutine uses the model too: an unload-now keep-alive
 		// would unload it under that user between two of its calls. The
 		// last user's verified unload ends it instead.
-		return KeepAliveFor(DefaultPhaseKeepAlive)
+		return KeepAliveFor(defaultPhaseKeepAlive)
 	}
 	return KeepAliveUnload
 }
@@ -253,11 +253,11 @@ func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking boo
 }
 
 // PhaseOptions configures a Phase. The zero value keeps models warm for
-// DefaultPhaseKeepAlive and ends with a verified unload and ReleaseVRAM.
+// two minutes and ends with a verified unload and ReleaseVRAM.
 type PhaseOptions struct {
 	// KeepAlive is sent by the phase's generations. The zero value
 	// (KeepAliveUnload, which would reload the model at every step) means
-	// KeepAliveFor(DefaultPhaseKeepAlive).
+	// KeepAliveFor(2 * time.Minute).
 	KeepAlive KeepAlive
 	// NeedBytes, when non-zero, makes End hand over a GPU with that many
 	// bytes free on Device (through EnsureFree), failing otherwise. It
@@ -324,7 +324,7 @@ func (c *OllamaClient) StartPhase(ctx context.Context, name string, opts PhaseOp
 	}
 	ka := opts.KeepAlive
 	if ka.IsUnload() {
-		ka = KeepAliveFor(DefaultPhaseKeepAlive)
+		ka = KeepAliveFor(defaultPhaseKeepAlive)
 	}
 	p := &Phase{
 		c:         c,

@@ -9,29 +9,30 @@ import (
 	"github.com/ollama/ollama/api"
 )
 
-// Default values used when the corresponding Options field is zero.
+// The values NewClient takes for zero Options fields (DefaultOptions
+// returns them).
 const (
-	DefaultFirstChunkTimeout = 2 * time.Minute
-	DefaultIdleTimeout       = 30 * time.Second
-	DefaultTotalTimeout      = 10 * time.Minute
-	DefaultUnloadTimeout     = 30 * time.Second
-	DefaultPollInterval      = 50 * time.Millisecond
-	DefaultCleanupTimeout    = time.Minute
-	DefaultHost              = "http://127.0.0.1:11434"
-	// DefaultLoadThreshold separates a load from a reuse in the
+	defaultFirstChunkTimeout = 2 * time.Minute
+	defaultIdleTimeout       = 30 * time.Second
+	defaultTotalTimeout      = 10 * time.Minute
+	defaultUnloadTimeout     = 30 * time.Second
+	defaultPollInterval      = 50 * time.Millisecond
+	defaultCleanupTimeout    = time.Minute
+	defaultHost              = "http://127.0.0.1:11434"
+	// defaultLoadThreshold separates a load from a reuse in the
 	// load_duration Ollama reports. Ollama reports the time its handler
 	// spent before the runner was ready, which is never zero: 0.5 to 5 ms
 	// for a loaded model; a load of the smallest model 15 ms and up
 	// (Ollama 0.17 checks a starting runner every 250 ms, so a load there
 	// reports either about 15-19 ms or a quarter second and more).
-	DefaultLoadThreshold = 10 * time.Millisecond
-	// DefaultVRAMPollInterval is Ollama's own cadence while it waits for
+	defaultLoadThreshold = 10 * time.Millisecond
+	// defaultVRAMPollInterval is Ollama's own cadence while it waits for
 	// VRAM after an unload (an nvidia-smi snapshot starts two processes).
-	DefaultVRAMPollInterval = 250 * time.Millisecond
+	defaultVRAMPollInterval = 250 * time.Millisecond
 )
 
 // Timeouts bound one generation. A zero field takes the client's value (and
-// the client's zero field the package default); a negative field is a
+// the client's zero field the default, DefaultOptions); a negative field is a
 // KindInvalidInput error. Every timeout cancels the HTTP request, so the
 // server stops generating and drops its reference to the model.
 type Timeouts struct {
@@ -72,7 +73,7 @@ func (t Timeouts) or(d Timeouts) Timeouts {
 type Options struct {
 	// Host is the server's base URL ("http://gpu-box:11434") or host:port.
 	// Empty: the OLLAMA_HOST environment variable (read through Getenv),
-	// then DefaultHost. Ignored when API is set.
+	// then http://127.0.0.1:11434 (DefaultOptions). Ignored when API is set.
 	Host string
 	// API is a ready client to use as is. Host and HTTPClient are then
 	// ignored, except that Host, when set, is still passed to the CLI fallback.
@@ -109,7 +110,7 @@ type Options struct {
 	CleanupTimeout time.Duration
 	// LoadThreshold: a generation whose reported load_duration reaches it
 	// counts as a load (Generation.Loaded, Hooks.OnLoad); zero means
-	// DefaultLoadThreshold.
+	// 10 ms (see DefaultOptions).
 	LoadThreshold time.Duration
 	// KeepModelsOnClose stops Close from unloading the models this client
 	// used with a keep-alive other than KeepAliveUnload.
@@ -146,7 +147,7 @@ type Options struct {
 	// Phase.End's hand-over and UnloadModel's VerifyVRAM wait for device
 	// memory; /api/ps polls keep PollInterval. A snapshot through
 	// nvidia-smi is a process, so this cadence is slower.
-	// Zero means DefaultVRAMPollInterval.
+	// Zero means 250 ms (DefaultOptions).
 	VRAMPollInterval time.Duration
 	// FailOnOffload makes a generation on a model that Ollama loaded
 	// partly on the CPU (see Offload) fail with a KindOutOfMemory error
@@ -176,7 +177,7 @@ func (o Options) validate() error {
 	if o.UnloadTimeout < 0 || o.PollInterval < 0 || o.SettleWindow < 0 || o.CleanupTimeout < 0 || o.LoadThreshold < 0 {
 		return invalid(op, "", "negative unload, poll, settle, cleanup or load-threshold duration")
 	}
-	if ut := cmp.Or(o.UnloadTimeout, DefaultUnloadTimeout); o.SettleWindow >= ut {
+	if ut := cmp.Or(o.UnloadTimeout, defaultUnloadTimeout); o.SettleWindow >= ut {
 		return invalid(op, "", "settle window %v is not shorter than the unload timeout %v", o.SettleWindow, ut)
 	}
 	if o.Budget != nil && (o.VRAM == nil || o.Budget.Device < 0) {
@@ -191,26 +192,39 @@ func (o Options) validate() error {
 	return nil
 }
 
+// DefaultOptions returns the values NewClient uses for the Options fields
+// left zero: Host (http://127.0.0.1:11434), Timeouts (2 min to the first
+// chunk, 30 s idle, 10 min in all), UnloadTimeout (30 s), PollInterval
+// (50 ms), VRAMPollInterval (250 ms), CleanupTimeout (1 min) and
+// LoadThreshold (10 ms). The other fields are zero: no VRAM reader, no
+// budget, no hooks, no logger (NewClient discards the logs).
+func DefaultOptions() Options {
+	o := Options{Host: defaultHost}
+	o.setDefaults()
+	o.Logger = nil
+	return o
+}
+
 func (o *Options) setDefaults() {
 	o.Timeouts = o.Timeouts.or(Timeouts{
-		FirstChunk: DefaultFirstChunkTimeout,
-		Idle:       DefaultIdleTimeout,
-		Total:      DefaultTotalTimeout,
+		FirstChunk: defaultFirstChunkTimeout,
+		Idle:       defaultIdleTimeout,
+		Total:      defaultTotalTimeout,
 	})
 	if o.UnloadTimeout == 0 {
-		o.UnloadTimeout = DefaultUnloadTimeout
+		o.UnloadTimeout = defaultUnloadTimeout
 	}
 	if o.PollInterval == 0 {
-		o.PollInterval = DefaultPollInterval
+		o.PollInterval = defaultPollInterval
 	}
 	if o.VRAMPollInterval == 0 {
-		o.VRAMPollInterval = DefaultVRAMPollInterval
+		o.VRAMPollInterval = defaultVRAMPollInterval
 	}
 	if o.CleanupTimeout == 0 {
-		o.CleanupTimeout = DefaultCleanupTimeout
+		o.CleanupTimeout = defaultCleanupTimeout
 	}
 	if o.LoadThreshold == 0 {
-		o.LoadThreshold = DefaultLoadThreshold
+		o.LoadThreshold = defaultLoadThreshold
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

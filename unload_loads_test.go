@@ -297,7 +297,7 @@ func TestSettleWindowSeesOthersLoad(t *testing.T) {
 func TestSettleWindowValidated(t *testing.T) {
 	for _, o := range []Options{
 		{SettleWindow: -time.Second},
-		{SettleWindow: DefaultUnloadTimeout},
+		{SettleWindow: defaultUnloadTimeout},
 		{SettleWindow: time.Second, UnloadTimeout: time.Second},
 	} {
 		if _, err := NewClient(o); !errors.Is(err, KindInvalidInput) {

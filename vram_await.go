@@ -27,7 +27,7 @@ type AwaitRequest struct {
 	Bytes   uint64 // bytes the next allocation needs; at most MaxBytes
 	Reserve uint64 // headroom on top of Bytes; at most MaxBytes
 	// PollInterval is the time between snapshots, counted from the end of
-	// one to the start of the next. 0 means DefaultVRAMPollInterval;
+	// one to the start of the next. 0 means 250 ms (the client default, DefaultOptions);
 	// negative is refused.
 	PollInterval time.Duration
 	// Timeout bounds the wait; 0 means only ctx bounds it. Negative is
@@ -175,7 +175,7 @@ func AwaitFree(ctx context.Context, r VRAMReader, req AwaitRequest) (*VRAMSnapsh
 	need := req.Bytes + req.Reserve
 	interval := req.PollInterval
 	if interval == 0 {
-		interval = DefaultVRAMPollInterval
+		interval = defaultVRAMPollInterval
 	}
 	parent := ctx
 	if req.Timeout > 0 {

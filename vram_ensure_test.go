@@ -250,7 +250,7 @@ func (r *stampedReader) lastGap() time.Duration {
 }
 
 // TestEnsureFreeVRAMPollInterval: EnsureFree's wait for the driver polls
-// the GPU every Options.VRAMPollInterval (DefaultVRAMPollInterval when
+// the GPU every Options.VRAMPollInterval (defaultVRAMPollInterval when
 // zero), not every PollInterval (5 ms here), unless the request sets its
 // own PollInterval.
 func TestEnsureFreeVRAMPollInterval(t *testing.T) {
@@ -260,7 +260,7 @@ func TestEnsureFreeVRAMPollInterval(t *testing.T) {
 		request     time.Duration // EnsureRequest.PollInterval
 		wantAtLeast time.Duration
 	}{
-		{name: "default", wantAtLeast: vramguard.DefaultVRAMPollInterval},
+		{name: "default", wantAtLeast: vramguard.DefaultOptions().VRAMPollInterval},
 		{name: "client's", client: 60 * time.Millisecond, wantAtLeast: 60 * time.Millisecond},
 		{name: "request's", client: time.Hour, request: 40 * time.Millisecond, wantAtLeast: 40 * time.Millisecond},
 	}

@@ -200,7 +200,7 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	if host == "" {
-		host = vramguard.DefaultHost
+		host = vramguard.DefaultOptions().Host
 	}
 	if perr := ping(ctx, client, cfg.probe); perr != nil {
 		client.Close()

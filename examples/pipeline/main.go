@@ -367,7 +367,7 @@ func readerName(r *gpu.DeviceReader, err error) string {
 func hostOf(h string) string {
 	if h == "" {
 		if h = os.Getenv("OLLAMA_HOST"); h == "" {
-			return vramguard.DefaultHost
+			return vramguard.DefaultOptions().Host
 		}
 	}
 	return h

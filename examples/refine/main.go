@@ -182,7 +182,7 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 	}
 	defer func() { err = errors.Join(err, client.Close()) }()
 	if host == "" {
-		host = vramguard.DefaultHost
+		host = vramguard.DefaultOptions().Host
 	}
 	if err := ping(ctx, client, host); err != nil {
 		return err

@@ -144,7 +144,7 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 	}
 	defer func() { err = errors.Join(err, client.Close()) }()
 	if host == "" {
-		host = vramguard.DefaultHost
+		host = vramguard.DefaultOptions().Host
 	}
 
 	w := &watcher{ollama: client, host: host, timeout: max(cfg.interval, 5*time.Second)}

@@ -80,7 +80,7 @@ func TestOriginalWorkflow(t *testing.T) {
 			requireEmpty(t, s, "before the diffusion step")
 			// Loads are counted as the server's runner starts. The library
 			// tells a load from a reuse by load_duration, which a busy
-			// machine can push past DefaultLoadThreshold on a reuse (18 ms
+			// machine can push past the default LoadThreshold on a reuse (18 ms
 			// seen under a parallel build), never below it on a load: each
 			// load must reach the hook, a reuse may too.
 			if loads != 2 {
