@@ -163,11 +163,7 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	if berr != nil {
 		return nil, newError(op, model, KindOutOfMemory, berr)
 	}
-	c.callHook(func() {
-		if c.opts.Hooks.OnAdmit != nil {
-			c.opts.Hooks.OnAdmit(ModelEvent{Model: model, Size: est.Total})
-		}
-	})
+	hook(c, c.opts.Hooks.OnAdmit, ModelEvent{Model: model, Size: est.Total})
 	p := &admitted{model: model, need: need}
 	a.mu.Lock()
 	defer a.mu.Unlock()

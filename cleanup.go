@@ -245,11 +245,7 @@ func (c *OllamaClient) cleanup(ctx context.Context, opts CleanupOptions) (*Clean
 
 func (c *OllamaClient) cleanupFailed(err error) {
 	c.log.Warn("cleanup failed", "err", err)
-	c.callHook(func() {
-		if c.opts.Hooks.OnCleanupFailed != nil {
-			c.opts.Hooks.OnCleanupFailed(ModelEvent{Err: err})
-		}
-	})
+	hook(c, c.opts.Hooks.OnCleanupFailed, ModelEvent{Err: err})
 }
 
 // CleanupTask is a cleanup running in the background. Its methods are safe

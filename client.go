@@ -456,11 +456,7 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 		return nil, newError(op, req.Model, e.Kind, errors.Join(e.Err,
 			fmt.Errorf("fallback refused: %w: %s", ErrFallbackUnsupported, strings.Join(dropped, ", "))))
 	}
-	c.callHook(func() {
-		if c.opts.Hooks.OnFallback != nil {
-			c.opts.Hooks.OnFallback(ModelEvent{Model: req.Model, Err: err})
-		}
-	})
+	hook(c, c.opts.Hooks.OnFallback, ModelEvent{Model: req.Model, Err: err})
 	c.log.Warn("generation failed; trying the ollama CLI", "model", req.Model, "err", err)
 	if len(dropped) > 0 {
 		c.log.Warn("the ollama CLI runs without options it cannot carry", "model", req.Model, "dropped", dropped)
@@ -476,28 +472,10 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 func (c *OllamaClient) reportLoad(gen *Generation) {
 	if gen.Loaded {
 		c.log.Debug("model loaded", "model", gen.Model, "load", gen.Metrics.LoadDuration)
-		c.callHook(func() {
-			if c.opts.Hooks.OnLoad != nil {
-				c.opts.Hooks.OnLoad(ModelEvent{Model: gen.Model, LoadDuration: gen.Metrics.LoadDuration})
-			}
-		})
+		hook(c, c.opts.Hooks.OnLoad, ModelEvent{Model: gen.Model, LoadDuration: gen.Metrics.LoadDuration})
 		return
 	}
-	c.callHook(func() {
-		if c.opts.Hooks.OnReuse != nil {
-			c.opts.Hooks.OnReuse(ModelEvent{Model: gen.Model})
-		}
-	})
-}
-
-// callHook runs a hook, recovering and logging a panic in it.
-func (c *OllamaClient) callHook(f func()) {
-	defer func() {
-		if r := recover(); r != nil {
-			c.log.Error("hook panicked", "panic", r)
-		}
-	}()
-	f()
+	hook(c, c.opts.Hooks.OnReuse, ModelEvent{Model: gen.Model})
 }
 
 // streamState is what the chunk callback accumulates.

@@ -66,11 +66,7 @@ func (c *OllamaClient) offloadOf(ctx context.Context, model string, since time.T
 // reportOffload logs off and calls Hooks.OnOffload.
 func (c *OllamaClient) reportOffload(model string, off *Offload) {
 	c.log.Warn("model partly on the CPU", "model", model, "size", off.Size, "size_vram", off.SizeVRAM, "cpu", off.CPUBytes())
-	c.callHook(func() {
-		if c.opts.Hooks.OnOffload != nil {
-			c.opts.Hooks.OnOffload(ModelEvent{Model: model, Size: off.Size, SizeVRAM: off.SizeVRAM})
-		}
-	})
+	hook(c, c.opts.Hooks.OnOffload, ModelEvent{Model: model, Size: off.Size, SizeVRAM: off.SizeVRAM})
 }
 
 // errOffloadStop ends a stream from the chunk callback when the model is

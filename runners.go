@@ -81,24 +81,6 @@ func modelfileFrom(mf string) string {
 	return ""
 }
 
-// checkOpen fails with ErrClosed once Close has begun, so that a closed
-// client sends nothing.
-func (c *OllamaClient) checkOpen(op, model string) error {
-	if c.book.isClosed() {
-		return newError(op, model, KindUnavailable, ErrClosed)
-	}
-	return nil
-}
-
-// callError wraps the failure of an API call: KindCanceled with the cause
-// when ctx is done, else the error's own kind.
-func (c *OllamaClient) callError(ctx context.Context, op, model string, err error) error {
-	if ctx.Err() != nil {
-		return newError(op, model, KindCanceled, context.Cause(ctx))
-	}
-	return newError(op, model, classify(err), err)
-}
-
 // Running lists the models the server has loaded (GET /api/ps). Ollama lists
 // a model until its runner is removed, which can be before the GPU has the
 // memory back, and still lists a runner that crashed. The listing is one

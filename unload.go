@@ -14,43 +14,6 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// NormalizeModelName returns the name as Ollama lists it in /api/ps:
-// lower case, without the default registry ("registry.ollama.ai/") and
-// namespace ("library/"), and with ":latest" when no tag is given. So "tiny",
-// "library/tiny" and "TINY:latest" all become "tiny:latest", while
-// "user/tiny:q4" and "hf.co/org/repo:Q4_K_M" keep their namespace and tag.
-func NormalizeModelName(name string) string {
-	n := strings.ToLower(strings.TrimSpace(name))
-	// Strip the defaults until nothing changes, so that the result is a
-	// fixed point: normalizing it again gives it back.
-	for prev := ""; n != prev; {
-		prev = n
-		for _, p := range [...]string{"https://", "http://", "registry.ollama.ai/", "library/"} {
-			n = strings.TrimPrefix(n, p)
-		}
-		if at := strings.IndexByte(n, '@'); at >= 0 { // name@sha256:digest
-			n = n[:at]
-		}
-		n = strings.TrimSpace(n)
-	}
-	slash := strings.LastIndexByte(n, '/')
-	if !strings.Contains(n[slash+1:], ":") && n != "" {
-		n += ":latest"
-	}
-	return n
-}
-
-// findRunning returns the /api/ps entry for model, or nil.
-func findRunning(ms []api.ProcessModelResponse, model string) *api.ProcessModelResponse {
-	want := NormalizeModelName(model)
-	for i := range ms {
-		if NormalizeModelName(ms[i].Model) == want || NormalizeModelName(ms[i].Name) == want {
-			return &ms[i]
-		}
-	}
-	return nil
-}
-
 // UnloadReport says what UnloadModel did and saw.
 type UnloadReport struct {
 	Model     string
@@ -449,11 +412,7 @@ func (u *unload) verdict() (*UnloadReport, error) {
 	c.book.forget(u.model, u.begun)
 	c.log.Debug("eviction verified", "model", u.model, "was_loaded", rep.WasLoaded,
 		"attempts", rep.Attempts, "elapsed", rep.Elapsed)
-	c.callHook(func() {
-		if c.opts.Hooks.OnEvictionVerified != nil {
-			c.opts.Hooks.OnEvictionVerified(*rep)
-		}
-	})
+	hook(c, c.opts.Hooks.OnEvictionVerified, *rep)
 	return rep, nil
 }
 
@@ -461,11 +420,7 @@ func (u *unload) verdict() (*UnloadReport, error) {
 // Failures have the shapes of the api client's (api.StatusError for a
 // status of 400 and up), so classify treats both paths alike.
 func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
-	c.callHook(func() {
-		if c.opts.Hooks.OnUnloadRequested != nil {
-			c.opts.Hooks.OnUnloadRequested(ModelEvent{Model: model})
-		}
-	})
+	hook(c, c.opts.Hooks.OnUnloadRequested, ModelEvent{Model: model})
 	stream := false
 	req := &api.GenerateRequest{Model: model, KeepAlive: &api.Duration{Duration: 0}, Stream: &stream}
 	if c.hc == nil {
@@ -529,18 +484,6 @@ func (c *OllamaClient) awaitRunnerGone(ctx context.Context, before *VRAMSnapshot
 		if err := sleepCtx(ctx, c.opts.VRAMPollInterval); err != nil {
 			return 0, err
 		}
-	}
-}
-
-// sleepCtx sleeps for d or until ctx is done, returning context.Cause(ctx).
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
 	}
 }
 

@@ -153,11 +153,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 				rep.FreeAfter, ev.Free = d.Free, d.Free
 			}
 		}
-		c.callHook(func() {
-			if c.opts.Hooks.OnVRAMWait != nil {
-				c.opts.Hooks.OnVRAMWait(ev)
-			}
-		})
+		hook(c, c.opts.Hooks.OnVRAMWait, ev)
 		if err != nil {
 			errs = append(errs, err)
 		}

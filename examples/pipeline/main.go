@@ -276,7 +276,14 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, fallback *simulate
 	rec.addRow(ctx, c, reader, "load text encoder", gb(cfg.bytes)+" loaded")
 	if fallback != nil {
 		// The diffusion model would encode prompt and negative here.
-		_ = rec.step("encode and denoise", func() error { return sleep(ctx, 300*time.Millisecond) })
+		_ = rec.step("encode and denoise", func() error {
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(300 * time.Millisecond):
+				return nil
+			}
+		})
 		fallback.free("text encoder")
 		rec.sampleOnce(ctx, reader)
 	}
@@ -320,17 +327,6 @@ func pickModels(ctx context.Context, c *vramguard.OllamaClient, cfg *config) err
 		cfg.genModel = ms[min(1, len(ms)-1)]
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
 }
 
 func (r *recorder) count(kind string) int {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/gpu"
+	"github.com/vramguard/vramguard/internal/sleep"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 	"github.com/vramguard/vramguard/internal/testkit/standin"
 )
@@ -341,20 +342,9 @@ func (c *checker) waitNoRunner(ctx context.Context, d time.Duration) error {
 		if time.Now().After(end) {
 			return fmt.Errorf("runner processes %v still alive before the load (%v)", pids, err)
 		}
-		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+		if err := sleep.Ctx(ctx, 10*time.Millisecond); err != nil {
 			return err
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
 	}
 }
 
@@ -412,7 +402,7 @@ func (c *checker) watchPID(ctx context.Context, pid uint32) <-chan time.Duration
 				out <- time.Since(t0)
 				return
 			}
-			if sleep(ctx, c.cfg.Poll) != nil {
+			if sleep.Ctx(ctx, c.cfg.Poll) != nil {
 				return
 			}
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/gpu"
+	"github.com/vramguard/vramguard/internal/sleep"
 )
 
 // findProcess returns the device and process entry of pid in snap.
@@ -47,7 +48,7 @@ func (c *checker) awaitHolder(ctx context.Context, pid uint32, want uint64) (*vr
 		if time.Now().After(end) {
 			return nil, last
 		}
-		if err := sleep(ctx, c.cfg.Poll); err != nil {
+		if err := sleep.Ctx(ctx, c.cfg.Poll); err != nil {
 			return nil, err
 		}
 	}
@@ -81,7 +82,7 @@ func (c *checker) watchDriver(ctx context.Context, t0 time.Time, dev int, pid ui
 					return
 				}
 			}
-			if sleep(ctx, c.cfg.Poll) != nil {
+			if sleep.Ctx(ctx, c.cfg.Poll) != nil {
 				return
 			}
 		}
