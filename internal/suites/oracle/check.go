@@ -110,7 +110,7 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 			case r.Canceled && k == vramguard.KindCanceled && !errors.Is(r.Err, errOracleCancel) && !errors.Is(r.Err, vramguard.ErrUnloadedWhileLoading) &&
 				!errors.Is(r.Err, vramguard.ErrClosed):
 				add(RuleCancelKind, "#%d %s: canceled, but the error does not carry the cause: %v", r.ID, r.Action, r.Err)
-			case r.Fault == FaultOOM && k.Retryable() && r.Action.Op.loads() && r.Action.Op != OpPhase:
+			case r.Fault == FaultOOM && k.Retryable() && r.Action.Op.loads() && r.Action.Op != OpPhase && !disrupted(tr, r):
 				add(RuleRetryable, "#%d %s under %s: %v (kind %v, retryable)", r.ID, r.Action, r.Fault, r.Err, k)
 			}
 		}
@@ -238,6 +238,15 @@ func late(tr *Trace, sends []*Send, v Verdict, cut time.Time, o Obs) bool {
 // ended, another call that loads (this party's or another's) ran on r's
 // model, the server was restarted or a runner killed, or the server did
 // not answer a look: only then may an unload wait in vain.
+// disrupted reports whether a restart or a runner's kill overlapped r:
+// a connection it cut is a transient failure, whatever the fault.
+func disrupted(tr *Trace, r Result) bool {
+	return slices.ContainsFunc(tr.Results, func(o Result) bool {
+		chaos := o.Action.Op == OpRestart || o.Action.Op == OpKillRunner
+		return chaos && o.Start.Before(r.End) && o.End.After(r.Start)
+	})
+}
+
 func busy(tr *Trace, r Result) bool {
 	from := r.End.Add(-unloadTimeout / 2)
 	if slices.ContainsFunc(tr.Obs, func(o Obs) bool { return o.Err != "" && o.T0.After(from) && o.T0.Before(r.End) }) {

@@ -75,6 +75,12 @@ func TestCheckRules(t *testing.T) {
 		{"a cancel without its cause", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard, CancelAt: time.Millisecond}, Canceled: true, Err: ownErr(vramguard.KindCanceled, errors.New("other"))}}}, RuleCancelKind},
 		{"a cancel with its cause", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard, CancelAt: time.Millisecond}, Canceled: true, Err: ownErr(vramguard.KindCanceled, fmt.Errorf("x: %w", errOracleCancel))}}}, ""},
 		{"out of memory as retryable", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Fault: FaultOOM, Err: ownErr(vramguard.KindTransient, nil)}}}, RuleRetryable},
+		{"out of memory, cut by a restart: transient", &Trace{Results: []Result{
+			{ID: 1, Action: Action{Op: OpGuard}, Start: at(0), End: at(300), Fault: FaultOOM, Err: ownErr(vramguard.KindTransient, nil)},
+			{ID: 2, Action: Action{Op: OpRestart}, Start: at(100), End: at(2000)}}}, ""},
+		{"out of memory as retryable, a restart after it", &Trace{Results: []Result{
+			{ID: 1, Action: Action{Op: OpGuard}, Start: at(0), End: at(300), Fault: FaultOOM, Err: ownErr(vramguard.KindTransient, nil)},
+			{ID: 2, Action: Action{Op: OpRestart}, Start: at(400), End: at(2000)}}}, RuleRetryable},
 		{"out of memory as such", &Trace{Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Fault: FaultOOM, Err: ownErr(vramguard.KindOutOfMemory, nil)}}}, ""},
 		{"done and failed", &Trace{Sends: []*Send{{T: at(0), Party: PartyOwn, Model: ModelA, Action: 1, Done: true, DoneAt: at(10)}},
 			Results: []Result{{ID: 1, Action: Action{Op: OpGuard}, Err: ownErr(vramguard.KindTransient, nil)}}}, RuleCompleteFailed},
