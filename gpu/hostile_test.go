@@ -11,6 +11,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/gpu"
+	"github.com/vramguard/vramguard/internal/testkit/hostile"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 )
 
@@ -19,10 +20,6 @@ import (
 // *Error of an expected kind. Cases whose kinds list vramguard.KindUnknown
 // may also succeed.
 
-// hostileBound is how long any hostile call may take (a 10 MB prompt on a
-// busy machine under -race included).
-const hostileBound = 20 * time.Second
-
 type hostileCase struct {
 	name  string
 	call  func(ctx context.Context) error
@@ -30,58 +27,16 @@ type hostileCase struct {
 }
 
 var (
-	invalidOnly  = []vramguard.Kind{vramguard.KindInvalidInput}
-	canceledOnly = []vramguard.Kind{vramguard.KindCanceled}
-	successOnly  = []vramguard.Kind{vramguard.KindUnknown}
-	unavailable  = []vramguard.Kind{vramguard.KindUnavailable}
+	invalidOnly  = hostile.InvalidOnly
+	canceledOnly = hostile.CanceledOnly
+	successOnly  = hostile.SuccessOnly
+	unavailable  = hostile.UnavailableOnly
 )
 
-// runHostile runs tc.call in a goroutine and checks the contract.
+// runHostile runs a case and checks the contract (internal/testkit/hostile).
 func runHostile(t *testing.T, ctx context.Context, tc hostileCase) {
 	t.Helper()
-	type result struct {
-		err      error
-		panicked any
-	}
-	done := make(chan result, 1)
-	start := time.Now()
-	go func() {
-		var r result
-		defer func() {
-			r.panicked = recover()
-			done <- r
-		}()
-		r.err = tc.call(ctx)
-	}()
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(hostileBound):
-		t.Fatalf("no result after %v: the call hangs", hostileBound)
-	}
-	if r.panicked != nil {
-		t.Fatalf("panicked: %v", r.panicked)
-	}
-	d := time.Since(start)
-	if r.err == nil {
-		for _, k := range tc.kinds {
-			if k == vramguard.KindUnknown {
-				return
-			}
-		}
-		t.Fatalf("succeeded in %v; want an error of kind %v", d, tc.kinds)
-	}
-	var e *vramguard.Error
-	if !errors.As(r.err, &e) {
-		t.Fatalf("untyped error %T: %v", r.err, r.err)
-	}
-	k := vramguard.KindOf(r.err)
-	for _, want := range tc.kinds {
-		if k == want && k != vramguard.KindUnknown {
-			return
-		}
-	}
-	t.Fatalf("error %v: kind %v, want one of %v", r.err, k, tc.kinds)
+	hostile.Run(t, ctx, hostile.Case{Name: tc.name, Call: tc.call, Kinds: tc.kinds})
 }
 
 func hostileSim(t *testing.T) (*sim.Server, *vramguard.OllamaClient) {

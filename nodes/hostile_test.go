@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/hostile"
 	"github.com/vramguard/vramguard/internal/testkit/sim"
 	"github.com/vramguard/vramguard/nodes"
 	"go.uber.org/goleak"
@@ -22,8 +23,6 @@ import (
 // fast, never panic, and fail only with an *vramguard.Error of an expected
 // kind.
 
-const hostileBound = 20 * time.Second
-
 type hostileCase struct {
 	name  string
 	call  func(ctx context.Context) error
@@ -31,53 +30,14 @@ type hostileCase struct {
 }
 
 var (
-	invalidOnly = []vramguard.Kind{vramguard.KindInvalidInput}
-	successOnly = []vramguard.Kind{vramguard.KindUnknown}
+	invalidOnly = hostile.InvalidOnly
+	successOnly = hostile.SuccessOnly
 )
 
+// runHostile runs a case and checks the contract (internal/testkit/hostile).
 func runHostile(t *testing.T, ctx context.Context, tc hostileCase) {
 	t.Helper()
-	type result struct {
-		err      error
-		panicked any
-	}
-	done := make(chan result, 1)
-	go func() {
-		var r result
-		defer func() {
-			r.panicked = recover()
-			done <- r
-		}()
-		r.err = tc.call(ctx)
-	}()
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(hostileBound):
-		t.Fatalf("no result after %v: the call hangs", hostileBound)
-	}
-	if r.panicked != nil {
-		t.Fatalf("panicked: %v", r.panicked)
-	}
-	if r.err == nil {
-		for _, k := range tc.kinds {
-			if k == vramguard.KindUnknown {
-				return
-			}
-		}
-		t.Fatalf("succeeded; want an error of kind %v", tc.kinds)
-	}
-	var e *vramguard.Error
-	if !errors.As(r.err, &e) {
-		t.Fatalf("untyped error %T: %v", r.err, r.err)
-	}
-	k := vramguard.KindOf(r.err)
-	for _, want := range tc.kinds {
-		if k == want && k != vramguard.KindUnknown {
-			return
-		}
-	}
-	t.Fatalf("error %v: kind %v, want one of %v", r.err, k, tc.kinds)
+	hostile.Run(t, ctx, hostile.Case{Name: tc.name, Call: tc.call, Kinds: tc.kinds})
 }
 
 func nodeSim(t *testing.T) (*sim.Server, *vramguard.OllamaClient) {
