@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of the module for the given time each (default 3s).
-# `make fuzz-short` (part of `make test`) uses 1s per target (23 of them;
+# `make fuzz-short` (part of `make test`) uses 1s per target (24 of them;
 # CI must stay under 10 minutes with the servers cached), `make fuzz` a
 # minute.
 # Each package's instrumented test binary is built once (`go test -c
