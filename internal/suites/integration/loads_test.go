@@ -259,11 +259,16 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 		}
 		mu.Lock()
 		took := goneAt.Sub(cut)
-		// Polls after the runner went and the settle window (50 ms after
-		// the last unload's reply; v0.6.5 replies once the load it waited
-		// for has ended) passed: the first must verify.
+		// Polls after the runner went and the settle windows passed: the
+		// first must verify. The windows are 50 ms after the last unload's
+		// reply (v0.6.5 replies once the load it waited for has ended)
+		// and, when the unload saw the runner, 50 ms after it saw it gone,
+		// which is at its first poll after goneAt (25 ms).
 		from := goneAt
 		if w := replied.Add(50 * time.Millisecond); w.After(from) {
+			from = w
+		}
+		if w := goneAt.Add(25*time.Millisecond + 50*time.Millisecond); r.rep.RunnerSeen && w.After(from) {
 			from = w
 		}
 		late := 0
