@@ -356,9 +356,6 @@ func (u *unload) count() unloadEvent {
 	if err != nil {
 		return unloadEvent{kind: evRunnersUnreadable, at: time.Now(), why: fmt.Sprintf("runner processes: %v", err)}
 	}
-	if n > 0 {
-		u.rep.RunnerSeen = true
-	}
 	return unloadEvent{kind: evRunners, at: time.Now(), runners: n}
 }
 
@@ -394,6 +391,7 @@ func (u *unload) verdict() (*UnloadReport, error) {
 	const op = "unload"
 	c, rep, s := u.c, u.rep, u.s
 	rep.Elapsed = time.Since(u.start)
+	rep.RunnerSeen = s.runnerSeen
 	switch s.phase {
 	case phVerified:
 	case phHeldByOthers:

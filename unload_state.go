@@ -241,9 +241,6 @@ func isListing(k unloadEventKind) bool {
 // end moves to an end phase, with the verdict.
 func (s unloadState) end(p unloadPhase, kind Kind) (unloadState, []unloadAction) {
 	s.phase, s.kind = p, kind
-	if p == phHeldByOthers {
-		s.kind = KindUnverified
-	}
 	return s, []unloadAction{{kind: actVerdict}}
 }
 
