@@ -127,30 +127,13 @@ func TestUnloadWaitsForOthersRunner(t *testing.T) {
 	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
 	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", blobFile(t, c, "tiny"), "--port", "40000")
 
-	type result struct {
-		rep *UnloadReport
-		err error
-		at  time.Time
-	}
-	done := make(chan result, 1)
-	go func() {
-		rep, err := c.UnloadModel(context.WithoutCancel(t.Context()), "tiny")
-		done <- result{rep, err, time.Now()}
-	}()
+	done := unloadAsync(t, c, "tiny")
 	select {
 	case r := <-done:
 		t.Fatalf("UnloadModel returned while a runner serves the model: %+v, %v", r.rep, r.err)
 	case <-time.After(700 * time.Millisecond):
 	}
-	gone := time.Now()
-	procs.remove(101)
-	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.at.Before(gone) {
-		t.Errorf("verified before the runner went")
-	}
+	r, _ := removeThenVerified(t, procs, 101, done)
 	rep := r.rep
 	if !rep.Verified || !rep.RunnerSeen || rep.Checked != CheckPS|CheckRunnerProcesses || rep.NoRunnerCheck != "" {
 		t.Errorf("report %+v", rep)
@@ -301,16 +284,7 @@ func TestUnloadSettlesAfterTheRunnerGoes(t *testing.T) {
 	weights := blobFile(t, c, "tiny")
 	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", weights, "--port", "40000")
 
-	type result struct {
-		rep *UnloadReport
-		err error
-		at  time.Time
-	}
-	done := make(chan result, 1)
-	go func() {
-		rep, err := c.UnloadModel(context.WithoutCancel(t.Context()), "tiny")
-		done <- result{rep, err, time.Now()}
-	}()
+	done := unloadAsync(t, c, "tiny")
 	time.Sleep(300 * time.Millisecond) // the unload has seen runner 101
 	procs.remove(101)
 	// Two listings requested after the removal: the runners were counted
@@ -331,15 +305,7 @@ func TestUnloadSettlesAfterTheRunnerGoes(t *testing.T) {
 		t.Fatalf("UnloadModel returned in the hand-over from one runner to the next: %+v, %v", r.rep, r.err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	gone := time.Now()
-	procs.remove(102)
-	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.at.Before(gone) {
-		t.Error("verified before the second runner went")
-	}
+	r, gone := removeThenVerified(t, procs, 102, done)
 	if !r.rep.Verified || !r.rep.RunnerSeen || r.rep.Checked != CheckPS|CheckRunnerProcesses {
 		t.Errorf("report %+v", r.rep)
 	}
@@ -351,3 +317,38 @@ func TestUnloadSettlesAfterTheRunnerGoes(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// unloadResult is what an UnloadModel run in the background returned, and
+// when.
+type unloadResult struct {
+	rep *UnloadReport
+	err error
+	at  time.Time
+}
+
+// unloadAsync runs UnloadModel(model) in the background.
+func unloadAsync(t *testing.T, c *OllamaClient, model string) <-chan unloadResult {
+	done := make(chan unloadResult, 1)
+	go func() {
+		rep, err := c.UnloadModel(context.WithoutCancel(t.Context()), model)
+		done <- unloadResult{rep, err, time.Now()}
+	}()
+	return done
+}
+
+// removeThenVerified ends the runner pid and waits for the unload, which
+// must succeed, and not before the removal; it returns the result and the
+// time of the removal.
+func removeThenVerified(t *testing.T, procs *fakeProcs, pid int, done <-chan unloadResult) (unloadResult, time.Time) {
+	t.Helper()
+	gone := time.Now()
+	procs.remove(pid)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.at.Before(gone) {
+		t.Errorf("verified before runner %d went", pid)
+	}
+	return r, gone
+}
