@@ -7,21 +7,20 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // budgetSim is threeModelSim with "big" and "mid" loaded by another
 // program and a diffusion model holding 12 GiB, so 2 GiB of the 24 are
 // free; c has the budget b.
-func budgetSim(t *testing.T, b vramguard.Budget) (*sim.Server, *vramguard.OllamaClient, *vramguard.ModelEstimate) {
+func budgetSim(t *testing.T, b vramguard.Budget) (*vramguardtest.Server, *vramguard.OllamaClient, *vramguard.ModelEstimate) {
 	t.Helper()
-	s := threeModelSim(t, sim.Config{StrictVRAM: true})
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
 	loadForever(t, s, "big", "mid")
 	if err := s.Reserve("comfyui", 8*gib); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := countedClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}, Budget: &b})
+	c, _ := countedClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}, Budget: &b})
 	est, err := c.EstimateModel(t.Context(), "small", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +28,7 @@ func budgetSim(t *testing.T, b vramguard.Budget) (*sim.Server, *vramguard.Ollama
 	return s, c, est
 }
 
-func free(t *testing.T, s *sim.Server) uint64 {
+func free(t *testing.T, s *vramguardtest.Server) uint64 {
 	t.Helper()
 	_, _, f := s.Memory()
 	return f

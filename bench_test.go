@@ -21,7 +21,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // streamChunks is the number of text chunks of the benchmark stream; the
@@ -202,8 +202,8 @@ func BenchmarkStreamingPaired(b *testing.B) {
 // iteration is not timed.
 func BenchmarkCleanupAsync(b *testing.B) {
 	const model = "bench"
-	s := sim.New(sim.Config{
-		Models:      []sim.ModelConfig{{Name: model, Chunks: 1}},
+	s := vramguardtest.New(vramguardtest.Config{
+		Models:      []vramguardtest.ModelConfig{{Name: model, Chunks: 1}},
 		UnloadDelay: -1, // the runner leaves /api/ps as soon as it is unloaded
 	})
 	defer s.Close()

@@ -1,4 +1,4 @@
-package vramguard
+package vramguard_test
 
 import (
 	"bytes"
@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	. "github.com/vramguard/vramguard"
+
 	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // testPNG and testJPEG are real 2x2 images.
@@ -74,7 +76,7 @@ func TestImageType(t *testing.T) {
 // Every malformed chat, image or format is refused with KindInvalidInput
 // before anything reaches the server.
 func TestChatInvalidInput(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	c := newTestClient(t, s, Options{})
 	ctx := t.Context()
 	user := func(text string) []api.Message { return []api.Message{{Role: "user", Content: text}} }
@@ -141,7 +143,7 @@ func TestChatInvalidInput(t *testing.T) {
 // Valid formats and images go out: "json", a schema, null (none), and
 // each image type on a vision model, as sent.
 func TestChatValidFormatsAndImagesAccepted(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "llava", Vision: true})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "llava", Vision: true})
 	c := newTestClient(t, s, Options{})
 	for _, f := range []string{`"json"`, ` {"type":"object","properties":{"a":{"type":"string"}}} `, `null`, ``} {
 		if _, err := c.ChatStreaming(t.Context(), &ChatRequest{Model: "llava", Messages: []api.Message{{Role: "USER", Content: "x"}},
@@ -167,7 +169,7 @@ func TestChatValidFormatsAndImagesAccepted(t *testing.T) {
 func TestNoVisionRefusedBeforeSending(t *testing.T) {
 	for _, ep := range endpoints() {
 		t.Run(ep.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 			c := newTestClient(t, s, Options{})
 			_, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "describe", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
 			if !errors.Is(err, KindInvalidInput) || !errors.Is(err, ErrNoVision) {
@@ -199,7 +201,7 @@ func TestNoVisionFromTheServer(t *testing.T) {
 	for _, ep := range endpoints() {
 		for _, msg := range refusals {
 			t.Run(ep.name+"/"+msg[:20], func(t *testing.T) {
-				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+				s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 				p := newProxy(t, s, func(r *faultproxy.Request) faultproxy.Fault {
 					switch {
 					case r.Path == "/api/show":
@@ -240,14 +242,14 @@ func TestFallbackRefusesChatAndImages(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 			cli, argsFile := fakeCLI(t, `cat`)
 			c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
 			if tt.name == "images" {
 				// Capabilities unknown, so the request goes out and fails.
 				c = newClientAt(t, newProxy(t, s, nil).URL().String(), Options{Fallback: true, CLIPath: cli})
 			}
-			if err := s.FailNext("tiny", sim.Busy()); err != nil {
+			if err := s.FailNext("tiny", vramguardtest.Busy()); err != nil {
 				t.Fatal(err)
 			}
 			err := tt.run(c)
@@ -264,7 +266,7 @@ func TestFallbackRefusesChatAndImages(t *testing.T) {
 // newProxy starts a fault proxy in front of s with rule (nil: a server
 // whose /api/show lists no capabilities); it is closed at the end of the
 // test.
-func newProxy(t *testing.T, s *sim.Server, rule func(*faultproxy.Request) faultproxy.Fault) *faultproxy.Proxy {
+func newProxy(t *testing.T, s *vramguardtest.Server, rule func(*faultproxy.Request) faultproxy.Fault) *faultproxy.Proxy {
 	t.Helper()
 	if rule == nil {
 		rule = func(r *faultproxy.Request) faultproxy.Fault {
@@ -298,10 +300,10 @@ func TestFallbackCarriesFormat(t *testing.T) {
 		{"{\n  \"type\": \"object\"\n}", `--format {"type":"object"}`},
 	} {
 		t.Run(tt.flag, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 			cli, argsFile := fakeCLI(t, `printf '{}'`)
 			c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
-			if err := s.FailNext("tiny", sim.Busy()); err != nil {
+			if err := s.FailNext("tiny", vramguardtest.Busy()); err != nil {
 				t.Fatal(err)
 			}
 			gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Format: json.RawMessage(tt.format)}, KeepAliveUnload, nil)
@@ -319,7 +321,7 @@ func TestFallbackCarriesFormat(t *testing.T) {
 // A chat is a use like a generation: the guard unloads its model,
 // verified; its session ends with Run; a phase keeps it warm until End.
 func TestGuardChat(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	c := newTestClient(t, s, Options{})
 	ctx := t.Context()
 	msgs := []api.Message{{Role: "user", Content: "a fox"}}
@@ -385,16 +387,16 @@ func TestGuardChat(t *testing.T) {
 // generation.
 func TestChatUnloadCutsLoad(t *testing.T) {
 	const load = 2 * time.Second
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: load})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: load})
 	c := newTestClient(t, s, Options{})
-	c.procRoot = newFakeProcs(t).root
+	SetProcRoot(c, newFakeProcs(t).root)
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.ChatStreaming(context.WithoutCancel(t.Context()), &ChatRequest{Model: "tiny",
 			Messages: []api.Message{{Role: "user", Content: "x"}}}, KeepAliveFor(time.Hour), nil)
 		done <- err
 	}()
-	if err := s.WaitFor(t.Context(), func() bool { f, _ := c.book.inFlight("tiny"); return f == 1 && s.Requests("tiny") == 1 }); err != nil {
+	if err := s.WaitFor(t.Context(), func() bool { return InFlight(c, "tiny") == 1 && s.Requests("tiny") == 1 }); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -417,7 +419,7 @@ func TestChatUnloadCutsLoad(t *testing.T) {
 // own reader, a chat keeps the same rules: text whole, a cut stream an
 // error.
 func TestChatThroughAPIClient(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 6})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 6})
 	c, err := NewClient(Options{API: s.Client(), PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -429,7 +431,7 @@ func TestChatThroughAPIClient(t *testing.T) {
 	if err != nil || gen.Text == "" || gen.Text != joined.String() || gen.Chunks < 6 {
 		t.Fatalf("got %+v, %v; streamed %q", gen, err, joined.String())
 	}
-	if err := s.FailNext("tiny", sim.CloseAfter(3)); err != nil {
+	if err := s.FailNext("tiny", vramguardtest.CloseAfter(3)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.ChatStreaming(t.Context(), req, KeepAliveUnload, nil); !errors.Is(err, KindTransient) || !errors.Is(err, ErrIncompleteStream) {
@@ -450,7 +452,7 @@ func TestVisionCheckBounded(t *testing.T) {
 		{"total", Timeouts{FirstChunk: time.Minute, Total: 100 * time.Millisecond}, ErrTotalTimeout},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 			p := newProxy(t, s, showRule(faultproxy.Stall(time.Minute)))
 			c := newClientAt(t, p.URL().String(), Options{Timeouts: tt.to})
 			_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
@@ -480,10 +482,10 @@ func TestVisionCheckCountsAgainstTimeouts(t *testing.T) {
 		{"total", Timeouts{FirstChunk: 10 * time.Second, Total: 600 * time.Millisecond}, ErrTotalTimeout},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "llava", Vision: true, Chunks: 2})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "llava", Vision: true, Chunks: 2})
 			p := newProxy(t, s, showRule(faultproxy.Delay(step)))
 			c := newClientAt(t, p.URL().String(), Options{Timeouts: tt.to})
-			if err := s.FailNext("llava", sim.Stall(step)); err != nil {
+			if err := s.FailNext("llava", vramguardtest.Stall(step)); err != nil {
 				t.Fatal(err)
 			}
 			_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "llava", Prompt: "x", Images: []api.ImageData{testPNG(t)}}, KeepAliveUnload, nil)
@@ -499,7 +501,7 @@ func TestVisionCheckCountsAgainstTimeouts(t *testing.T) {
 func TestBlankFormatIsNone(t *testing.T) {
 	for _, ep := range endpoints() {
 		t.Run(ep.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 			c := newTestClient(t, s, Options{})
 			for _, f := range []string{" \n", "null", " null "} {
 				if _, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "x", Format: json.RawMessage(f)}, KeepAliveUnload, nil); err != nil {
@@ -523,9 +525,9 @@ func TestChatPassesThrough(t *testing.T) {
 	args := api.NewToolCallFunctionArguments()
 	args.Set("city", "Lyon")
 	call := api.ToolCall{ID: "call_1", Function: api.ToolCallFunction{Name: "weather", Arguments: args}}
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "llava", Vision: true, Tools: true, Thinking: true,
-		RespondTo: func(r sim.Call) []sim.Chunk {
-			return []sim.Chunk{{Text: "let me check"}, {ToolCalls: []api.ToolCall{call}}, {Text: "."}}
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "llava", Vision: true, Tools: true, Thinking: true,
+		RespondTo: func(r vramguardtest.Call) []vramguardtest.Chunk {
+			return []vramguardtest.Chunk{{Text: "let me check"}, {ToolCalls: []api.ToolCall{call}}, {Text: "."}}
 		}})
 	c := newTestClient(t, s, Options{})
 	var tool api.Tool
@@ -598,7 +600,7 @@ func TestChatPassesThrough(t *testing.T) {
 // A generation's images and format reach a vision model, and a schema's
 // reply parses.
 func TestGenerateImagesAndFormat(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "llava", Vision: true})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "llava", Vision: true})
 	c := newTestClient(t, s, Options{})
 	schema := json.RawMessage(`{"type":"object","properties":{"positive":{"type":"string"},"negative":{"type":"string"}},"required":["positive","negative"]}`)
 	gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "llava", Prompt: "describe",
@@ -620,7 +622,7 @@ func TestGenerateImagesAndFormat(t *testing.T) {
 // capabilities unknown), the guard's cleanup still leaves nothing
 // resident.
 func TestNoVisionAfterLoadLeavesNothing(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	c := newClientAt(t, newProxy(t, s, nil).URL().String(), Options{})
 	g := Guard{Client: c}
 	_, err := g.Chat(t.Context(), &ChatRequest{Model: "tiny", Messages: []api.Message{

@@ -1,25 +1,25 @@
-package vramguard
+package vramguard_test
 
 import (
 	"context"
 	"errors"
 	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	. "github.com/vramguard/vramguard"
+
 	"github.com/ollama/ollama/api"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestStreamingSuccess(t *testing.T) {
 	for _, ep := range endpoints() {
 		t.Run(ep.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 12, LoadLatency: 30 * time.Millisecond})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 12, LoadLatency: 30 * time.Millisecond})
 			c := newTestClient(t, s, Options{})
 
 			var got []Chunk
@@ -77,7 +77,7 @@ func TestKeepAliveOnTheWire(t *testing.T) {
 	for _, ep := range endpoints() {
 		for _, tt := range tests {
 			t.Run(ep.name+"/"+tt.name, func(t *testing.T) {
-				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+				s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 				c := newTestClient(t, s, Options{KeepModelsOnClose: true})
 				if _, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "x"}, tt.ka, nil); err != nil {
 					t.Fatal(err)
@@ -87,7 +87,7 @@ func TestKeepAliveOnTheWire(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					e := findRunning(ms, "tiny")
+					e := FindRunning(ms, "tiny")
 					if e == nil {
 						t.Fatal("model not resident")
 					}
@@ -106,7 +106,7 @@ func TestStreamingFailures(t *testing.T) {
 	const ms = time.Millisecond
 	tests := []struct {
 		name     string
-		fault    []sim.Fault
+		fault    []vramguardtest.Fault
 		model    string
 		timeouts Timeouts
 		kind     Kind
@@ -114,24 +114,24 @@ func TestStreamingFailures(t *testing.T) {
 		canceled bool  // the server must see the request canceled
 	}{
 		{name: "not found", model: "nope", kind: KindNotFound},
-		{name: "crash mid-stream", fault: []sim.Fault{sim.CrashAfter(3)}, kind: KindModelCrash},
-		{name: "crash at load", fault: []sim.Fault{sim.LoadCrash()}, kind: KindModelCrash},
-		{name: "runner stopped at load", fault: []sim.Fault{sim.RunnerStopped()}, kind: KindModelCrash},
-		{name: "out of memory", fault: []sim.Fault{sim.OOM()}, kind: KindOutOfMemory},
-		{name: "server busy", fault: []sim.Fault{sim.Busy()}, kind: KindTransient},
-		{name: "stream cut without done", fault: []sim.Fault{sim.CloseAfter(3)}, kind: KindTransient, cause: ErrIncompleteStream},
-		{name: "repeat-token abort", fault: []sim.Fault{sim.RepeatAfter(4)}, kind: KindTransient, cause: ErrIncompleteStream},
-		{name: "stall before first chunk", fault: []sim.Fault{sim.Stall(5 * time.Second)},
+		{name: "crash mid-stream", fault: []vramguardtest.Fault{vramguardtest.CrashAfter(3)}, kind: KindModelCrash},
+		{name: "crash at load", fault: []vramguardtest.Fault{vramguardtest.LoadCrash()}, kind: KindModelCrash},
+		{name: "runner stopped at load", fault: []vramguardtest.Fault{vramguardtest.RunnerStopped()}, kind: KindModelCrash},
+		{name: "out of memory", fault: []vramguardtest.Fault{vramguardtest.OOM()}, kind: KindOutOfMemory},
+		{name: "server busy", fault: []vramguardtest.Fault{vramguardtest.Busy()}, kind: KindTransient},
+		{name: "stream cut without done", fault: []vramguardtest.Fault{vramguardtest.CloseAfter(3)}, kind: KindTransient, cause: ErrIncompleteStream},
+		{name: "repeat-token abort", fault: []vramguardtest.Fault{vramguardtest.RepeatAfter(4)}, kind: KindTransient, cause: ErrIncompleteStream},
+		{name: "stall before first chunk", fault: []vramguardtest.Fault{vramguardtest.Stall(5 * time.Second)},
 			timeouts: Timeouts{FirstChunk: 100 * ms}, kind: KindTimeout, cause: ErrFirstChunkTimeout, canceled: true},
-		{name: "stall between chunks", fault: []sim.Fault{sim.StallAfter(2, 5*time.Second)},
+		{name: "stall between chunks", fault: []vramguardtest.Fault{vramguardtest.StallAfter(2, 5*time.Second)},
 			timeouts: Timeouts{Idle: 100 * ms}, kind: KindTimeout, cause: ErrIdleTimeout, canceled: true},
-		{name: "total timeout", fault: []sim.Fault{sim.StallAfter(2, 5*time.Second)},
+		{name: "total timeout", fault: []vramguardtest.Fault{vramguardtest.StallAfter(2, 5*time.Second)},
 			timeouts: Timeouts{Total: 150 * ms}, kind: KindTimeout, cause: ErrTotalTimeout, canceled: true},
 	}
 	for _, ep := range endpoints() {
 		for _, tt := range tests {
 			t.Run(ep.name+"/"+tt.name, func(t *testing.T) {
-				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 8})
+				s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 8})
 				c := newTestClient(t, s, Options{})
 				model := "tiny"
 				if tt.model != "" {
@@ -169,7 +169,7 @@ func TestStreamingFailures(t *testing.T) {
 func TestStreamingCallerCancel(t *testing.T) {
 	for _, ep := range endpoints() {
 		t.Run(ep.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 100, TokenLatency: 5 * time.Millisecond})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 100, TokenLatency: 5 * time.Millisecond})
 			c := newTestClient(t, s, Options{})
 			ctx, cancel := context.WithCancelCause(t.Context())
 			stop := errors.New("user pressed stop")
@@ -191,7 +191,7 @@ func TestStreamingCallerCancel(t *testing.T) {
 func TestStreamingCallbackError(t *testing.T) {
 	for _, ep := range endpoints() {
 		t.Run(ep.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 50, TokenLatency: time.Millisecond})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 50, TokenLatency: time.Millisecond})
 			c := newTestClient(t, s, Options{})
 			enough := errors.New("enough")
 			_, err := ep.run(t.Context(), c, &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, func(ch Chunk) error {
@@ -233,7 +233,7 @@ func TestStreamingNoServer(t *testing.T) {
 }
 
 func TestInvalidInput(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	c := newTestClient(t, s, Options{})
 	ctx := t.Context()
 	tests := []struct {
@@ -262,7 +262,7 @@ func TestInvalidInput(t *testing.T) {
 			return err
 		}},
 		{"malformed keep-alive", func() error {
-			_, err := c.GenerateStreaming(ctx, &GenerateRequest{Model: "tiny"}, KeepAlive{mode: 9}, nil)
+			_, err := c.GenerateStreaming(ctx, &GenerateRequest{Model: "tiny"}, InvalidKeepAlive(), nil)
 			return err
 		}},
 		{"unload empty name", func() error { _, err := c.UnloadModel(ctx, ""); return err }},
@@ -291,7 +291,7 @@ func TestInvalidInput(t *testing.T) {
 }
 
 func TestUnloadModelVerified(t *testing.T) {
-	s := newSim(t, sim.Config{UnloadDelay: 50 * time.Millisecond}, sim.ModelConfig{Name: "tiny", Size: 3 << 30})
+	s := newSim(t, vramguardtest.Config{UnloadDelay: 50 * time.Millisecond}, vramguardtest.ModelConfig{Name: "tiny", Size: 3 << 30})
 	var verified []UnloadReport
 	c := newTestClient(t, s, Options{Hooks: Hooks{OnEvictionVerified: func(r UnloadReport) { verified = append(verified, r) }}})
 	if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveServerDefault, nil); err != nil {
@@ -331,7 +331,7 @@ func TestUnloadModelVerified(t *testing.T) {
 // generations: its unload lands during the load, is lost, and is sent
 // again once the model is listed.
 func TestUnloadLostDuringLoadIsResent(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: 300 * time.Millisecond})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: 300 * time.Millisecond})
 	var sent atomic.Int32
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond,
 		Hooks: Hooks{OnUnloadRequested: func(ModelEvent) { sent.Add(1) }}})
@@ -359,7 +359,7 @@ func TestUnloadLostDuringLoadIsResent(t *testing.T) {
 }
 
 func TestUnloadWaitsForInFlightRequest(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 20, TokenLatency: 10 * time.Millisecond})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 20, TokenLatency: 10 * time.Millisecond})
 	c := newTestClient(t, s, Options{})
 	// Another program's request, made with the raw API client.
 	raw := s.Client()
@@ -391,7 +391,7 @@ func TestUnloadWaitsForInFlightRequest(t *testing.T) {
 }
 
 func TestUnloadTimeout(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 1000, TokenLatency: 10 * time.Millisecond})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 1000, TokenLatency: 10 * time.Millisecond})
 	c := newTestClient(t, s, Options{UnloadTimeout: 100 * time.Millisecond})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -408,7 +408,7 @@ func TestUnloadTimeout(t *testing.T) {
 }
 
 func TestUnloadAll(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"}, sim.ModelConfig{Name: "b"}, sim.ModelConfig{Name: "user/c:q4"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"}, vramguardtest.ModelConfig{Name: "b"}, vramguardtest.ModelConfig{Name: "user/c:q4"})
 	c := newTestClient(t, s, Options{})
 	for _, m := range []string{"a", "b", "user/c:q4"} {
 		if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: m, Prompt: "x"}, KeepAliveForever, nil); err != nil {
@@ -433,7 +433,7 @@ func TestUnloadAll(t *testing.T) {
 }
 
 func TestCleanupOutlivesCanceledContext(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	c := newTestClient(t, s, Options{})
 	if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveForever, nil); err != nil {
 		t.Fatal(err)
@@ -450,7 +450,7 @@ func TestCleanupOutlivesCanceledContext(t *testing.T) {
 }
 
 func TestCleanupAsyncJoinedByClose(t *testing.T) {
-	s := newSim(t, sim.Config{UnloadDelay: 100 * time.Millisecond}, sim.ModelConfig{Name: "a"}, sim.ModelConfig{Name: "b"})
+	s := newSim(t, vramguardtest.Config{UnloadDelay: 100 * time.Millisecond}, vramguardtest.ModelConfig{Name: "a"}, vramguardtest.ModelConfig{Name: "b"})
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -500,7 +500,7 @@ type panicReader struct{}
 func (panicReader) Snapshot(context.Context) (*VRAMSnapshot, error) { panic("driver exploded") }
 
 func TestCleanupAsyncRecoversPanic(t *testing.T) {
-	s := newSim(t, sim.Config{})
+	s := newSim(t, vramguardtest.Config{})
 	var failed atomic.Int32
 	c, err := NewClient(Options{Host: s.URL().String(), VRAM: panicReader{}, Hooks: Hooks{OnCleanupFailed: func(ModelEvent) { failed.Add(1) }}})
 	if err != nil {
@@ -522,7 +522,7 @@ func TestCleanupAsyncRecoversPanic(t *testing.T) {
 }
 
 func TestCloseUnloadsWarmModels(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"}, sim.ModelConfig{Name: "b"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"}, vramguardtest.ModelConfig{Name: "b"})
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -562,7 +562,7 @@ func (f *fakeReader) Snapshot(context.Context) (*VRAMSnapshot, error) {
 }
 
 func TestReleaseVRAM(t *testing.T) {
-	s := newSim(t, sim.Config{})
+	s := newSim(t, vramguardtest.Config{})
 	r := &fakeReader{free: []uint64{1 << 30, 5 << 30}}
 	c := newTestClient(t, s, Options{VRAM: r})
 	var order []string
@@ -620,8 +620,8 @@ func TestNewClientHost(t *testing.T) {
 			t.Errorf("%q/%q: %v", tt.host, tt.env, err)
 			continue
 		}
-		if c.host != tt.want {
-			t.Errorf("%q/%q: host %q, want %q", tt.host, tt.env, c.host, tt.want)
+		if Host(c) != tt.want {
+			t.Errorf("%q/%q: host %q, want %q", tt.host, tt.env, Host(c), tt.want)
 		}
 		c.Close()
 	}
@@ -683,31 +683,13 @@ func TestParseKeepAlive(t *testing.T) {
 	}
 }
 
-func TestClassifyTransportErrors(t *testing.T) {
-	closedIdle := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/api/generate", Err: errors.New("http: server closed idle connection")}
-	refused := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/api/generate",
-		Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
-	for _, tt := range []struct {
-		err  error
-		want Kind
-	}{
-		{closedIdle, KindTransient},
-		{refused, KindUnavailable},
-		{errors.New("llama runner process has terminated: exit status 2"), KindModelCrash},
-	} {
-		if got := classify(tt.err); got != tt.want {
-			t.Errorf("classify(%v) = %v, want %v", tt.err, got, tt.want)
-		}
-	}
-}
-
 // Shutdown is bounded by its context, as net/http's is: when ctx ends
 // first it returns KindCanceled while the work goes on; a later Close
 // waits for that work and returns its result, and the client refuses
 // calls from the start.
 func TestShutdownBoundedByContext(t *testing.T) {
 	const unloadDelay = time.Second
-	s := newSim(t, sim.Config{UnloadDelay: unloadDelay}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{UnloadDelay: unloadDelay}, vramguardtest.ModelConfig{Name: "tiny"})
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -11,8 +11,7 @@ import (
 
 	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // countingTransport counts the requests a client sends.
@@ -28,7 +27,7 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // countedClient returns a client for s whose requests are counted. The
 // test closes it itself where it needs to; it is closed at the end anyway.
-func countedClient(t *testing.T, s *sim.Server, opts vramguard.Options) (*vramguard.OllamaClient, *countingTransport) {
+func countedClient(t *testing.T, s *vramguardtest.Server, opts vramguard.Options) (*vramguard.OllamaClient, *countingTransport) {
 	t.Helper()
 	inner := &http.Transport{}
 	t.Cleanup(inner.CloseIdleConnections)
@@ -50,9 +49,9 @@ func countedClient(t *testing.T, s *sim.Server, opts vramguard.Options) (*vramgu
 // client, and of a Guard, Session or Phase on it, fails fast with
 // ErrClosed (KindUnavailable), runs no caller code and sends no request.
 func TestClosedClientSendsNothing(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "a"}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a"}}})
 	t.Cleanup(s.Close)
-	c, ct := countedClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}})
+	c, ct := countedClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}})
 	released := 0
 	c.RegisterRelease("r", func(context.Context) error { released++; return nil })
 	p, err := c.StartPhase(t.Context(), "p", vramguard.PhaseOptions{})
@@ -138,7 +137,7 @@ func TestClosedClientSendsNothing(t *testing.T) {
 // after its Phase ended, fails and sends nothing, instead of loading the
 // model again behind a verified unload.
 func TestSessionOutsideItsScope(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "a"}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a"}}})
 	t.Cleanup(s.Close)
 	c, ct := countedClient(t, s, vramguard.Options{})
 	req := &vramguard.GenerateRequest{Prompt: "x"}
@@ -192,7 +191,7 @@ func TestSessionOutsideItsScope(t *testing.T) {
 // reached the server leaves the model as it was: here a copy another
 // program loaded with a 1 h keep-alive.
 func TestRefusedCallLeavesTheModel(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "a"}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a"}}})
 	t.Cleanup(s.Close)
 	other := s.Client()
 	if err := other.Generate(t.Context(), &api.GenerateRequest{Model: "a", Prompt: "x", KeepAlive: &api.Duration{Duration: time.Hour}},
@@ -233,7 +232,7 @@ func TestRefusedCallLeavesTheModel(t *testing.T) {
 // server unloads the model when the other request ends. UnloadModel, whose
 // purpose is the memory, still waits for it.
 func TestGuardDoesNotWaitForOthers(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "a", Chunks: 400, TokenLatency: 25 * time.Millisecond}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a", Chunks: 400, TokenLatency: 25 * time.Millisecond}}})
 	t.Cleanup(s.Close)
 	c, _ := countedClient(t, s, vramguard.Options{})
 	g := vramguard.Guard{Client: c}
@@ -295,13 +294,4 @@ func TestGuardDoesNotWaitForOthers(t *testing.T) {
 	stopOther()
 	<-otherDone
 	eventually(t, s, "model gone after the other request ended", func() bool { return !s.Listed("a") })
-}
-
-func eventually(t *testing.T, s *sim.Server, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	if err := s.WaitFor(ctx, cond); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
 }

@@ -1,4 +1,4 @@
-package vramguard
+package vramguard_test
 
 import (
 	"errors"
@@ -6,12 +6,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	. "github.com/vramguard/vramguard"
+
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestEstimateModelFormula(t *testing.T) {
 	const size = 3 << 30
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: size, ContextLength: 8192})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: size, ContextLength: 8192})
 	c := newTestClient(t, s, Options{})
 
 	e1, err := c.EstimateModel(t.Context(), "tiny", 2048)
@@ -30,7 +32,7 @@ func TestEstimateModelFormula(t *testing.T) {
 	}
 	// The simulator's 3 GiB model has the shape of a 3B: 28 blocks, 8
 	// key/value heads of 3072/24 = 128, f16.
-	sh := sim.ShapeOf(size)
+	sh := vramguardtest.ShapeOf(size)
 	kd := int64(sh.Embedding / sh.Heads)
 	if want := 2048 * int64(sh.Blocks) * int64(sh.HeadsKV) * 2 * kd * 2; e1.KVCache != want {
 		t.Errorf("KV cache at 2048: %d, want %d", e1.KVCache, want)
@@ -48,19 +50,19 @@ func TestEstimateModelFormula(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e0.NumCtx != defaultEstimateNumCtx || e0.Total != e2.Total {
-		t.Errorf("num_ctx 0: %+v, want the estimate at %d: %+v", e0, defaultEstimateNumCtx, e2)
+	if e0.NumCtx != DefaultEstimateNumCtx || e0.Total != e2.Total {
+		t.Errorf("num_ctx 0: %+v, want the estimate at %d: %+v", e0, DefaultEstimateNumCtx, e2)
 	}
 }
 
 func TestEstimateModelErrors(t *testing.T) {
-	s := newSim(t, sim.Config{},
-		sim.ModelConfig{Name: "tiny"},
-		sim.ModelConfig{Name: "bare", ModelInfo: map[string]any{
+	s := newSim(t, vramguardtest.Config{},
+		vramguardtest.ModelConfig{Name: "tiny"},
+		vramguardtest.ModelConfig{Name: "bare", ModelInfo: map[string]any{
 			"general.architecture": "llama",
 			"llama.block_count":    4,
 		}},
-		sim.ModelConfig{Name: "noarch", ModelInfo: map[string]any{}},
+		vramguardtest.ModelConfig{Name: "noarch", ModelInfo: map[string]any{}},
 	)
 	c := newTestClient(t, s, Options{})
 	for _, tt := range []struct {
@@ -98,49 +100,10 @@ func TestEstimateModelErrors(t *testing.T) {
 	})
 }
 
-func TestReadShapeDefaults(t *testing.T) {
-	for _, tt := range []struct {
-		name string
-		info map[string]any
-		want modelShape
-	}{
-		{"llama.cpp defaults", map[string]any{
-			"general.architecture": "llama", "llama.block_count": 2.0,
-			"llama.embedding_length": 64.0, "llama.attention.head_count": 4.0,
-		}, modelShape{blocks: 2, embedding: 64, heads: 4, headsKV: 4, keyLen: 16, valueLen: 16}},
-		{"per-layer key/value heads and shown tokens", map[string]any{
-			"general.architecture": "gemma3", "gemma3.block_count": 2.0,
-			"gemma3.embedding_length": 64.0, "gemma3.attention.head_count": 4.0,
-			"gemma3.attention.head_count_kv": []any{1.0, 2.0}, "gemma3.attention.key_length": 32.0,
-			"tokenizer.ggml.tokens": []any{"a", "b", "c"},
-		}, modelShape{blocks: 2, embedding: 64, heads: 4, headsKV: 2, keyLen: 32, valueLen: 16, vocab: 3}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := readShape(tt.info)
-			if err != nil || got != tt.want {
-				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
-			}
-		})
-	}
-}
-
-func TestParamNumCtx(t *testing.T) {
-	for in, want := range map[string]int{
-		"":                                     0,
-		"stop \"<|eot|>\"\nnum_ctx 8192\n":     8192,
-		"num_ctx                        16384": 16384,
-		"num_ctx x":                            0,
-	} {
-		if got := paramNumCtx(in); got != want {
-			t.Errorf("paramNumCtx(%q) = %d, want %d", in, got, want)
-		}
-	}
-}
-
 // A model_info large enough to overflow int64 saturates: the estimate is
 // huge, never negative or small (a budget would admit it).
 func TestEstimateSaturates(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "huge", Size: 1 << 30, ModelInfo: map[string]any{
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "huge", Size: 1 << 30, ModelInfo: map[string]any{
 		"general.architecture":          "llama",
 		"llama.block_count":             1 << 40,
 		"llama.embedding_length":        1 << 40,
@@ -154,8 +117,5 @@ func TestEstimateSaturates(t *testing.T) {
 	}
 	if e.Total != math.MaxInt64 || e.KVCache <= 0 || e.Compute <= 0 {
 		t.Errorf("estimate of a hostile model_info: %+v, want saturated, positive parts", e)
-	}
-	if satMul(math.MaxInt64, 3) != math.MaxInt64 || satAdd(math.MaxInt64, 1) != math.MaxInt64 || satMul(3, -1) != 0 {
-		t.Error("saturation is wrong")
 	}
 }

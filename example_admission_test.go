@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func ExampleOllamaClient_Shutdown() {
@@ -36,14 +35,14 @@ func ExampleOllamaClient_Shutdown() {
 // so the 5 GiB model is refused, naming who holds the memory, and nothing
 // is sent to the server.
 func ExampleBudget() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
 	defer s.Close()
 	if err := s.Reserve("comfyui", 14<<30); err != nil {
 		log.Fatal(err)
 	}
 	c, err := vramguard.NewClient(vramguard.Options{
 		Host:   s.URL().String(),
-		VRAM:   &simvram.Reader{S: s},
+		VRAM:   &vramguardtest.GPU{Server: s},
 		Budget: &vramguard.Budget{Headroom: 10 << 30},
 	})
 	if err != nil {
@@ -63,14 +62,14 @@ func ExampleBudget() {
 // the call at its first chunk and is unloaded, instead of generating many
 // times slower.
 func ExampleOffload() {
-	s := sim.New(sim.Config{StrictVRAM: true, Offload: true, Models: []sim.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
+	s := vramguardtest.New(vramguardtest.Config{StrictVRAM: true, Offload: true, Models: []vramguardtest.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
 	defer s.Close()
 	if err := s.Reserve("comfyui", 21<<30); err != nil { // 3 of 24 GiB left
 		log.Fatal(err)
 	}
 	c, err := vramguard.NewClient(vramguard.Options{
 		Host:          s.URL().String(),
-		VRAM:          &simvram.Reader{S: s},
+		VRAM:          &vramguardtest.GPU{Server: s},
 		FailOnOffload: true,
 		PollInterval:  5 * time.Millisecond,
 	})

@@ -11,7 +11,7 @@ import (
 
 	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func ExampleOllamaClient_ChatStreaming() {
@@ -143,15 +143,15 @@ func ExampleErrNoVision() {
 
 func ExampleChatRequest() {
 	// A model that calls a tool, then answers with its result.
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "qwen3", Tools: true,
-		RespondTo: func(r sim.Call) []sim.Chunk {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "qwen3", Tools: true,
+		RespondTo: func(r vramguardtest.Call) []vramguardtest.Chunk {
 			last := r.Messages[len(r.Messages)-1]
 			if last.Role == "tool" {
-				return []sim.Chunk{{Text: "a castle under a " + last.Content + " sky"}}
+				return []vramguardtest.Chunk{{Text: "a castle under a " + last.Content + " sky"}}
 			}
 			args := api.NewToolCallFunctionArguments()
 			args.Set("city", "Carcassonne")
-			return []sim.Chunk{{ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "weather", Arguments: args}}}}}
+			return []vramguardtest.Chunk{{ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "weather", Arguments: args}}}}}
 		}}}})
 	defer s.Close()
 	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String()})

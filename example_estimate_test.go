@@ -6,13 +6,13 @@ import (
 	"log"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // Estimate what a model needs on the device before loading it, for
 // example to decide whether it fits next to what is already loaded.
 func ExampleOllamaClient_EstimateModel() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", Size: 1 << 30}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", Size: 1 << 30}}})
 	defer s.Close()
 	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String()})
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 	"log"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // The weights blobs of the examples' models, as `ollama show --modelfile`
@@ -18,8 +18,8 @@ const (
 
 // startNamingSim starts the simulator with tiny-a loaded and tiny-b
 // installed.
-func startNamingSim() (*sim.Server, *vramguard.OllamaClient) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+func startNamingSim() (*vramguardtest.Server, *vramguard.OllamaClient) {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		{Name: "tiny-a", Blob: exampleBlobA, Size: 5 << 30},
 		{Name: "tiny-b", Blob: exampleBlobB, Size: 3 << 30},
 	}})

@@ -10,15 +10,15 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // startSim starts the built-in Ollama simulator with two models. Real
 // programs leave Options.Host empty (OLLAMA_HOST or 127.0.0.1:11434).
-func startSim() (*sim.Server, *vramguard.OllamaClient) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{
-		{Name: "llama3.2", Size: 2 << 30, LoadLatency: 30 * time.Millisecond, Respond: func(p string) []sim.Chunk {
-			return []sim.Chunk{{Text: "a castle "}, {Text: "at dawn, "}, {Text: "volumetric light"}}
+func startSim() (*vramguardtest.Server, *vramguard.OllamaClient) {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{
+		{Name: "llama3.2", Size: 2 << 30, LoadLatency: 30 * time.Millisecond, Respond: func(p string) []vramguardtest.Chunk {
+			return []vramguardtest.Chunk{{Text: "a castle "}, {Text: "at dawn, "}, {Text: "volumetric light"}}
 		}},
 		{Name: "qwen3:8b", Size: 5 << 30},
 	}})

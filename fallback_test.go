@@ -1,4 +1,4 @@
-package vramguard
+package vramguard_test
 
 import (
 	"bytes"
@@ -16,7 +16,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	. "github.com/vramguard/vramguard"
+
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // fakeCLI writes a shell script that stands in for `ollama run`: it records
@@ -35,12 +37,12 @@ func fakeCLI(t *testing.T, body string) (path, argsFile string) {
 }
 
 func TestFallbackAfterTransientFailure(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	cli, argsFile := fakeCLI(t, `printf 'from the cli: '; cat; printf '\n'`)
 	var fellBack atomic.Int32
 	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli,
 		Hooks: Hooks{OnFallback: func(ModelEvent) { fellBack.Add(1) }}})
-	if err := s.FailNext("tiny", sim.Busy()); err != nil {
+	if err := s.FailNext("tiny", vramguardtest.Busy()); err != nil {
 		t.Fatal(err)
 	}
 	var chunks int
@@ -55,7 +57,7 @@ func TestFallbackAfterTransientFailure(t *testing.T) {
 	args, _ := os.ReadFile(argsFile)
 	// KeepAliveServerDefault becomes an explicit 0s: the CLI's own default
 	// would leave the model resident for 5 minutes.
-	if want := "run tiny --nowordwrap --keepalive 0s\n" + c.host + "\n"; string(args) != want {
+	if want := "run tiny --nowordwrap --keepalive 0s\n" + Host(c) + "\n"; string(args) != want {
 		t.Errorf("cli got %q, want %q", args, want)
 	}
 	if s.Listed("tiny") {
@@ -64,7 +66,7 @@ func TestFallbackAfterTransientFailure(t *testing.T) {
 }
 
 func TestFallbackNotForPermanentFailures(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	cli, argsFile := fakeCLI(t, `cat`)
 	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
 	_, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "missing", Prompt: "x"}, KeepAliveUnload, nil)
@@ -93,13 +95,13 @@ func TestFallbackFailures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 			cli := tt.cliPath
 			if cli == "" {
 				cli, _ = fakeCLI(t, tt.body)
 			}
 			c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
-			if err := s.FailNext("tiny", sim.Busy()); err != nil {
+			if err := s.FailNext("tiny", vramguardtest.Busy()); err != nil {
 				t.Fatal(err)
 			}
 			start := time.Now()
@@ -118,10 +120,10 @@ func TestFallbackFailures(t *testing.T) {
 }
 
 func TestNoFallbackAfterChunksReachedTheCaller(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	cli, argsFile := fakeCLI(t, `cat`)
 	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
-	if err := s.FailNext("tiny", sim.CloseAfter(2)); err != nil {
+	if err := s.FailNext("tiny", vramguardtest.CloseAfter(2)); err != nil {
 		t.Fatal(err)
 	}
 	var seen []string
@@ -134,7 +136,7 @@ func TestNoFallbackAfterChunksReachedTheCaller(t *testing.T) {
 		t.Error("the CLI ran although the caller had already received text")
 	}
 	// Without a callback nothing was delivered: the fallback runs.
-	if err := s.FailNext("tiny", sim.CloseAfter(2)); err != nil {
+	if err := s.FailNext("tiny", vramguardtest.CloseAfter(2)); err != nil {
 		t.Fatal(err)
 	}
 	gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveUnload, nil)
@@ -148,40 +150,40 @@ func TestFallbackOptions(t *testing.T) {
 	tests := []struct {
 		name     string
 		options  map[string]any
-		drop     bool      // Options.FallbackDropOptions
-		fault    sim.Fault // the first attempt's failure
-		timeouts Timeouts  // of the request
-		wantKind Kind      // of the first failure, kept by a refusal
-		refused  string    // the option list a refusal names; "" when the CLI runs
-		dropped  []string  // Generation.DroppedOptions when it runs
-		wantText string    // of the CLI, which writes "one two three four five six"
-		reason   string    // Generation.DoneReason
+		drop     bool                // Options.FallbackDropOptions
+		fault    vramguardtest.Fault // the first attempt's failure
+		timeouts Timeouts            // of the request
+		wantKind Kind                // of the first failure, kept by a refusal
+		refused  string              // the option list a refusal names; "" when the CLI runs
+		dropped  []string            // Generation.DroppedOptions when it runs
+		wantText string              // of the CLI, which writes "one two three four five six"
+		reason   string              // Generation.DoneReason
 	}{
-		{name: "no options", fault: sim.Busy(), wantText: "one two three four five six", reason: "stop"},
-		{name: "empty options", options: map[string]any{}, fault: sim.Busy(), wantText: "one two three four five six", reason: "stop"},
-		{name: "options set to nil", options: map[string]any{"seed": nil}, fault: sim.Busy(),
+		{name: "no options", fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: "stop"},
+		{name: "empty options", options: map[string]any{}, fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: "stop"},
+		{name: "options set to nil", options: map[string]any{"seed": nil}, fault: vramguardtest.Busy(),
 			wantText: "one two three four five six", reason: "stop"},
 		// 4 approximate tokens: 4 words, but bytes/4 stops it first, at 16 bytes.
-		{name: "num_predict is enforced", options: map[string]any{"num_predict": 4}, fault: sim.Busy(),
+		{name: "num_predict is enforced", options: map[string]any{"num_predict": 4}, fault: vramguardtest.Busy(),
 			wantText: "one two three fo", reason: "length"},
-		{name: "num_predict from JSON", options: map[string]any{"num_predict": json.Number("2")}, fault: sim.Busy(),
+		{name: "num_predict from JSON", options: map[string]any{"num_predict": json.Number("2")}, fault: vramguardtest.Busy(),
 			wantText: "one two ", reason: "length"},
-		{name: "num_predict above the output", options: map[string]any{"num_predict": 100}, fault: sim.Busy(),
+		{name: "num_predict above the output", options: map[string]any{"num_predict": 100}, fault: vramguardtest.Busy(),
 			wantText: "one two three four five six", reason: "stop"},
-		{name: "num_predict -1 is no cap", options: map[string]any{"num_predict": -1}, fault: sim.Busy(),
+		{name: "num_predict -1 is no cap", options: map[string]any{"num_predict": -1}, fault: vramguardtest.Busy(),
 			wantText: "one two three four five six", reason: "stop"},
-		{name: "sampling options refused", options: all, fault: sim.Busy(), wantKind: KindTransient,
+		{name: "sampling options refused", options: all, fault: vramguardtest.Busy(), wantKind: KindTransient,
 			refused: "seed, temperature, top_p"},
-		{name: "refusal keeps a timeout's kind", options: all, fault: sim.Stall(5 * time.Second),
+		{name: "refusal keeps a timeout's kind", options: all, fault: vramguardtest.Stall(5 * time.Second),
 			timeouts: Timeouts{FirstChunk: 50 * time.Millisecond}, wantKind: KindTimeout, refused: "seed, temperature, top_p"},
-		{name: "num_predict that is not a number", options: map[string]any{"num_predict": "4"}, fault: sim.Busy(),
+		{name: "num_predict that is not a number", options: map[string]any{"num_predict": "4"}, fault: vramguardtest.Busy(),
 			wantKind: KindTransient, refused: "num_predict"},
-		{name: "dropped on request", options: all, drop: true, fault: sim.Busy(),
+		{name: "dropped on request", options: all, drop: true, fault: vramguardtest.Busy(),
 			dropped: []string{"seed", "temperature", "top_p"}, wantText: "one two three fo", reason: "length"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 			cli, argsFile := fakeCLI(t, `printf 'one two three four five six'`)
 			var fellBack atomic.Int32
 			var logs bytes.Buffer
@@ -234,11 +236,11 @@ func TestFallbackOptions(t *testing.T) {
 // soon as its text reaches num_predict; without the cap it would run until
 // the total timeout.
 func TestFallbackCapKillsTheCLI(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	cli, _ := fakeCLI(t, `echo $$ > `+pidFile+`; while :; do printf 'tok '; done`)
 	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
-	if err := s.FailNext("tiny", sim.Busy()); err != nil {
+	if err := s.FailNext("tiny", vramguardtest.Busy()); err != nil {
 		t.Fatal(err)
 	}
 	const limit = 50
@@ -278,10 +280,10 @@ func TestFallbackCapKillsTheCLI(t *testing.T) {
 
 // TestFallbackSplitRunes: a rune cut by the pipe reaches the callback whole.
 func TestFallbackSplitRunes(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	cli, _ := fakeCLI(t, `printf 'a \342'; sleep 0.2; printf '\202\254 b'`)
 	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
-	if err := s.FailNext("tiny", sim.Busy()); err != nil {
+	if err := s.FailNext("tiny", vramguardtest.Busy()); err != nil {
 		t.Fatal(err)
 	}
 	var pieces []string
@@ -298,105 +300,4 @@ func TestFallbackSplitRunes(t *testing.T) {
 	if gen.Text != "a € b" {
 		t.Errorf("text %q", gen.Text)
 	}
-}
-
-func TestTokenCap(t *testing.T) {
-	tests := []struct {
-		name   string
-		max    int
-		pieces []string // fed in order
-		want   string   // what fits
-		full   bool
-	}{
-		{name: "no cap", max: 0, pieces: []string{"a b c d e f g"}, want: "a b c d e f g"},
-		{name: "words count", max: 3, pieces: []string{"a b c d"}, want: "a b c ", full: true},
-		{name: "bytes/4 count", max: 2, pieces: []string{"abcdefghij"}, want: "abcdefgh", full: true},
-		{name: "across pieces", max: 2, pieces: []string{"a", " b", " c"}, want: "a b ", full: true},
-		{name: "a word split over pieces is one word", max: 2, pieces: []string{"ab", "c d"}, want: "abc d"},
-		{name: "unicode spaces separate words", max: 2, pieces: []string{"a\u00a0b\u3000c"}, want: "a\u00a0b\u3000", full: true},
-		{name: "runes are not cut", max: 1, pieces: []string{"é€x"}, want: "é", full: true},
-		{name: "invalid bytes count one each", max: 1, pieces: []string{"\xff\xfe\xfd\xfc\xfb"}, want: "\xff\xfe\xfd\xfc", full: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			tc := tokenCap{max: tt.max}
-			var got strings.Builder
-			var full bool
-			for _, p := range tt.pieces {
-				var n int
-				n, full = tc.fit(p)
-				got.WriteString(p[:n])
-				if full {
-					break
-				}
-			}
-			if got.String() != tt.want || full != tt.full {
-				t.Errorf("fit %q, full %v; want %q, %v", got.String(), full, tt.want, tt.full)
-			}
-		})
-	}
-}
-
-func TestCompleteRunes(t *testing.T) {
-	for _, tt := range []struct {
-		in   string
-		want int
-	}{
-		{"", 0}, {"abc", 3}, {"a\xe2\x82", 1}, {"a\xe2\x82\xac", 4}, {"\xf0\x9f\x98", 0},
-		{"a\xff", 2}, {"\x82\x82\x82\x82", 4},
-	} {
-		if got := completeRunes([]byte(tt.in)); got != tt.want {
-			t.Errorf("completeRunes(%q) = %d, want %d", tt.in, got, tt.want)
-		}
-	}
-}
-
-// FuzzTokenCap: whatever the CLI writes and however the pipe splits it,
-// the text kept is a prefix of the output, cut between runes, with at most
-// max words and 4*max bytes, and only a rune that would pass the cap
-// stops it.
-func FuzzTokenCap(f *testing.F) {
-	f.Add("one two three four five", uint8(3), uint8(4))
-	f.Add("é€\xff  x\u00a0y", uint8(2), uint8(1))
-	f.Fuzz(func(t *testing.T, out string, max, split uint8) {
-		if max == 0 {
-			return
-		}
-		tc := tokenCap{max: int(max)}
-		var kept strings.Builder
-		full := false
-		rest := []byte(out)
-		var pending []byte
-		for len(rest) > 0 && !full {
-			k := min(int(split)+1, len(rest))
-			data := append(pending, rest[:k]...)
-			rest = rest[k:]
-			end := len(data)
-			if len(rest) > 0 {
-				end = completeRunes(data)
-			}
-			piece := string(data[:end])
-			pending = bytes.Clone(data[end:])
-			var n int
-			n, full = tc.fit(piece)
-			kept.WriteString(piece[:n])
-		}
-		got := kept.String()
-		if !strings.HasPrefix(out, got) {
-			t.Fatalf("kept %q is not a prefix of %q", got, out)
-		}
-		if w := len(strings.Fields(got)); w > int(max) || len(got) > 4*int(max) {
-			t.Fatalf("kept %q: %d words, %d bytes over a cap of %d", got, w, len(got), max)
-		}
-		if !full && got != out {
-			t.Fatalf("kept %q of %q without reaching the cap", got, out)
-		}
-		if full {
-			_, size := utf8.DecodeRuneInString(out[len(got):])
-			next := out[:len(got)+size]
-			if len(strings.Fields(next)) <= int(max) && (len(next)+3)/4 <= int(max) {
-				t.Fatalf("stopped at %q although %q fits", got, next)
-			}
-		}
-	})
 }

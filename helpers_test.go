@@ -1,27 +1,29 @@
-package vramguard
+package vramguard_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	. "github.com/vramguard/vramguard"
+
 	"github.com/ollama/ollama/api"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // newSim starts a simulator with the given models; it is closed at the end
 // of the test.
-func newSim(t *testing.T, cfg sim.Config, models ...sim.ModelConfig) *sim.Server {
+func newSim(t *testing.T, cfg vramguardtest.Config, models ...vramguardtest.ModelConfig) *vramguardtest.Server {
 	t.Helper()
 	cfg.Models = append(cfg.Models, models...)
-	s := sim.New(cfg)
+	s := vramguardtest.New(cfg)
 	t.Cleanup(s.Close)
 	return s
 }
 
 // newTestClient returns a client for s with fast polling; it is closed at
 // the end of the test and must close cleanly.
-func newTestClient(t *testing.T, s *sim.Server, opts Options) *OllamaClient {
+func newTestClient(t *testing.T, s *vramguardtest.Server, opts Options) *OllamaClient {
 	t.Helper()
 	return newClientAt(t, s.URL().String(), opts)
 }
@@ -49,7 +51,7 @@ func newClientAt(t *testing.T, host string, opts Options) *OllamaClient {
 }
 
 // eventually waits for cond on the simulator's state changes.
-func eventually(t *testing.T, s *sim.Server, what string, cond func() bool) {
+func eventually(t *testing.T, s *vramguardtest.Server, what string, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()

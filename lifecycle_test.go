@@ -1,4 +1,4 @@
-package vramguard
+package vramguard_test
 
 import (
 	"context"
@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	. "github.com/vramguard/vramguard"
+
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestGuardPanicStillEvicts(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	c := newTestClient(t, s, Options{})
 	// KeepLoaded is off (the zero value), so the model must go even though
 	// the generation asked the server to keep it and the function panicked.
@@ -44,7 +46,7 @@ func TestGuardPanicStillEvicts(t *testing.T) {
 }
 
 func TestGuardCanceledContextStillEvicts(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 100, TokenLatency: 5 * time.Millisecond})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 100, TokenLatency: 5 * time.Millisecond})
 	c := newTestClient(t, s, Options{})
 	g := Guard{Client: c}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -69,7 +71,7 @@ func TestGuardCanceledContextStillEvicts(t *testing.T) {
 }
 
 func TestGuardKeepLoadedAndAsync(t *testing.T) {
-	s := newSim(t, sim.Config{UnloadDelay: 100 * time.Millisecond}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{UnloadDelay: 100 * time.Millisecond}, vramguardtest.ModelConfig{Name: "tiny"})
 	c := newTestClient(t, s, Options{KeepModelsOnClose: true})
 	keep := Guard{Client: c, KeepLoaded: true}
 	if _, err := keep.Generate(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, nil); err != nil {
@@ -112,7 +114,7 @@ func TestGuardValidation(t *testing.T) {
 			t.Errorf("%s: got %v, want invalid input", tt.name, tt.err)
 		}
 	}
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"}, sim.ModelConfig{Name: "b"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"}, vramguardtest.ModelConfig{Name: "b"})
 	c := newTestClient(t, s, Options{})
 	err := (&Guard{Client: c}).Run(t.Context(), "a", func(ctx context.Context, s *Session) error {
 		_, err := s.Generate(ctx, &GenerateRequest{Model: "b", Prompt: "x"}, nil)
@@ -127,13 +129,13 @@ func TestGuardValidation(t *testing.T) {
 // checks, at the moment each unload request is sent, that no guarded use
 // and no generation of the client is running.
 func TestConcurrentGuardsNeverUnloadInUse(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 4, TokenLatency: time.Millisecond, LoadLatency: 5 * time.Millisecond})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 4, TokenLatency: time.Millisecond, LoadLatency: 5 * time.Millisecond})
 	var c *OllamaClient
 	var violations, unloads atomic.Int32
 	c = newTestClient(t, s, Options{Hooks: Hooks{OnUnloadRequested: func(e ModelEvent) {
 		m := e.Model
 		unloads.Add(1)
-		if n, f := c.Users(m), first(c.book.inFlight(m)); n != 0 || f != 0 {
+		if n, f := c.Users(m), InFlight(c, m); n != 0 || f != 0 {
 			violations.Add(1)
 			t.Errorf("unload of %s requested with %d users and %d in-flight generations", m, n, f)
 		}
@@ -190,12 +192,12 @@ func originalWorkflow(ctx context.Context, g Guard) error {
 }
 
 func TestPhaseAvoidsReloads(t *testing.T) {
-	models := []sim.ModelConfig{
+	models := []vramguardtest.ModelConfig{
 		{Name: "a", Size: 2 << 30, LoadLatency: 30 * time.Millisecond},
 		{Name: "b", Size: 4 << 30, LoadLatency: 30 * time.Millisecond},
 	}
 	t.Run("per-call", func(t *testing.T) {
-		s := newSim(t, sim.Config{}, models...)
+		s := newSim(t, vramguardtest.Config{}, models...)
 		c := newTestClient(t, s, Options{})
 		if err := originalWorkflow(t.Context(), Guard{Client: c}); err != nil {
 			t.Fatal(err)
@@ -208,10 +210,10 @@ func TestPhaseAvoidsReloads(t *testing.T) {
 		}
 	})
 	t.Run("phase", func(t *testing.T) {
-		s := newSim(t, sim.Config{}, models...)
+		s := newSim(t, vramguardtest.Config{}, models...)
 		c := newTestClient(t, s, Options{})
 		var loads atomic.Int32
-		c.opts.Hooks.OnLoad = func(ModelEvent) { loads.Add(1) }
+		SetOnLoad(c, func(ModelEvent) { loads.Add(1) })
 		p, err := c.StartPhase(t.Context(), "prompts", PhaseOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -248,7 +250,7 @@ func TestPhaseAvoidsReloads(t *testing.T) {
 }
 
 func TestPhaseEndsWhenContextCanceled(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"})
 	c := newTestClient(t, s, Options{})
 	ctx, cancel := context.WithCancel(t.Context())
 	p, err := c.StartPhase(ctx, "prompts", PhaseOptions{KeepAlive: KeepAliveFor(time.Hour)})
@@ -275,7 +277,7 @@ func TestPhaseEndsWhenContextCanceled(t *testing.T) {
 }
 
 func TestPhaseHandover(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"})
 	r := &fakeReader{free: []uint64{20 << 30}}
 	c := newTestClient(t, s, Options{VRAM: r})
 	p, err := c.StartPhase(t.Context(), "prompts", PhaseOptions{NeedBytes: 12 << 30})
@@ -301,7 +303,7 @@ func TestPhaseHandover(t *testing.T) {
 // TestStartPhaseWithCanceledContext: the phase ends by itself at once, and
 // the callback that ends it never runs before the phase is set up.
 func TestStartPhaseWithCanceledContext(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"})
 	c := newTestClient(t, s, Options{})
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -325,7 +327,7 @@ func TestStartPhaseWithCanceledContext(t *testing.T) {
 // guarded use of the phase is still running, or that use would load the
 // model again after End returned.
 func TestPhaseEndWaitsForRunningUses(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a", LoadLatency: 30 * time.Millisecond})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a", LoadLatency: 30 * time.Millisecond})
 	c := newTestClient(t, s, Options{})
 	p, err := c.StartPhase(t.Context(), "x", PhaseOptions{})
 	if err != nil {
@@ -368,7 +370,7 @@ func TestPhaseEndWaitsForRunningUses(t *testing.T) {
 // TestWaitReturnsEachFailureOnce: a failed background cleanup is reported
 // by the next Wait, not by every Wait after it.
 func TestWaitReturnsEachFailureOnce(t *testing.T) {
-	s := newSim(t, sim.Config{})
+	s := newSim(t, vramguardtest.Config{})
 	c := newTestClient(t, s, Options{})
 	fail := true
 	c.RegisterRelease("flaky", func(context.Context) error {
@@ -392,7 +394,7 @@ func TestWaitReturnsEachFailureOnce(t *testing.T) {
 // still cleans up after itself, synchronously, instead of being refused in
 // silence.
 func TestAsyncGuardOnClosedClient(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"})
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -420,7 +422,7 @@ func TestAsyncGuardOnClosedClient(t *testing.T) {
 // mean something run; the eight whose fields would be ignored fail with
 // KindInvalidInput and send nothing.
 func TestGuardPolicyCombinations(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 	c := newTestClient(t, s, Options{})
 	p, err := c.StartPhase(t.Context(), "p", PhaseOptions{})
 	if err != nil {
@@ -461,5 +463,3 @@ func TestGuardPolicyCombinations(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-func first[A, B any](a A, _ B) A { return a }

@@ -13,21 +13,20 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // offloadSim starts a simulator with a 10 GiB GPU that splits a model
 // that does not fit between GPU and CPU, and one 6 GiB model, "a"; another
 // program holds reserve bytes of the GPU.
-func offloadSim(t *testing.T, reserve uint64, mods ...func(*sim.ModelConfig)) *sim.Server {
+func offloadSim(t *testing.T, reserve uint64, mods ...func(*vramguardtest.ModelConfig)) *vramguardtest.Server {
 	t.Helper()
 	// A load takes longer than Options.LoadThreshold.
-	m := sim.ModelConfig{Name: "a", Size: 6 * gib, SizeVRAM: 6 * gib, Chunks: 3, LoadLatency: 20 * time.Millisecond}
+	m := vramguardtest.ModelConfig{Name: "a", Size: 6 * gib, SizeVRAM: 6 * gib, Chunks: 3, LoadLatency: 20 * time.Millisecond}
 	for _, f := range mods {
 		f(&m)
 	}
-	s := sim.New(sim.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Offload: true, Models: []sim.ModelConfig{m}})
+	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Offload: true, Models: []vramguardtest.ModelConfig{m}})
 	t.Cleanup(s.Close)
 	if reserve > 0 {
 		if err := s.Reserve("comfyui", reserve); err != nil {
@@ -39,7 +38,7 @@ func offloadSim(t *testing.T, reserve uint64, mods ...func(*sim.ModelConfig)) *s
 
 // offloadClient returns a client for s whose OnOffload events are
 // collected, and whose log is written to the returned buffer.
-func offloadClient(t *testing.T, s *sim.Server, opts vramguard.Options) (*vramguard.OllamaClient, func() []vramguard.ModelEvent, *syncBuffer) {
+func offloadClient(t *testing.T, s *vramguardtest.Server, opts vramguard.Options) (*vramguard.OllamaClient, func() []vramguard.ModelEvent, *syncBuffer) {
 	t.Helper()
 	var mu sync.Mutex
 	var events []vramguard.ModelEvent
@@ -112,7 +111,7 @@ func TestOffloadReported(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := offloadSim(t, tt.reserve)
-			c, events, logs := offloadClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}})
+			c, events, logs := offloadClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}})
 			req := &vramguard.GenerateRequest{Model: "a", Prompt: "x"}
 			gen, err := c.GenerateStreaming(t.Context(), req, tt.keepAlive, nil)
 			if err != nil {
@@ -160,8 +159,8 @@ func TestFailOnOffload(t *testing.T) {
 	t.Run("split: fails before any text and unloads", func(t *testing.T) {
 		// A reply of 100 chunks, 5 ms apart: the request is canceled long
 		// before it ends.
-		s := offloadSim(t, 7*gib, func(m *sim.ModelConfig) { m.Chunks, m.TokenLatency = 100, 5*time.Millisecond })
-		c, events, _ := offloadClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}, FailOnOffload: true})
+		s := offloadSim(t, 7*gib, func(m *vramguardtest.ModelConfig) { m.Chunks, m.TokenLatency = 100, 5*time.Millisecond })
+		c, events, _ := offloadClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}, FailOnOffload: true})
 		chunks := 0
 		gen, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"},
 			vramguard.KeepAliveFor(time.Hour), func(vramguard.Chunk) error { chunks++; return nil })
@@ -186,7 +185,7 @@ func TestFailOnOffload(t *testing.T) {
 	})
 	t.Run("all on the GPU: generates", func(t *testing.T) {
 		s := offloadSim(t, 2*gib)
-		c, events, _ := offloadClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}, FailOnOffload: true})
+		c, events, _ := offloadClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}, FailOnOffload: true})
 		gen, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
 		if err != nil || gen.Offload != nil || len(events()) != 0 {
 			t.Fatalf("got %+v, %v, events %+v", gen, err, events())
@@ -195,8 +194,8 @@ func TestFailOnOffload(t *testing.T) {
 	t.Run("failed unload is joined", func(t *testing.T) {
 		// Another program's long request holds the offloaded model: the
 		// unload cannot be verified within UnloadTimeout.
-		s := offloadSim(t, 7*gib, func(m *sim.ModelConfig) { m.Chunks, m.TokenLatency = 1000, 5*time.Millisecond })
-		c, _, _ := offloadClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}, FailOnOffload: true,
+		s := offloadSim(t, 7*gib, func(m *vramguardtest.ModelConfig) { m.Chunks, m.TokenLatency = 1000, 5*time.Millisecond })
+		c, _, _ := offloadClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}, FailOnOffload: true,
 			UnloadTimeout: 300 * time.Millisecond})
 		octx, cancel := context.WithCancel(t.Context())
 		other := make(chan error, 1)
@@ -255,8 +254,8 @@ func TestOffloadNeverFlaggedWithoutGPU(t *testing.T) {
 // A chat refused by FailOnOffload fails like a generation, and says it
 // was a chat.
 func TestChatFailOnOffload(t *testing.T) {
-	s := offloadSim(t, 7*gib, func(m *sim.ModelConfig) { m.Chunks, m.TokenLatency = 100, 5*time.Millisecond })
-	c, _, _ := offloadClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}, FailOnOffload: true})
+	s := offloadSim(t, 7*gib, func(m *vramguardtest.ModelConfig) { m.Chunks, m.TokenLatency = 100, 5*time.Millisecond })
+	c, _, _ := offloadClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}, FailOnOffload: true})
 	_, err := c.ChatStreaming(t.Context(), &vramguard.ChatRequest{Model: "a", Messages: []api.Message{{Role: "user", Content: "x"}}},
 		vramguard.KeepAliveFor(time.Hour), nil)
 	var e *vramguard.Error

@@ -1,4 +1,4 @@
-package vramguard
+package vramguard_test
 
 import (
 	"fmt"
@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	. "github.com/vramguard/vramguard"
+
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // psClock records when each /api/ps request goes out.
@@ -34,13 +36,13 @@ func TestConcurrentUnloadsSharePolls(t *testing.T) {
 		n        = 8
 		interval = 20 * time.Millisecond
 	)
-	var models []sim.ModelConfig
+	var models []vramguardtest.ModelConfig
 	for i := range n {
-		models = append(models, sim.ModelConfig{Name: fmt.Sprintf("m%d", i)})
+		models = append(models, vramguardtest.ModelConfig{Name: fmt.Sprintf("m%d", i)})
 	}
 	// Each model stays listed for 300 ms after its unload: the unloads
 	// poll for that long, side by side.
-	s := newSim(t, sim.Config{UnloadDelay: 300 * time.Millisecond}, models...)
+	s := newSim(t, vramguardtest.Config{UnloadDelay: 300 * time.Millisecond}, models...)
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(tr.CloseIdleConnections)
 	clock := &psClock{next: tr}

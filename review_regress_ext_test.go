@@ -7,15 +7,14 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // A closed client with a budget sends nothing either.
 func TestClosedClientWithBudgetSendsNothing(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "a"}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a"}}})
 	t.Cleanup(s.Close)
-	c, ct := countedClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}, Budget: &vramguard.Budget{}})
+	c, ct := countedClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}, Budget: &vramguard.Budget{}})
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -52,10 +51,10 @@ func (s *slowReader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, err
 
 // A generation waiting for another's budget check still honours its ctx.
 func TestAdmissionHonoursContext(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "a"}, {Name: "b"}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a"}, {Name: "b"}}})
 	t.Cleanup(s.Close)
 	const delay = 2 * time.Second
-	sr := &slowReader{r: &simvram.Reader{S: s}, delay: delay, first: make(chan struct{})}
+	sr := &slowReader{r: &vramguardtest.GPU{Server: s}, delay: delay, first: make(chan struct{})}
 	c, _ := countedClient(t, s, vramguard.Options{VRAM: sr, Budget: &vramguard.Budget{}})
 	other := make(chan struct{})
 	go func() {
@@ -76,8 +75,8 @@ func TestAdmissionHonoursContext(t *testing.T) {
 // Phase.End's hand-over (NeedBytes) waits for this client's generation on
 // a model it evicts, as its unloads do, instead of cutting it.
 func TestPhaseHandoverKeepsOwnGenerations(t *testing.T) {
-	s := threeModelSim(t, sim.Config{StrictVRAM: true})
-	c, _ := countedClient(t, s, vramguard.Options{VRAM: &simvram.Reader{S: s}})
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	c, _ := countedClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}})
 	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "big", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +85,7 @@ func TestPhaseHandoverKeepsOwnGenerations(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A generation on big whose first chunk is slow (queued, prefill).
-	if err := s.FailNext("big", sim.Stall(500*time.Millisecond)); err != nil {
+	if err := s.FailNext("big", vramguardtest.Stall(500*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)

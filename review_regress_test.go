@@ -1,4 +1,4 @@
-package vramguard
+package vramguard_test
 
 import (
 	"context"
@@ -8,33 +8,36 @@ import (
 	"testing"
 	"time"
 
+	. "github.com/vramguard/vramguard"
+
 	"github.com/ollama/ollama/api"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // A generation with a keep-alive that begins while an unload's last poll
 // is in flight may load the model after that poll: the unload must not
 // drop it from what Close unloads.
 func TestUnloadKeepsNewerWarmModel(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "a", LoadLatency: 300 * time.Millisecond})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a", LoadLatency: 300 * time.Millisecond})
 	c := newTestClient(t, s, Options{})
-	inner := c.ps.list
 	polls := 0
 	genDone := make(chan error, 1)
-	c.ps.list = func(ctx context.Context) (*api.ProcessResponse, error) {
-		if polls++; polls == 2 {
-			time.Sleep(60 * time.Millisecond) // past the settle window after the unload
-			go func() {
-				_, err := c.GenerateStreaming(context.Background(), &GenerateRequest{Model: "a", Prompt: "x"}, KeepAliveFor(time.Hour), nil)
-				genDone <- err
-			}()
-			for n, _ := c.book.inFlight("a"); n == 0; n, _ = c.book.inFlight("a") {
-				time.Sleep(time.Millisecond)
+	WrapPSList(c, func(inner func(context.Context) (*api.ProcessResponse, error)) func(context.Context) (*api.ProcessResponse, error) {
+		return func(ctx context.Context) (*api.ProcessResponse, error) {
+			if polls++; polls == 2 {
+				time.Sleep(60 * time.Millisecond) // past the settle window after the unload
+				go func() {
+					_, err := c.GenerateStreaming(context.Background(), &GenerateRequest{Model: "a", Prompt: "x"}, KeepAliveFor(time.Hour), nil)
+					genDone <- err
+				}()
+				for InFlight(c, "a") == 0 {
+					time.Sleep(time.Millisecond)
+				}
 			}
+			return inner(ctx)
 		}
-		return inner(ctx)
-	}
+	})
 	if _, err := c.UnloadModel(t.Context(), "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +55,7 @@ func TestUnloadKeepsNewerWarmModel(t *testing.T) {
 // The shared /api/ps request of a caller that gave up does not outlive
 // Close.
 func TestPollerJoinedByClose(t *testing.T) {
-	s := newSim(t, sim.Config{PSDelay: time.Second}, sim.ModelConfig{Name: "a"})
+	s := newSim(t, vramguardtest.Config{PSDelay: time.Second}, vramguardtest.ModelConfig{Name: "a"})
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +95,7 @@ func TestCancelAfterDoneIsComplete(t *testing.T) {
 	for _, e := range endpoints() {
 		for _, viaAPI := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s, api client %v", e.name, viaAPI), func(t *testing.T) {
-				s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 3})
+				s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 3})
 				opts := Options{}
 				if viaAPI {
 					opts.API = s.Client()

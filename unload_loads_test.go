@@ -1,4 +1,4 @@
-package vramguard
+package vramguard_test
 
 import (
 	"context"
@@ -7,14 +7,16 @@ import (
 	"testing"
 	"time"
 
+	. "github.com/vramguard/vramguard"
+
 	"github.com/ollama/ollama/api"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // startLoad starts a generation of c on model and waits until the
 // simulator has it in flight, loading. The result arrives on the channel.
-func startLoad(t *testing.T, s *sim.Server, c *OllamaClient, model string) <-chan error {
+func startLoad(t *testing.T, s *vramguardtest.Server, c *OllamaClient, model string) <-chan error {
 	t.Helper()
 	n := s.Requests(model)
 	done := make(chan error, 1)
@@ -23,7 +25,7 @@ func startLoad(t *testing.T, s *sim.Server, c *OllamaClient, model string) <-cha
 			&GenerateRequest{Model: model, Prompt: "x"}, KeepAliveFor(time.Hour), nil)
 		done <- err
 	}()
-	if err := s.WaitFor(t.Context(), func() bool { f, _ := c.book.inFlight(model); return f == 1 && s.Requests(model) == n+1 }); err != nil {
+	if err := s.WaitFor(t.Context(), func() bool { return InFlight(c, model) == 1 && s.Requests(model) == n+1 }); err != nil {
 		t.Fatal(err)
 	}
 	return done
@@ -36,10 +38,10 @@ func TestUnloadCancelsOwnLoad(t *testing.T) {
 	const load = 2 * time.Second
 	for _, lose := range []bool{true, false} {
 		t.Run(map[bool]string{true: "unload lost during load", false: "unload kept"}[lose], func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: load})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: load})
 			s.SetLoseUnloadDuringLoad(lose)
 			c := newTestClient(t, s, Options{})
-			c.procRoot = newFakeProcs(t).root
+			SetProcRoot(c, newFakeProcs(t).root)
 			done := startLoad(t, s, c, "tiny")
 			start := time.Now()
 			rep, err := c.UnloadModel(t.Context(), "tiny")
@@ -73,7 +75,7 @@ func TestUnloadCancelsOwnLoad(t *testing.T) {
 // A generation that already streams belongs to its caller: the unload
 // waits for it and does not cut it.
 func TestUnloadWaitsForOwnStream(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Chunks: 20, TokenLatency: 20 * time.Millisecond})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 20, TokenLatency: 20 * time.Millisecond})
 	c := newTestClient(t, s, Options{})
 	first := make(chan struct{})
 	done := make(chan error, 1)
@@ -114,7 +116,7 @@ func TestOwnCleanupsKeepOtherLoads(t *testing.T) {
 	// used runs a guarded generation of tiny in scope, then unloads tiny
 	// with another client and starts an unguarded generation of c that
 	// loads it again; it returns that generation's result.
-	used := func(t *testing.T, s *sim.Server, c *OllamaClient, g Guard) <-chan error {
+	used := func(t *testing.T, s *vramguardtest.Server, c *OllamaClient, g Guard) <-chan error {
 		t.Helper()
 		if _, err := g.Generate(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, nil); err != nil {
 			t.Fatal(err)
@@ -135,7 +137,7 @@ func TestOwnCleanupsKeepOtherLoads(t *testing.T) {
 		}
 		return done
 	}
-	check := func(t *testing.T, s *sim.Server, cleanupErr error, done <-chan error) {
+	check := func(t *testing.T, s *vramguardtest.Server, cleanupErr error, done <-chan error) {
 		t.Helper()
 		if cleanupErr != nil {
 			t.Errorf("cleanup: %v", cleanupErr)
@@ -153,7 +155,7 @@ func TestOwnCleanupsKeepOtherLoads(t *testing.T) {
 		}
 	}
 	t.Run("guard", func(t *testing.T) {
-		s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: 300 * time.Millisecond})
+		s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: 300 * time.Millisecond})
 		s.SetLoseUnloadDuringLoad(true)
 		c := newTestClient(t, s, Options{})
 		g := Guard{Client: c}
@@ -168,7 +170,7 @@ func TestOwnCleanupsKeepOtherLoads(t *testing.T) {
 		check(t, s, err, done)
 	})
 	t.Run("phase", func(t *testing.T) {
-		s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: 300 * time.Millisecond})
+		s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: 300 * time.Millisecond})
 		s.SetLoseUnloadDuringLoad(true)
 		c := newTestClient(t, s, Options{})
 		p, err := c.StartPhase(t.Context(), "prompts", PhaseOptions{})
@@ -187,7 +189,7 @@ func TestOwnCleanupsKeepOtherLoads(t *testing.T) {
 // UnloadAll and Cleanup with AllModels also unload models this client is
 // loading, which /api/ps does not list yet.
 func TestUnloadAllCutsOwnLoads(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: 2 * time.Second})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: 2 * time.Second})
 	s.SetLoseUnloadDuringLoad(true)
 	c := newTestClient(t, s, Options{})
 	t.Run("UnloadAll", func(t *testing.T) {
@@ -252,10 +254,10 @@ func TestSettleWindowSeesOthersLoad(t *testing.T) {
 	const load = 400 * time.Millisecond
 	for _, window := range []time.Duration{0, 3 * load} {
 		t.Run("window "+window.String(), func(t *testing.T) {
-			s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", LoadLatency: load})
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: load})
 			s.SetLoseUnloadDuringLoad(true)
 			c := newTestClient(t, s, Options{SettleWindow: window})
-			c.procRoot = filepath.Join(t.TempDir(), "missing") // no process check
+			SetProcRoot(c, filepath.Join(t.TempDir(), "missing")) // no process check
 			// Another program's load, with the server's default keep-alive.
 			other := make(chan error, 1)
 			go func() {
@@ -297,7 +299,7 @@ func TestSettleWindowSeesOthersLoad(t *testing.T) {
 func TestSettleWindowValidated(t *testing.T) {
 	for _, o := range []Options{
 		{SettleWindow: -time.Second},
-		{SettleWindow: defaultUnloadTimeout},
+		{SettleWindow: DefaultUnloadTimeout},
 		{SettleWindow: time.Second, UnloadTimeout: time.Second},
 	} {
 		if _, err := NewClient(o); !errors.Is(err, KindInvalidInput) {

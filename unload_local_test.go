@@ -1,4 +1,4 @@
-package vramguard
+package vramguard_test
 
 import (
 	"context"
@@ -11,43 +11,13 @@ import (
 	"testing"
 	"time"
 
+	. "github.com/vramguard/vramguard"
+
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
-
-func TestIsLocalHost(t *testing.T) {
-	tests := []struct {
-		host string
-		want bool
-	}{
-		{"http://127.0.0.1:11434", true},
-		{"http://127.8.9.10:1", true},
-		{"http://localhost:11434", true},
-		{"http://LOCALHOST:11434", true},
-		{"http://ollama.localhost:11434", true},
-		{"http://[::1]:11434", true},
-		{"http://0.0.0.0:11434", true},
-		{"http://[::]:11434", true},
-		{"https://localhost:443/prefix", true},
-		{"127.0.0.1:11434", true},
-		{"localhost", true},
-		{"::1", true},
-		{"http://[fe80::1%25eth0]:11434", false},
-		{"http://10.0.0.5:11434", false},
-		{"http://192.168.1.20:11434", false},
-		{"http://gpu-box:11434", false},
-		{"http://localhost.example.com:11434", false},
-		{"http://[2001:db8::1]:11434", false},
-		{"", false},
-	}
-	for _, tt := range tests {
-		if got := isLocalHost(tt.host); got != tt.want {
-			t.Errorf("isLocalHost(%q) = %v, want %v", tt.host, got, tt.want)
-		}
-	}
-}
 
 func TestChecksString(t *testing.T) {
 	tests := []struct {
@@ -113,17 +83,17 @@ func blobFile(t *testing.T, c *OllamaClient, model string) string {
 	if err != nil || blob == "" {
 		t.Fatalf("ModelBlob(%s) = %q, %v", model, blob, err)
 	}
-	return sim.ModelsDir + "/blobs/" + strings.Replace(blob, ":", "-", 1)
+	return vramguardtest.ModelsDir + "/blobs/" + strings.Replace(blob, ":", "-", 1)
 }
 
 // A load another program started: /api/ps lists nothing, but a runner of
 // a live server serves the model's weights. The unload is verified only
 // once that runner is gone.
 func TestUnloadWaitsForOthersRunner(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: 1 << 30})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30})
 	c := newTestClient(t, s, Options{})
 	procs := newFakeProcs(t)
-	c.procRoot = procs.root
+	SetProcRoot(c, procs.root)
 	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
 	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", blobFile(t, c, "tiny"), "--port", "40000")
 
@@ -148,10 +118,10 @@ func TestUnloadWaitsForOthersRunner(t *testing.T) {
 // the unload: an orphan of a dead server, one whose parent is not a
 // server, one of another models folder, one of other weights.
 func TestUnloadIgnoresOtherRunners(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: 1 << 30}, sim.ModelConfig{Name: "other", Size: 1 << 30})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30}, vramguardtest.ModelConfig{Name: "other", Size: 1 << 30})
 	c := newTestClient(t, s, Options{})
 	procs := newFakeProcs(t)
-	c.procRoot = procs.root
+	SetProcRoot(c, procs.root)
 	file := blobFile(t, c, "tiny")
 	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
 	procs.add(101, 1, "ollama", "/usr/bin/ollama", "runner", "--model", file)   // orphan
@@ -166,18 +136,18 @@ func TestUnloadIgnoresOtherRunners(t *testing.T) {
 	if !rep.Verified || rep.RunnerSeen || rep.Checked != CheckPS|CheckRunnerProcesses {
 		t.Errorf("report %+v", rep)
 	}
-	if rep.Elapsed < unloadSettle {
-		t.Errorf("verified in %v, within the settle window of %v", rep.Elapsed, unloadSettle)
+	if rep.Elapsed < UnloadSettle {
+		t.Errorf("verified in %v, within the settle window of %v", rep.Elapsed, UnloadSettle)
 	}
 }
 
 // Where the process check cannot be made, the report says so and Verified
 // rests on /api/ps alone.
 func TestUnloadReportNamesChecks(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: 1 << 30})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30})
 	t.Run("local", func(t *testing.T) {
 		c := newTestClient(t, s, Options{})
-		c.procRoot = newFakeProcs(t).root
+		SetProcRoot(c, newFakeProcs(t).root)
 		rep, err := c.UnloadModel(t.Context(), "tiny")
 		if err != nil || !rep.Verified || rep.Checked != CheckPS|CheckRunnerProcesses || rep.NoRunnerCheck != "" {
 			t.Errorf("report %+v, err %v", rep, err)
@@ -185,7 +155,7 @@ func TestUnloadReportNamesChecks(t *testing.T) {
 	})
 	t.Run("no procfs", func(t *testing.T) {
 		c := newTestClient(t, s, Options{})
-		c.procRoot = filepath.Join(t.TempDir(), "missing")
+		SetProcRoot(c, filepath.Join(t.TempDir(), "missing"))
 		rep, err := c.UnloadModel(t.Context(), "tiny")
 		if err != nil || !rep.Verified || rep.Checked != CheckPS || !strings.HasPrefix(rep.NoRunnerCheck, "runner processes:") {
 			t.Errorf("report %+v, err %v", rep, err)
@@ -224,7 +194,7 @@ func TestUnloadReportNamesChecks(t *testing.T) {
 // NoRunnerCheck saying why.
 func TestUnloadRetriesTheProcessCheck(t *testing.T) {
 	t.Run("a passing failure", func(t *testing.T) {
-		s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+		s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 		p, err := faultproxy.New(s.URL(), faultproxy.Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -241,7 +211,7 @@ func TestUnloadRetriesTheProcessCheck(t *testing.T) {
 		}
 	})
 	t.Run("a lasting failure", func(t *testing.T) {
-		s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny"})
+		s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
 		p, err := faultproxy.New(s.URL(), faultproxy.Options{Rule: func(r *faultproxy.Request) faultproxy.Fault {
 			if r.Path == "/api/show" {
 				return faultproxy.RespondError(http.StatusInternalServerError, "something went wrong")
@@ -270,7 +240,7 @@ func TestUnloadRetriesTheProcessCheck(t *testing.T) {
 // load queued behind a load the unload had cut, seed 255562726847794 on
 // v0.34.4).
 func TestUnloadSettlesAfterTheRunnerGoes(t *testing.T) {
-	s := newSim(t, sim.Config{}, sim.ModelConfig{Name: "tiny", Size: 1 << 30})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30})
 	listings := make(chan struct{}, 1024)
 	c := newTestClient(t, s, Options{HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		if r.URL.Path == "/api/ps" {
@@ -279,7 +249,7 @@ func TestUnloadSettlesAfterTheRunnerGoes(t *testing.T) {
 		return http.DefaultTransport.RoundTrip(r)
 	})}})
 	procs := newFakeProcs(t)
-	c.procRoot = procs.root
+	SetProcRoot(c, procs.root)
 	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
 	weights := blobFile(t, c, "tiny")
 	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", weights, "--port", "40000")
@@ -309,8 +279,8 @@ func TestUnloadSettlesAfterTheRunnerGoes(t *testing.T) {
 	if !r.rep.Verified || !r.rep.RunnerSeen || r.rep.Checked != CheckPS|CheckRunnerProcesses {
 		t.Errorf("report %+v", r.rep)
 	}
-	if wait := r.at.Sub(gone); wait < unloadSettle {
-		t.Errorf("verified %v after the last runner went, less than the settle window %v", wait, unloadSettle)
+	if wait := r.at.Sub(gone); wait < UnloadSettle {
+		t.Errorf("verified %v after the last runner went, less than the settle window %v", wait, UnloadSettle)
 	}
 }
 

@@ -13,18 +13,17 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 const gib = 1 << 30
 
 // gpuSim starts a simulator with a 24 GiB GPU and three models loaded
 // forever (8, 6 and 2 GiB), and a client whose VRAM reader reads it.
-func gpuSim(t testing.TB, cfg sim.Config, opts vramguard.Options) (*sim.Server, *vramguard.OllamaClient) {
+func gpuSim(t testing.TB, cfg vramguardtest.Config, opts vramguard.Options) (*vramguardtest.Server, *vramguard.OllamaClient) {
 	s := threeModelSim(t, cfg)
 	opts.Host = s.URL().String()
-	opts.VRAM = &simvram.Reader{S: s}
+	opts.VRAM = &vramguardtest.GPU{Server: s}
 	opts.PollInterval = 5 * time.Millisecond
 	c, err := vramguard.NewClient(opts)
 	if err != nil {
@@ -42,20 +41,20 @@ func gpuSim(t testing.TB, cfg sim.Config, opts vramguard.Options) (*sim.Server, 
 
 // threeModelSim starts a simulator with a 24 GiB GPU and the three models
 // of gpuSim, not loaded.
-func threeModelSim(t testing.TB, cfg sim.Config) *sim.Server {
-	cfg.Models = []sim.ModelConfig{
+func threeModelSim(t testing.TB, cfg vramguardtest.Config) *vramguardtest.Server {
+	cfg.Models = []vramguardtest.ModelConfig{
 		{Name: "big", SizeVRAM: 8 * gib},
 		{Name: "mid", SizeVRAM: 6 * gib},
 		{Name: "small", SizeVRAM: 2 * gib},
 	}
-	s := sim.New(cfg)
+	s := vramguardtest.New(cfg)
 	t.Cleanup(s.Close)
 	return s
 }
 
 // loadForever loads models on s as another program would: through a
 // client of its own, kept loaded forever.
-func loadForever(t *testing.T, s *sim.Server, models ...string) {
+func loadForever(t *testing.T, s *vramguardtest.Server, models ...string) {
 	t.Helper()
 	forever := &api.Duration{Duration: -1}
 	for _, m := range models {
@@ -87,7 +86,7 @@ func TestEnsureFree(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, c := gpuSim(t, sim.Config{}, vramguard.Options{})
+			s, c := gpuSim(t, vramguardtest.Config{}, vramguard.Options{})
 			if tt.reserve > 0 {
 				if err := s.Reserve("comfyui", tt.reserve); err != nil {
 					t.Fatal(err)
@@ -121,7 +120,7 @@ func TestEnsureFree(t *testing.T) {
 				}
 			}
 			if tt.wantErr == 0 {
-				if rep.FreeAfter < tt.need || rep.Source != simvram.Source {
+				if rep.FreeAfter < tt.need || rep.Source != vramguardtest.GPUSource {
 					t.Errorf("free after %d, source %s", rep.FreeAfter, rep.Source)
 				}
 				// The orchestrator's load now succeeds.
@@ -136,7 +135,7 @@ func TestEnsureFree(t *testing.T) {
 func TestEnsureFreeWaitsForTheDriver(t *testing.T) {
 	// The driver gives the memory back 150 ms after Ollama stops listing
 	// the runner: EnsureFree must wait for the GPU, not trust /api/ps.
-	s, c := gpuSim(t, sim.Config{ReleaseLag: 150 * time.Millisecond}, vramguard.Options{})
+	s, c := gpuSim(t, vramguardtest.Config{ReleaseLag: 150 * time.Millisecond}, vramguard.Options{})
 	if err := s.Reserve("comfyui", 6*gib); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +152,7 @@ func TestEnsureFreeWaitsForTheDriver(t *testing.T) {
 }
 
 func TestEnsureFreeInvalid(t *testing.T) {
-	_, c := gpuSim(t, sim.Config{}, vramguard.Options{})
+	_, c := gpuSim(t, vramguardtest.Config{}, vramguard.Options{})
 	for name, req := range map[string]vramguard.EnsureRequest{
 		"absurd":           {Bytes: 1 << 62},
 		"more than total":  {Bytes: 25 * gib},
@@ -173,7 +172,7 @@ func TestEnsureFreeInvalid(t *testing.T) {
 // how few models would make the room, so EnsureFree refuses, sending
 // nothing and unloading nothing, unless AllModels asks for every model.
 func TestEnsureFreeWithoutReader(t *testing.T) {
-	s := threeModelSim(t, sim.Config{})
+	s := threeModelSim(t, vramguardtest.Config{})
 	loadForever(t, s, "big", "mid", "small") // another program's models
 	c, ct := countedClient(t, s, vramguard.Options{})
 
@@ -209,7 +208,7 @@ func TestEnsureFreeWithoutReader(t *testing.T) {
 // without a reader unloads its own models at End, then fails the hand-over
 // with ErrNoVRAMReader and leaves other programs' models alone.
 func TestPhaseHandoverWithoutReader(t *testing.T) {
-	s := threeModelSim(t, sim.Config{})
+	s := threeModelSim(t, vramguardtest.Config{})
 	loadForever(t, s, "big", "mid")
 	c, ct := countedClient(t, s, vramguard.Options{})
 	// A hand-over that cannot be measured is refused up front, before the
@@ -268,9 +267,9 @@ func TestEnsureFreeVRAMPollInterval(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// The driver gives the memory back 300 ms after the runner
 			// left /api/ps, so the wait takes at least two snapshots.
-			s := threeModelSim(t, sim.Config{ReleaseLag: 300 * time.Millisecond})
+			s := threeModelSim(t, vramguardtest.Config{ReleaseLag: 300 * time.Millisecond})
 			loadForever(t, s, "big", "mid", "small")
-			r := &stampedReader{r: &simvram.Reader{S: s}}
+			r := &stampedReader{r: &vramguardtest.GPU{Server: s}}
 			c, _ := countedClient(t, s, vramguard.Options{VRAM: r, VRAMPollInterval: tt.client})
 			if err := s.Reserve("comfyui", 6*gib); err != nil {
 				t.Fatal(err)
@@ -290,7 +289,7 @@ func TestEnsureFreeVRAMPollInterval(t *testing.T) {
 }
 
 func TestUnloadVerifyVRAM(t *testing.T) {
-	s, c := gpuSim(t, sim.Config{ReleaseLag: 100 * time.Millisecond}, vramguard.Options{VerifyVRAM: true})
+	s, c := gpuSim(t, vramguardtest.Config{ReleaseLag: 100 * time.Millisecond}, vramguard.Options{VerifyVRAM: true})
 	rep, err := c.UnloadModel(t.Context(), "big")
 	if err != nil {
 		t.Fatal(err)
@@ -304,11 +303,11 @@ func TestUnloadVerifyVRAM(t *testing.T) {
 func ExampleOllamaClient_EnsureFree() {
 	// A simulated 24 GiB GPU with three Ollama models resident (16 GiB)
 	// and 4 GiB held by the orchestrator itself.
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		{Name: "big", SizeVRAM: 8 * gib}, {Name: "mid", SizeVRAM: 6 * gib}, {Name: "small", SizeVRAM: 2 * gib},
 	}})
 	defer s.Close()
-	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: &simvram.Reader{S: s}})
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: &vramguardtest.GPU{Server: s}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -343,9 +342,9 @@ func TestVerifyVRAMPollInterval(t *testing.T) {
 	const cadence = 60 * time.Millisecond
 	// The driver gives the memory back 300 ms after the runner left
 	// /api/ps, so the wait takes several snapshots.
-	s := threeModelSim(t, sim.Config{ReleaseLag: 300 * time.Millisecond})
+	s := threeModelSim(t, vramguardtest.Config{ReleaseLag: 300 * time.Millisecond})
 	loadForever(t, s, "big")
-	r := &stampedReader{r: &simvram.Reader{S: s}}
+	r := &stampedReader{r: &vramguardtest.GPU{Server: s}}
 	c, _ := countedClient(t, s, vramguard.Options{VRAM: r, VerifyVRAM: true, VRAMPollInterval: cadence})
 	rep, err := c.UnloadModel(t.Context(), "big")
 	if err != nil || !rep.Checked.Has(vramguard.CheckDeviceMemory) {

@@ -5,22 +5,22 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // newSim starts a simulator with the given models; it is closed at the end
 // of the test.
-func newSim(t *testing.T, cfg sim.Config, models ...sim.ModelConfig) *sim.Server {
+func newSim(t *testing.T, cfg vramguardtest.Config, models ...vramguardtest.ModelConfig) *vramguardtest.Server {
 	t.Helper()
 	cfg.Models = append(cfg.Models, models...)
-	s := sim.New(cfg)
+	s := vramguardtest.New(cfg)
 	t.Cleanup(s.Close)
 	return s
 }
 
 // newTestClient returns a client for s with fast polling; it is closed at
 // the end of the test and must close cleanly.
-func newTestClient(t *testing.T, s *sim.Server, opts vramguard.Options) *vramguard.OllamaClient {
+func newTestClient(t *testing.T, s *vramguardtest.Server, opts vramguard.Options) *vramguard.OllamaClient {
 	t.Helper()
 	opts.Host = s.URL().String()
 	if opts.PollInterval == 0 {

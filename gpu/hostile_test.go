@@ -12,7 +12,7 @@ import (
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/gpu"
 	"github.com/vramguard/vramguard/internal/testkit/hostile"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // Hostile input for every public entry point: each call must return at
@@ -39,9 +39,9 @@ func runHostile(t *testing.T, ctx context.Context, tc hostileCase) {
 	hostile.Run(t, ctx, hostile.Case{Name: tc.name, Call: tc.call, Kinds: tc.kinds})
 }
 
-func hostileSim(t *testing.T) (*sim.Server, *vramguard.OllamaClient) {
+func hostileSim(t *testing.T) (*vramguardtest.Server, *vramguard.OllamaClient) {
 	t.Helper()
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", Chunks: 4}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", Chunks: 4}}})
 	t.Cleanup(s.Close)
 	tr := &http.Transport{}
 	c, err := vramguard.NewClient(vramguard.Options{

@@ -15,7 +15,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 const (
@@ -63,13 +63,13 @@ func (c *countingTransport) count(path string) int {
 
 // namingSim has: tiny (weights A, loaded), copy (weights A too, as `ollama
 // cp` makes), small (weights B, not loaded) and other (default weights).
-func namingSim(t *testing.T) (*sim.Server, *vramguard.OllamaClient, *countingTransport) {
+func namingSim(t *testing.T) (*vramguardtest.Server, *vramguard.OllamaClient, *countingTransport) {
 	t.Helper()
-	s := newSim(t, sim.Config{},
-		sim.ModelConfig{Name: "tiny", Blob: blobA},
-		sim.ModelConfig{Name: "copy", Blob: blobA},
-		sim.ModelConfig{Name: "small", Blob: blobB},
-		sim.ModelConfig{Name: "user/other:q4"},
+	s := newSim(t, vramguardtest.Config{},
+		vramguardtest.ModelConfig{Name: "tiny", Blob: blobA},
+		vramguardtest.ModelConfig{Name: "copy", Blob: blobA},
+		vramguardtest.ModelConfig{Name: "small", Blob: blobB},
+		vramguardtest.ModelConfig{Name: "user/other:q4"},
 	)
 	forever := &api.Duration{Duration: -1}
 	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "hi", KeepAlive: forever},

@@ -9,16 +9,16 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestCatalog(t *testing.T) {
 	s := newSim(t,
-		sim.ModelConfig{Name: "qwen3:8b"},
-		sim.ModelConfig{Name: "sd-prompt-writer"},
-		sim.ModelConfig{Name: "Llama3.2"},
-		sim.ModelConfig{Name: "user/flux-style-lora:q4"},
-		sim.ModelConfig{Name: "mistral"},
+		vramguardtest.ModelConfig{Name: "qwen3:8b"},
+		vramguardtest.ModelConfig{Name: "sd-prompt-writer"},
+		vramguardtest.ModelConfig{Name: "Llama3.2"},
+		vramguardtest.ModelConfig{Name: "user/flux-style-lora:q4"},
+		vramguardtest.ModelConfig{Name: "mistral"},
 	)
 	c := newClient(t, s, nil)
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -34,7 +34,7 @@ func TestCatalog(t *testing.T) {
 	got[0] = "changed by the caller"
 
 	// Within the TTL the cached list comes back, untouched by the caller.
-	if err := s.AddModel(sim.ModelConfig{Name: "fine-tuned-writer"}); err != nil {
+	if err := s.AddModel(vramguardtest.ModelConfig{Name: "fine-tuned-writer"}); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(DefaultCatalogTTL - time.Second)
@@ -52,14 +52,14 @@ func TestCatalog(t *testing.T) {
 	}
 	// A clock going backwards does not keep a stale list forever.
 	now = now.Add(-time.Hour)
-	if err := s.AddModel(sim.ModelConfig{Name: "zephyr"}); err != nil {
+	if err := s.AddModel(vramguardtest.ModelConfig{Name: "zephyr"}); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := cat.Models(t.Context()); len(got) != 7 {
 		t.Errorf("clock went back: %q", got)
 	}
 	// Invalidate drops the cache.
-	if err := s.AddModel(sim.ModelConfig{Name: "alpaca"}); err != nil {
+	if err := s.AddModel(vramguardtest.ModelConfig{Name: "alpaca"}); err != nil {
 		t.Fatal(err)
 	}
 	cat.Invalidate()
@@ -69,7 +69,7 @@ func TestCatalog(t *testing.T) {
 }
 
 func TestCatalogConcurrent(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "a"}, sim.ModelConfig{Name: "b-prompt"})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "a"}, vramguardtest.ModelConfig{Name: "b-prompt"})
 	c := newClient(t, s, nil)
 	cat := &Catalog{Client: c, TTL: time.Nanosecond}
 	var wg sync.WaitGroup

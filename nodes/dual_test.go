@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestParseDualStream(t *testing.T) {
@@ -141,7 +141,7 @@ func (p *pathCounter) count(path string) int {
 
 // dualReplies scripts a model that answers a request with a format with
 // JSON and any other with the text format.
-func dualReplies(c sim.Call) []sim.Chunk {
+func dualReplies(c vramguardtest.Call) []vramguardtest.Chunk {
 	if len(c.Format) > 0 {
 		return textChunks(`{"positive": "a castle, `, `negative space above",`, ` "negative": "blurry, lowres"}`)
 	}
@@ -154,7 +154,7 @@ func TestDualStreamFormats(t *testing.T) {
 		version   string // the server's; "" is the simulator's default, 0.17.4-sim
 		versionOK bool   // /api/version answers
 		noSchema  bool
-		respond   func(sim.Call) []sim.Chunk // nil: the simulator's default reply
+		respond   func(vramguardtest.Call) []vramguardtest.Chunk // nil: the simulator's default reply
 		format    DualFormat
 		pos, neg  string // "" with the default reply: only checked non-empty
 	}{
@@ -169,7 +169,7 @@ func TestDualStreamFormats(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := sim.New(sim.Config{Version: tt.version, Models: []sim.ModelConfig{{Name: "writer", RespondTo: tt.respond}}})
+			s := vramguardtest.New(vramguardtest.Config{Version: tt.version, Models: []vramguardtest.ModelConfig{{Name: "writer", RespondTo: tt.respond}}})
 			t.Cleanup(s.Close)
 			pc := &pathCounter{fail: map[string]bool{"/api/version": !tt.versionOK}}
 			c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), HTTPClient: &http.Client{Transport: pc}, PollInterval: 5 * time.Millisecond})
@@ -226,7 +226,7 @@ func TestDualStreamFormats(t *testing.T) {
 // TestDualStreamVersionCanceled: a context that ends during the version
 // request ends the call with KindCanceled, before anything is loaded.
 func TestDualStreamVersionCanceled(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply("Positive: a castle")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: reply("Positive: a castle")})
 	ctx, cancel := context.WithCancel(t.Context())
 	stall := roundTripFunc(func(req *http.Request) (*http.Response, error) {
 		if req.URL.Path == "/api/version" {

@@ -13,23 +13,23 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
 	"github.com/vramguard/vramguard/nodes"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // scripted returns a simulated model that answers every prompt with text.
-func scripted(name, text string) sim.ModelConfig {
-	return sim.ModelConfig{Name: name, Respond: func(string) []sim.Chunk {
-		var out []sim.Chunk
+func scripted(name, text string) vramguardtest.ModelConfig {
+	return vramguardtest.ModelConfig{Name: name, Respond: func(string) []vramguardtest.Chunk {
+		var out []vramguardtest.Chunk
 		for _, w := range strings.SplitAfter(text, " ") {
-			out = append(out, sim.Chunk{Text: w})
+			out = append(out, vramguardtest.Chunk{Text: w})
 		}
 		return out
 	}}
 }
 
 // client connects to a simulated Ollama server.
-func client(s *sim.Server) *vramguard.OllamaClient {
+func client(s *vramguardtest.Server) *vramguard.OllamaClient {
 	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		panic(err)
@@ -38,7 +38,7 @@ func client(s *sim.Server) *vramguard.OllamaClient {
 }
 
 func ExamplePromptGenerator_Generate() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		scripted("writer", `<think>hmm</think>**Prompt:** "a lighthouse on a cliff at dusk, sweeping beam, storm clouds"`),
 	}})
 	defer s.Close()
@@ -65,11 +65,11 @@ func ExamplePromptGenerator_Generate() {
 }
 
 func ExamplePromptRefiner_Refine() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "writer", Respond: func(prompt string) []sim.Chunk {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "writer", Respond: func(prompt string) []vramguardtest.Chunk {
 		// Each pass adds a detail to the prompt it was given.
 		_, p, _ := strings.Cut(prompt, "\nPrompt: ")
 		p, _, _ = strings.Cut(p, "\n")
-		return []sim.Chunk{{Text: "Refined prompt: " + p + ", more detail"}}
+		return []vramguardtest.Chunk{{Text: "Refined prompt: " + p + ", more detail"}}
 	}}}})
 	defer s.Close()
 	c := client(s)
@@ -96,7 +96,7 @@ func ExamplePromptRefiner_Refine() {
 }
 
 func ExampleNegativePrompt_Generate() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		scripted("writer", "Negative prompt: blurry, lowres, watermark, daylight"),
 	}})
 	defer s.Close()
@@ -115,7 +115,7 @@ func ExampleNegativePrompt_Generate() {
 }
 
 func ExampleDualStreamRefiner_Refine() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		scripted("writer", "**Positive:** a castle at dusk, negative space above the towers\n**Negative Prompt:** blurry, lowres"),
 	}})
 	defer s.Close()
@@ -138,11 +138,11 @@ func ExampleDualStreamRefiner_Refine() {
 func ExampleDualStreamRefiner_Refine_schema() {
 	// The simulator reports Ollama 0.17.4, which takes a JSON schema as
 	// format: the node sends one and reads the JSON object back.
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "writer", RespondTo: func(c sim.Call) []sim.Chunk {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "writer", RespondTo: func(c vramguardtest.Call) []vramguardtest.Chunk {
 		if len(c.Format) == 0 {
-			return []sim.Chunk{{Text: "Positive: a castle at dusk\nNegative: blurry"}}
+			return []vramguardtest.Chunk{{Text: "Positive: a castle at dusk\nNegative: blurry"}}
 		}
-		return []sim.Chunk{{Text: `{"positive": "a castle at dusk, torchlight", `}, {Text: `"negative": "blurry, lowres"}`}}
+		return []vramguardtest.Chunk{{Text: `{"positive": "a castle at dusk, torchlight", `}, {Text: `"negative": "blurry, lowres"}`}}
 	}}}})
 	defer s.Close()
 	c := client(s)
@@ -170,10 +170,10 @@ func ExampleDualStreamRefiner_Refine_schema() {
 }
 
 func ExampleImagePrompter_Generate() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{
-		{Name: "llava", Vision: true, RespondTo: func(sim.Call) []sim.Chunk {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{
+		{Name: "llava", Vision: true, RespondTo: func(vramguardtest.Call) []vramguardtest.Chunk {
 			// A real vision model would look at the picture.
-			return []sim.Chunk{{Text: `**Prompt:** "a red fox curled up in fresh snow, anime key visual, cel shading, soft bloom"`}}
+			return []vramguardtest.Chunk{{Text: `**Prompt:** "a red fox curled up in fresh snow, anime key visual, cel shading, soft bloom"`}}
 		}},
 		{Name: "llama3.2"}, // a text model
 	}})
@@ -252,7 +252,7 @@ styles:
 }
 
 func ExampleCatalog_Models() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "qwen3:8b"}, {Name: "sd-prompt-writer"}, {Name: "llama3.2"}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "qwen3:8b"}, {Name: "sd-prompt-writer"}, {Name: "llama3.2"}}})
 	defer s.Close()
 	c := client(s)
 	defer c.Close()

@@ -14,14 +14,14 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // newSim starts a simulator with the given models; it is closed at the end
 // of the test.
-func newSim(t *testing.T, models ...sim.ModelConfig) *sim.Server {
+func newSim(t *testing.T, models ...vramguardtest.ModelConfig) *vramguardtest.Server {
 	t.Helper()
-	s := sim.New(sim.Config{Models: models})
+	s := vramguardtest.New(vramguardtest.Config{Models: models})
 	t.Cleanup(s.Close)
 	return s
 }
@@ -29,7 +29,7 @@ func newSim(t *testing.T, models ...sim.ModelConfig) *sim.Server {
 // newClient returns a client for s with fast polling; it is closed at the
 // end of the test and must close cleanly. rec, if not nil, records the
 // generate requests.
-func newClient(t *testing.T, s *sim.Server, rec *recorder) *vramguard.OllamaClient {
+func newClient(t *testing.T, s *vramguardtest.Server, rec *recorder) *vramguard.OllamaClient {
 	t.Helper()
 	opts := vramguard.Options{
 		Host:          s.URL().String(),
@@ -86,14 +86,14 @@ func (r *recorder) requests() []api.GenerateRequest {
 
 // reply scripts a model that answers every prompt with parts, one chunk
 // each.
-func reply(parts ...string) func(string) []sim.Chunk {
-	return func(string) []sim.Chunk { return textChunks(parts...) }
+func reply(parts ...string) func(string) []vramguardtest.Chunk {
+	return func(string) []vramguardtest.Chunk { return textChunks(parts...) }
 }
 
-func textChunks(parts ...string) []sim.Chunk {
-	out := make([]sim.Chunk, len(parts))
+func textChunks(parts ...string) []vramguardtest.Chunk {
+	out := make([]vramguardtest.Chunk, len(parts))
 	for i, p := range parts {
-		out[i] = sim.Chunk{Text: p}
+		out[i] = vramguardtest.Chunk{Text: p}
 	}
 	return out
 }
@@ -110,7 +110,7 @@ func words(s string) []string {
 }
 
 // eventually waits for cond on the simulator's state changes.
-func eventually(t *testing.T, s *sim.Server, what string, cond func() bool) {
+func eventually(t *testing.T, s *vramguardtest.Server, what string, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()

@@ -13,8 +13,8 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/testkit/hostile"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
 	"github.com/vramguard/vramguard/nodes"
+	"github.com/vramguard/vramguard/vramguardtest"
 	"go.uber.org/goleak"
 )
 
@@ -40,9 +40,9 @@ func runHostile(t *testing.T, ctx context.Context, tc hostileCase) {
 	hostile.Run(t, ctx, hostile.Case{Name: tc.name, Call: tc.call, Kinds: tc.kinds})
 }
 
-func nodeSim(t *testing.T) (*sim.Server, *vramguard.OllamaClient) {
+func nodeSim(t *testing.T) (*vramguardtest.Server, *vramguard.OllamaClient) {
 	t.Helper()
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", Chunks: 4}, {Name: "eye", Chunks: 4, Vision: true}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", Chunks: 4}, {Name: "eye", Chunks: 4, Vision: true}}})
 	t.Cleanup(s.Close)
 	tr := &http.Transport{}
 	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), HTTPClient: &http.Client{Transport: tr},

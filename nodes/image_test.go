@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // testImage encodes a small picture as PNG ("png") or JPEG ("jpeg").
@@ -35,13 +35,13 @@ func testImage(t testing.TB, format string) []byte {
 
 // respondTo scripts a model that answers every request with parts, one
 // chunk each, whatever it was sent.
-func respondTo(parts ...string) func(sim.Call) []sim.Chunk {
-	return func(sim.Call) []sim.Chunk { return textChunks(parts...) }
+func respondTo(parts ...string) func(vramguardtest.Call) []vramguardtest.Chunk {
+	return func(vramguardtest.Call) []vramguardtest.Chunk { return textChunks(parts...) }
 }
 
 // chats returns the chat calls the server received for model.
-func chats(s *sim.Server, model string) []sim.Call {
-	var out []sim.Call
+func chats(s *vramguardtest.Server, model string) []vramguardtest.Call {
+	var out []vramguardtest.Call
 	for _, c := range s.Calls(model) {
 		if c.Endpoint == "chat" {
 			out = append(out, c)
@@ -51,7 +51,7 @@ func chats(s *sim.Server, model string) []sim.Call {
 }
 
 func TestImagePrompter(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "eyes", Vision: true, RespondTo: respondTo(words(`<think>a cat</think>**Prompt:** "a cat on a windowsill, anime key visual"`)...)})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "eyes", Vision: true, RespondTo: respondTo(words(`<think>a cat</think>**Prompt:** "a cat on a windowsill, anime key visual"`)...)})
 	c := newClient(t, s, nil)
 	img := testImage(t, "png")
 	n := ImagePrompter{Guard: vramguard.Guard{Client: c}, Model: "eyes", MaxTokens: 100}
@@ -108,7 +108,7 @@ func TestImagePrompter(t *testing.T) {
 }
 
 func TestImagePrompterDefaults(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "eyes", Vision: true, RespondTo: respondTo("a cat")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "eyes", Vision: true, RespondTo: respondTo("a cat")})
 	c := newClient(t, s, nil)
 	n := ImagePrompter{Guard: vramguard.Guard{Client: c}, Model: "eyes"}
 	if _, err := n.Generate(t.Context(), ImageInput{Image: testImage(t, "jpeg")}); err != nil {
@@ -130,7 +130,7 @@ func TestImagePrompterDefaults(t *testing.T) {
 }
 
 func TestImagePrompterCustomStyle(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "eyes", Vision: true, RespondTo: respondTo("a cat")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "eyes", Vision: true, RespondTo: respondTo("a cat")})
 	c := newClient(t, s, nil)
 	set, err := BuiltinStyles().With(Style{Name: "ink", Instructions: "Ink drawing of {{.Description}}."})
 	if err != nil {
@@ -146,8 +146,8 @@ func TestImagePrompterCustomStyle(t *testing.T) {
 }
 
 func TestImagePrompterReasoningAndProgress(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "eyes", Vision: true, Thinking: true, RespondTo: func(sim.Call) []sim.Chunk {
-		return []sim.Chunk{{Thinking: "a cat, "}, {Thinking: "sitting"}, {Text: "a cat "}, {Text: "on a sill"}}
+	s := newSim(t, vramguardtest.ModelConfig{Name: "eyes", Vision: true, Thinking: true, RespondTo: func(vramguardtest.Call) []vramguardtest.Chunk {
+		return []vramguardtest.Chunk{{Thinking: "a cat, "}, {Thinking: "sitting"}, {Text: "a cat "}, {Text: "on a sill"}}
 	}})
 	c := newClient(t, s, nil)
 	var ps []Progress
@@ -177,7 +177,7 @@ func TestImagePrompterReasoningAndProgress(t *testing.T) {
 }
 
 func TestImagePrompterNoVision(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "blind", RespondTo: respondTo("a cat")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "blind", RespondTo: respondTo("a cat")})
 	c := newClient(t, s, nil)
 	n := ImagePrompter{Guard: vramguard.Guard{Client: c}, Model: "blind"}
 	res, err := n.Generate(t.Context(), ImageInput{Image: testImage(t, "png")})
@@ -209,7 +209,7 @@ func (showFails) RoundTrip(req *http.Request) (*http.Response, error) {
 // image goes to the server, which loads the model and refuses it; the
 // node's guard then unloads the model, verified.
 func TestImagePrompterNoVisionRefused(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "blind", RespondTo: respondTo("a cat")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "blind", RespondTo: respondTo("a cat")})
 	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), HTTPClient: &http.Client{Transport: showFails{}}})
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestImagePrompterNoVisionRefused(t *testing.T) {
 }
 
 func TestImagePrompterInvalidInput(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "eyes", Vision: true, RespondTo: respondTo("a cat")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "eyes", Vision: true, RespondTo: respondTo("a cat")})
 	c := newClient(t, s, nil)
 	g := vramguard.Guard{Client: c}
 	ok := testImage(t, "png")

@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 const castleReply = "<think>hmm</think>**Prompt:** \"a castle\""
 
 func TestPromptGenerator(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply(words(castleReply)...)})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: reply(words(castleReply)...)})
 	rec := &recorder{}
 	c := newClient(t, s, rec)
 	g := PromptGenerator{Guard: vramguard.Guard{Client: c}, Model: "writer"}
@@ -65,7 +65,7 @@ func TestPromptGenerator(t *testing.T) {
 }
 
 func TestPromptGeneratorDefaults(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply("a castle")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: reply("a castle")})
 	rec := &recorder{}
 	c := newClient(t, s, rec)
 	g := PromptGenerator{Guard: vramguard.Guard{Client: c}, Model: "writer", MaxTokens: 50, Timeout: time.Minute}
@@ -83,8 +83,8 @@ func TestPromptGeneratorDefaults(t *testing.T) {
 }
 
 func TestIncludeReasoning(t *testing.T) {
-	thinking := sim.ModelConfig{Name: "thinker", Thinking: true, Respond: func(string) []sim.Chunk {
-		return []sim.Chunk{{Thinking: "the user "}, {Thinking: "wants a castle"}, {Text: "<think>inline</think>"}, {Text: "a castle"}}
+	thinking := vramguardtest.ModelConfig{Name: "thinker", Thinking: true, Respond: func(string) []vramguardtest.Chunk {
+		return []vramguardtest.Chunk{{Thinking: "the user "}, {Thinking: "wants a castle"}, {Text: "<think>inline</think>"}, {Text: "a castle"}}
 	}}
 	s := newSim(t, thinking)
 	rec := &recorder{}
@@ -112,7 +112,7 @@ func TestIncludeReasoning(t *testing.T) {
 }
 
 func TestKeepLoaded(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Vision: true, Respond: reply("a castle")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Vision: true, Respond: reply("a castle")})
 	c := newClient(t, s, nil)
 	nodes := []struct {
 		name string
@@ -160,7 +160,7 @@ func TestKeepLoaded(t *testing.T) {
 func TestPromptRefinerPasses(t *testing.T) {
 	var mu sync.Mutex
 	var prompts []string
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: func(prompt string) []sim.Chunk {
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: func(prompt string) []vramguardtest.Chunk {
 		mu.Lock()
 		defer mu.Unlock()
 		prompts = append(prompts, prompt)
@@ -210,7 +210,7 @@ func TestPromptRefinerPasses(t *testing.T) {
 }
 
 func TestPromptRefinerInPhase(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply("a castle, towers")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: reply("a castle, towers")})
 	c := newClient(t, s, nil)
 	phase, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{})
 	if err != nil {
@@ -233,7 +233,7 @@ func TestPromptRefinerInPhase(t *testing.T) {
 
 func TestNegativePrompt(t *testing.T) {
 	var got string
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: func(p string) []sim.Chunk {
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: func(p string) []vramguardtest.Chunk {
 		got = p
 		return textChunks("**Negative prompt:** ", "blurry, lowres, daylight")
 	}})
@@ -256,7 +256,7 @@ func TestNegativePrompt(t *testing.T) {
 
 func TestDualStreamRefiner(t *testing.T) {
 	const out = "<think>two prompts</think>\n**Positive:** a castle,\nnegative space above\n**Negative Prompt:** blurry, lowres"
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply(words(out)...)})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: reply(words(out)...)})
 	c := newClient(t, s, nil)
 	d := DualStreamRefiner{Guard: vramguard.Guard{Client: c}, Model: "writer"}
 	res, err := d.Refine(t.Context(), DualInput{Description: "a castle", Style: "fantasy", IncludeReasoning: true})
@@ -272,7 +272,7 @@ func TestDualStreamRefiner(t *testing.T) {
 }
 
 func TestProgress(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply(words("a castle on a hill at dusk")...)})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: reply(words("a castle on a hill at dusk")...)})
 	c := newClient(t, s, nil)
 	for _, maxTokens := range []int{0, 4} {
 		var ps []Progress
@@ -316,21 +316,21 @@ func TestProgress(t *testing.T) {
 func TestNodeFaults(t *testing.T) {
 	tests := []struct {
 		name    string
-		fault   sim.Fault
+		fault   vramguardtest.Fault
 		timeout time.Duration
 		kind    vramguard.Kind
 		cause   error
 	}{
-		{"crash mid-stream", sim.CrashAfter(2), 0, vramguard.KindModelCrash, nil},
-		{"crash at load", sim.LoadCrash(), 0, vramguard.KindModelCrash, nil},
-		{"out of memory", sim.OOM(), 0, vramguard.KindOutOfMemory, nil},
-		{"stream cut", sim.CloseAfter(2), 0, vramguard.KindTransient, vramguard.ErrIncompleteStream},
-		{"node timeout", sim.StallAfter(1, 5*time.Second), 150 * time.Millisecond, vramguard.KindTimeout, vramguard.ErrTotalTimeout},
+		{"crash mid-stream", vramguardtest.CrashAfter(2), 0, vramguard.KindModelCrash, nil},
+		{"crash at load", vramguardtest.LoadCrash(), 0, vramguard.KindModelCrash, nil},
+		{"out of memory", vramguardtest.OOM(), 0, vramguard.KindOutOfMemory, nil},
+		{"stream cut", vramguardtest.CloseAfter(2), 0, vramguard.KindTransient, vramguard.ErrIncompleteStream},
+		{"node timeout", vramguardtest.StallAfter(1, 5*time.Second), 150 * time.Millisecond, vramguard.KindTimeout, vramguard.ErrTotalTimeout},
 	}
 	for _, tt := range tests {
 		for _, node := range []string{"generator", "refiner", "negative", "dual", "image"} {
 			t.Run(tt.name+"/"+node, func(t *testing.T) {
-				s := newSim(t, sim.ModelConfig{Name: "writer", Vision: true, Respond: reply(words("Positive: a castle on a hill\nNegative: blurry")...)})
+				s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Vision: true, Respond: reply(words("Positive: a castle on a hill\nNegative: blurry")...)})
 				c := newClient(t, s, nil)
 				if err := s.FailNext("writer", tt.fault); err != nil {
 					t.Fatal(err)
@@ -366,7 +366,7 @@ func TestNodeFaults(t *testing.T) {
 }
 
 func TestEmptyOutput(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Vision: true, Respond: reply("<think>", "I cannot decide", "</think>", " \"\" ")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Vision: true, Respond: reply("<think>", "I cannot decide", "</think>", " \"\" ")})
 	c := newClient(t, s, nil)
 	g := vramguard.Guard{Client: c}
 	_, err1 := (&PromptGenerator{Guard: g, Model: "writer"}).Generate(t.Context(), GenerateInput{Description: "a castle"})
@@ -389,7 +389,7 @@ func TestEmptyOutput(t *testing.T) {
 }
 
 func TestCanceled(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", TokenLatency: 5 * time.Millisecond, Respond: reply(words(strings.Repeat("word ", 100))...)})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", TokenLatency: 5 * time.Millisecond, Respond: reply(words(strings.Repeat("word ", 100))...)})
 	c := newClient(t, s, nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	g := PromptGenerator{Guard: vramguard.Guard{Client: c}, Model: "writer", Progress: func(p Progress) {
@@ -407,7 +407,7 @@ func TestCanceled(t *testing.T) {
 }
 
 func TestInvalidInput(t *testing.T) {
-	s := newSim(t, sim.ModelConfig{Name: "writer", Respond: reply("a castle")})
+	s := newSim(t, vramguardtest.ModelConfig{Name: "writer", Respond: reply("a castle")})
 	c := newClient(t, s, nil)
 	g := vramguard.Guard{Client: c}
 	ok := GenerateInput{Description: "a castle"}

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // simModel is the simulator's vision model.
@@ -26,11 +26,11 @@ const simModel = "llava:7b"
 var styleRe = regexp.MustCompile(`in the ([\w-]+) style`)
 
 // simulated is a running simulator.
-type simulated struct{ srv *sim.Server }
+type simulated struct{ srv *vramguardtest.Server }
 
 // startSimulator starts the simulator; close it when done.
 func startSimulator() *simulated {
-	srv := sim.New(sim.Config{Models: []sim.ModelConfig{{
+	srv := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{
 		Name:         simModel,
 		Vision:       true,
 		SizeVRAM:     5_500_000_000,
@@ -43,7 +43,7 @@ func startSimulator() *simulated {
 
 // simReply is the simulated model's canned prompt: it names what it was
 // sent (the image's type and size, the style), since it cannot see.
-func simReply(c sim.Call) []sim.Chunk {
+func simReply(c vramguardtest.Call) []vramguardtest.Chunk {
 	what, style := "the image", "cinematic"
 	for _, m := range c.Messages {
 		if m.Role == "system" {
@@ -59,9 +59,9 @@ func simReply(c sim.Call) []sim.Chunk {
 		}
 	}
 	text := what + ", " + style + " style, clear focal point, balanced composition, detailed textures, sharp focus, high resolution"
-	var out []sim.Chunk
+	var out []vramguardtest.Chunk
 	for _, w := range strings.SplitAfter(text, " ") {
-		out = append(out, sim.Chunk{Text: w})
+		out = append(out, vramguardtest.Chunk{Text: w})
 	}
 	return out
 }

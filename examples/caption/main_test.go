@@ -13,7 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestMain(m *testing.M) {
@@ -24,11 +24,11 @@ const caption = "a red fox curled up in fresh snow, soft morning light"
 
 // vision is a simulated vision model that answers every request with
 // caption, a word per chunk.
-func vision(name string) sim.ModelConfig {
-	return sim.ModelConfig{Name: name, Vision: true, RespondTo: func(sim.Call) []sim.Chunk {
-		var out []sim.Chunk
+func vision(name string) vramguardtest.ModelConfig {
+	return vramguardtest.ModelConfig{Name: name, Vision: true, RespondTo: func(vramguardtest.Call) []vramguardtest.Chunk {
+		var out []vramguardtest.Chunk
 		for _, w := range strings.SplitAfter(caption, " ") {
-			out = append(out, sim.Chunk{Text: w})
+			out = append(out, vramguardtest.Chunk{Text: w})
 		}
 		return out
 	}}
@@ -72,7 +72,7 @@ func TestRun(t *testing.T) {
 	file := writeFile(t, "fox.png", img)
 	tests := []struct {
 		name     string
-		models   []sim.ModelConfig
+		models   []vramguardtest.ModelConfig
 		args     []string // -host is added, unless env
 		env      bool     // pass the host as OLLAMA_HOST instead of -host
 		stdin    bool     // send the image on stdin
@@ -81,18 +81,18 @@ func TestRun(t *testing.T) {
 		inSystem string // a text the system message must contain
 		inUser   string // a text the user message must contain
 	}{
-		{name: "file", models: []sim.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", file}, model: "eyes", inSystem: "in the cinematic style"},
-		{name: "stdin", models: []sim.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", "-"}, stdin: true, model: "eyes"},
-		{name: "OLLAMA_HOST", models: []sim.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", file}, env: true, model: "eyes"},
-		{name: "style, hint and mood", models: []sim.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", "-style", "Anime", "-hint", "a fox", "-mood", "calm", file},
+		{name: "file", models: []vramguardtest.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", file}, model: "eyes", inSystem: "in the cinematic style"},
+		{name: "stdin", models: []vramguardtest.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", "-"}, stdin: true, model: "eyes"},
+		{name: "OLLAMA_HOST", models: []vramguardtest.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", file}, env: true, model: "eyes"},
+		{name: "style, hint and mood", models: []vramguardtest.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", "-style", "Anime", "-hint", "a fox", "-mood", "calm", file},
 			model: "eyes", inSystem: "in the anime style", inUser: "About the image: a fox"},
-		{name: "keep", models: []sim.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", "-keep", file}, model: "eyes", keep: true},
-		{name: "default model sees", models: []sim.ModelConfig{{Name: "alpha"}, vision("zeta"), vision("omega")}, args: []string{file}, model: "omega"},
-		{name: "default model, prompt-tuned first", models: []sim.ModelConfig{vision("alpha"), vision("prompt-eyes")}, args: []string{file}, model: "prompt-eyes"},
+		{name: "keep", models: []vramguardtest.ModelConfig{vision("eyes")}, args: []string{"-model", "eyes", "-keep", file}, model: "eyes", keep: true},
+		{name: "default model sees", models: []vramguardtest.ModelConfig{{Name: "alpha"}, vision("zeta"), vision("omega")}, args: []string{file}, model: "omega"},
+		{name: "default model, prompt-tuned first", models: []vramguardtest.ModelConfig{vision("alpha"), vision("prompt-eyes")}, args: []string{file}, model: "prompt-eyes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := sim.New(sim.Config{Models: tt.models})
+			s := vramguardtest.New(vramguardtest.Config{Models: tt.models})
 			t.Cleanup(s.Close)
 			args, getenv := append([]string{"-host", s.URL().String()}, tt.args...), func(string) string { return "" }
 			if tt.env {
@@ -126,7 +126,7 @@ func TestRun(t *testing.T) {
 			if got := s.Listed(tt.model); got != tt.keep {
 				t.Errorf("%s resident after the run: %v, want %v", tt.model, got, tt.keep)
 			}
-			var chats []sim.Call
+			var chats []vramguardtest.Call
 			for _, c := range s.Calls("") {
 				if c.Endpoint == "chat" {
 					chats = append(chats, c)
@@ -149,7 +149,7 @@ func TestRun(t *testing.T) {
 // TestFallback: with no Ollama answering, the command says so on the first
 // line of stderr and captions with the simulator, unload included.
 func TestFallback(t *testing.T) {
-	s := sim.New(sim.Config{})
+	s := vramguardtest.New(vramguardtest.Config{})
 	host := s.URL().String()
 	s.Close() // nothing answers there now
 	code, stdout, stderr := invoke(t, []string{"-host", host, "-style", "anime", writeFile(t, "fox.png", pngImage(t, 16, 9))}, nil, nil, false)
@@ -205,11 +205,11 @@ func TestRunErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			models := []sim.ModelConfig{vision("eyes"), {Name: "blind"}}
+			models := []vramguardtest.ModelConfig{vision("eyes"), {Name: "blind"}}
 			if tt.server == "no vision" {
 				models = models[1:]
 			}
-			s := sim.New(sim.Config{Models: models})
+			s := vramguardtest.New(vramguardtest.Config{Models: models})
 			t.Cleanup(s.Close)
 			host := s.URL().String()
 			if tt.server == "down" {
@@ -257,7 +257,7 @@ func TestHelp(t *testing.T) {
 }
 
 func TestProgress(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{vision("eyes")}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{vision("eyes")}})
 	t.Cleanup(s.Close)
 	args := []string{"-host", s.URL().String(), "-model", "eyes", "-max-tokens", "20", writeFile(t, "fox.png", pngImage(t, 4, 4))}
 	code, stdout, stderr := invoke(t, args, nil, nil, true)

@@ -10,8 +10,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // Sizes of the simulated setup: a 24 GiB GPU on which the orchestrator
@@ -24,25 +23,25 @@ const (
 )
 
 // simulated is a running simulator with the UNet already allocated.
-type simulated struct{ srv *sim.Server }
+type simulated struct{ srv *vramguardtest.Server }
 
 // startSimulator starts the simulator; close it when done.
 func startSimulator() (*simulated, error) {
-	reply := func(p string) []sim.Chunk {
+	reply := func(p string) []vramguardtest.Chunk {
 		text := "A lone lighthouse on a rugged cliff at dusk, warm beam cutting through sea mist, crashing waves below, " +
 			"dramatic orange and violet sky, cinematic wide shot, volumetric light, 35mm film grain, highly detailed"
 		if strings.Contains(strings.ToLower(p), "negative") || strings.Contains(strings.ToLower(p), "avoid") {
 			text = "blurry, low resolution, oversaturated, watermark, text, deformed structures, extra limbs, jpeg artifacts"
 		}
-		var cs []sim.Chunk
+		var cs []vramguardtest.Chunk
 		for _, w := range strings.SplitAfter(text, " ") {
-			cs = append(cs, sim.Chunk{Text: w})
+			cs = append(cs, vramguardtest.Chunk{Text: w})
 		}
 		return cs
 	}
-	srv := sim.New(sim.Config{
+	srv := vramguardtest.New(vramguardtest.Config{
 		TotalVRAM: simGPU,
-		Models: []sim.ModelConfig{
+		Models: []vramguardtest.ModelConfig{
 			{Name: simGen, SizeVRAM: 5_900_000_000, LoadLatency: 400 * time.Millisecond, TokenLatency: 4 * time.Millisecond, Respond: reply},
 			{Name: simModel, SizeVRAM: 3_400_000_000, LoadLatency: 250 * time.Millisecond, TokenLatency: 3 * time.Millisecond, Respond: reply},
 		},
@@ -58,7 +57,7 @@ func (s *simulated) host() string { return s.srv.URL().String() }
 
 // reader reads the simulated GPU's memory.
 func (s *simulated) reader() vramguard.VRAMReader {
-	return &simvram.Reader{S: s.srv, Name: "Simulated GPU"}
+	return &vramguardtest.GPU{Server: s.srv, Name: "Simulated GPU"}
 }
 
 // allocate takes bytes of the simulated GPU for owner, failing as a CUDA

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vramguard/vramguard/gpu"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -173,7 +173,7 @@ func TestPipelineWithoutGPUReader(t *testing.T) {
 	}
 	for _, mode := range []string{"phase", "per-call"} {
 		t.Run(mode, func(t *testing.T) {
-			s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "gen"}, {Name: "ref"}, {Name: "theirs"}}})
+			s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "gen"}, {Name: "ref"}, {Name: "theirs"}}})
 			defer s.Close()
 			forever := &api.Duration{Duration: -1}
 			if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "theirs", Prompt: "x", KeepAlive: forever},

@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
 	"github.com/vramguard/vramguard/nodes"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestMain(m *testing.M) {
@@ -23,14 +23,14 @@ type script struct {
 	prompts []string
 }
 
-func (sc *script) model(name, text string) sim.ModelConfig {
-	return sim.ModelConfig{Name: name, Respond: func(prompt string) []sim.Chunk {
+func (sc *script) model(name, text string) vramguardtest.ModelConfig {
+	return vramguardtest.ModelConfig{Name: name, Respond: func(prompt string) []vramguardtest.Chunk {
 		sc.mu.Lock()
 		sc.prompts = append(sc.prompts, prompt)
 		sc.mu.Unlock()
-		var out []sim.Chunk
+		var out []vramguardtest.Chunk
 		for _, w := range strings.SplitAfter(text, " ") {
-			out = append(out, sim.Chunk{Text: w})
+			out = append(out, vramguardtest.Chunk{Text: w})
 		}
 		return out
 	}}
@@ -82,7 +82,7 @@ func TestRun(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var sc script
-			var cfgs []sim.ModelConfig
+			var cfgs []vramguardtest.ModelConfig
 			for i, m := range tt.models {
 				text := refined
 				if i > 0 {
@@ -90,7 +90,7 @@ func TestRun(t *testing.T) {
 				}
 				cfgs = append(cfgs, sc.model(m, text))
 			}
-			s := sim.New(sim.Config{Models: cfgs})
+			s := vramguardtest.New(vramguardtest.Config{Models: cfgs})
 			t.Cleanup(s.Close)
 
 			args, getenv := append([]string{"-host", s.URL().String()}, tt.args...), func(string) string { return "" }
@@ -130,7 +130,7 @@ func TestRun(t *testing.T) {
 
 func TestRunGenerateUsesStyle(t *testing.T) {
 	var sc script
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{sc.model("writer", refined)}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{sc.model("writer", refined)}})
 	t.Cleanup(s.Close)
 	code, _, stderr := invoke(t, []string{"-host", s.URL().String(), "-model", "writer", "-generate", "-style", "cyberpunk", "a fox"}, "", nil, false)
 	if code != 0 {
@@ -146,7 +146,7 @@ func TestRunGenerateUsesStyle(t *testing.T) {
 }
 
 func TestRunErrors(t *testing.T) {
-	crash := sim.ModelConfig{Name: "crashy"}
+	crash := vramguardtest.ModelConfig{Name: "crashy"}
 	tests := []struct {
 		name   string
 		args   []string // -host of a simulator with "writer" and "crashy" is added
@@ -171,14 +171,14 @@ func TestRunErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var cfg sim.Config
+			var cfg vramguardtest.Config
 			if tt.server != "empty" {
-				cfg.Models = []sim.ModelConfig{(&script{}).model("writer", refined), crash}
+				cfg.Models = []vramguardtest.ModelConfig{(&script{}).model("writer", refined), crash}
 			}
-			s := sim.New(cfg)
+			s := vramguardtest.New(cfg)
 			t.Cleanup(s.Close)
 			if tt.server != "empty" {
-				if err := s.SetFaults("crashy", sim.LoadCrash()); err != nil {
+				if err := s.SetFaults("crashy", vramguardtest.LoadCrash()); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -223,7 +223,7 @@ func TestProgress(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := sim.New(sim.Config{Models: []sim.ModelConfig{(&script{}).model("writer", refined)}})
+			s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{(&script{}).model("writer", refined)}})
 			t.Cleanup(s.Close)
 			args := append([]string{"-host", s.URL().String(), "-model", "writer"}, append(tt.args, "a fox")...)
 			code, stdout, stderr := invoke(t, args, "", nil, tt.tty)

@@ -16,8 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vramguard/vramguard"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
-	"github.com/vramguard/vramguard/internal/testkit/simvram"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestMain(m *testing.M) {
@@ -28,9 +27,9 @@ const gib = 1 << 30
 
 // newSim starts a simulator with models of 2 and 3 GiB ("tiny", "small");
 // loaded names those to load, with no expiry.
-func newSim(t *testing.T, loaded ...string) *sim.Server {
+func newSim(t *testing.T, loaded ...string) *vramguardtest.Server {
 	t.Helper()
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		{Name: "tiny", Size: 2 * gib, Chunks: 1, Blob: "sha256:" + hexTiny},
 		{Name: "small", Size: 3 * gib, Chunks: 1, Blob: "sha256:" + hexSmall},
 	}})
@@ -90,11 +89,11 @@ const (
 	gpuGone                  // a runner of small whose server was killed, and one of tiny
 )
 
-func (g gpuKind) open(s *sim.Server) func(context.Context) (vramguard.VRAMReader, error) {
+func (g gpuKind) open(s *vramguardtest.Server) func(context.Context) (vramguard.VRAMReader, error) {
 	return func(context.Context) (vramguard.VRAMReader, error) {
 		switch g {
 		case gpuSim:
-			return &simvram.Reader{S: s}, nil
+			return &vramguardtest.GPU{Server: s}, nil
 		case gpuOrphan:
 			return fakeReader{otherProcess, orphanRunner}, nil
 		case gpuOther:
@@ -110,7 +109,7 @@ func (g gpuKind) open(s *sim.Server) func(context.Context) (vramguard.VRAMReader
 
 // invoke runs the command and returns its exit status, stdout and stderr;
 // the host in stdout is replaced by HOST.
-func invoke(ctx context.Context, t *testing.T, s *sim.Server, g gpuKind, stdout *safeBuffer, tty bool, args ...string) (code int, out, errOut string) {
+func invoke(ctx context.Context, t *testing.T, s *vramguardtest.Server, g gpuKind, stdout *safeBuffer, tty bool, args ...string) (code int, out, errOut string) {
 	t.Helper()
 	if stdout == nil {
 		stdout = &safeBuffer{}
@@ -282,7 +281,7 @@ func TestJSON(t *testing.T) {
 		{
 			name: "one model", loaded: []string{"tiny"},
 			check: func(t *testing.T, r *report) {
-				if r.GPU == nil || r.GPU.Source != simvram.Source || len(r.GPU.Devices) != 1 || len(r.GPU.Devices[0].Processes) != 1 {
+				if r.GPU == nil || r.GPU.Source != vramguardtest.GPUSource || len(r.GPU.Devices) != 1 || len(r.GPU.Devices[0].Processes) != 1 {
 					t.Fatalf("gpu = %+v, want one simulated device with one process", r.GPU)
 				}
 				if r.Ollama == nil || len(r.Ollama.Models) != 1 {

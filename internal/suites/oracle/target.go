@@ -16,8 +16,8 @@ import (
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/procs"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
 	"github.com/vramguard/vramguard/internal/testkit/standin"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // Target is a server the oracle plays schedules against: a real Ollama
@@ -246,7 +246,7 @@ func tailOf(b []byte, n int) string {
 
 // Sim is the simulator, configured as the server version it stands for.
 type Sim struct {
-	S       *sim.Server
+	S       *vramguardtest.Server
 	version string
 	load    time.Duration
 	profile Profile
@@ -257,10 +257,10 @@ type Sim struct {
 // load and the same models as a real target.
 func NewSim(version string, load time.Duration, p Profile) *Sim {
 	blobA := "sha256:" + strings.Repeat("a", 64)
-	s := sim.New(sim.Config{
+	s := vramguardtest.New(vramguardtest.Config{
 		Version:               version,
 		HonorUnloadDuringLoad: version == "0.6.5",
-		Models: []sim.ModelConfig{
+		Models: []vramguardtest.ModelConfig{
 			{Name: ModelA, Size: 115 << 10, LoadLatency: load, TokenLatency: 2 * time.Millisecond, Blob: blobA},
 			{Name: ModelAShort, Size: 115 << 10, LoadLatency: load, TokenLatency: 2 * time.Millisecond, Blob: blobA, Chunks: 6},
 			{Name: ModelB, Size: 470 << 10, LoadLatency: load, TokenLatency: 2 * time.Millisecond},
@@ -309,16 +309,16 @@ func (s *Sim) Restart(context.Context) error {
 }
 
 func (s *Sim) SetFault(f Fault) error {
-	var fs []sim.Fault
+	var fs []vramguardtest.Fault
 	switch f {
 	case FaultSlowLoad:
 		return nil // the simulator's load time is fixed per model
 	case FaultCrashAfter:
-		fs = []sim.Fault{sim.CrashAfter(3)}
+		fs = []vramguardtest.Fault{vramguardtest.CrashAfter(3)}
 	case FaultOOM:
-		fs = []sim.Fault{sim.OOM()}
+		fs = []vramguardtest.Fault{vramguardtest.OOM()}
 	case FaultHangLoad:
-		fs = []sim.Fault{sim.Stall(time.Hour)}
+		fs = []vramguardtest.Fault{vramguardtest.Stall(time.Hour)}
 	default:
 		return fmt.Errorf("oracle: fault %q", f)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 	"go.uber.org/goleak"
 )
 
@@ -23,8 +23,8 @@ type backend struct {
 	name   string
 	url    *url.URL
 	model  string
-	sim    *sim.Server        // nil for a real server
-	real   *ollamatest.Server // nil for the simulator
+	sim    *vramguardtest.Server // nil for a real server
+	real   *ollamatest.Server    // nil for the simulator
 	direct *api.Client
 }
 
@@ -36,7 +36,7 @@ func eachBackend(t *testing.T, fn func(t *testing.T, b *backend)) {
 		// starts must be gone at its end.
 		ignore := goleak.IgnoreCurrent()
 		t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // first cleanup: runs last
-		s := sim.New(sim.Config{Models: []sim.ModelConfig{{
+		s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{
 			Name: "tiny", Chunks: 16, LoadLatency: 30 * time.Millisecond, TokenLatency: time.Millisecond,
 		}}})
 		t.Cleanup(s.Close)
@@ -71,7 +71,7 @@ func eachBackend(t *testing.T, fn func(t *testing.T, b *backend)) {
 	}
 }
 
-func newBackend(t *testing.T, name string, u *url.URL, model string, s *sim.Server, real *ollamatest.Server) *backend {
+func newBackend(t *testing.T, name string, u *url.URL, model string, s *vramguardtest.Server, real *ollamatest.Server) *backend {
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &backend{name: name, url: u, model: model, sim: s, real: real,
@@ -218,6 +218,6 @@ func newClientTransport(t *testing.T, u *url.URL, opts vramguard.Options) (*vram
 	return c, tr
 }
 
-func simModel(name string, chunks int, token, load time.Duration) sim.ModelConfig {
-	return sim.ModelConfig{Name: name, Chunks: chunks, TokenLatency: token, LoadLatency: load}
+func simModel(name string, chunks int, token, load time.Duration) vramguardtest.ModelConfig {
+	return vramguardtest.ModelConfig{Name: name, Chunks: chunks, TokenLatency: token, LoadLatency: load}
 }

@@ -21,7 +21,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 	"go.uber.org/goleak"
 )
 
@@ -102,12 +102,12 @@ func TestSoak(t *testing.T) {
 	r := &rng{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	goroutinesBefore := runtime.NumGoroutine()
 
-	var cfgs []sim.ModelConfig
+	var cfgs []vramguardtest.ModelConfig
 	for i, m := range models {
-		cfgs = append(cfgs, sim.ModelConfig{Name: m, Chunks: 6, LoadLatency: time.Duration(2+3*i) * time.Millisecond,
+		cfgs = append(cfgs, vramguardtest.ModelConfig{Name: m, Chunks: 6, LoadLatency: time.Duration(2+3*i) * time.Millisecond,
 			TokenLatency: time.Duration(i) * 300 * time.Microsecond})
 	}
-	s := sim.New(sim.Config{Models: cfgs})
+	s := vramguardtest.New(vramguardtest.Config{Models: cfgs})
 	defer s.Close()
 	p, err := faultproxy.New(s.URL(), faultproxy.Options{})
 	if err != nil {
@@ -397,29 +397,29 @@ func randomProxyFault(r *rng, req *faultproxy.Request) faultproxy.Fault {
 	}
 }
 
-func randomSimFault(r *rng) sim.Fault {
+func randomSimFault(r *rng) vramguardtest.Fault {
 	switch r.intn(8) {
 	case 0:
-		return sim.CrashAfter(r.intn(6))
+		return vramguardtest.CrashAfter(r.intn(6))
 	case 1:
-		return sim.LoadCrash()
+		return vramguardtest.LoadCrash()
 	case 2:
-		return sim.RunnerStopped()
+		return vramguardtest.RunnerStopped()
 	case 3:
-		return sim.OOM()
+		return vramguardtest.OOM()
 	case 4:
-		return sim.Busy()
+		return vramguardtest.Busy()
 	case 5:
-		return sim.CloseAfter(r.intn(6))
+		return vramguardtest.CloseAfter(r.intn(6))
 	case 6:
-		return sim.RepeatAfter(r.intn(6))
+		return vramguardtest.RepeatAfter(r.intn(6))
 	default:
-		return sim.Stall(time.Duration(r.intn(500)) * time.Millisecond)
+		return vramguardtest.Stall(time.Duration(r.intn(500)) * time.Millisecond)
 	}
 }
 
 // listed returns the models the simulator lists in /api/ps.
-func listed(s *sim.Server) []string {
+func listed(s *vramguardtest.Server) []string {
 	var out []string
 	for _, rs := range s.Running() {
 		if !rs.Loading {

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 	"go.uber.org/goleak"
 )
 
@@ -25,14 +25,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // setup starts a simulator with model "tiny" (chunks lines of text plus
 // the done line) and a proxy in front of it, both closed at the end of the
 // test, after which no goroutine of the test may be left.
-func setup(t *testing.T, chunks int, opts faultproxy.Options) (*sim.Server, *faultproxy.Proxy, *http.Client) {
-	return setupModel(t, sim.ModelConfig{Name: "tiny", Chunks: chunks}, opts)
+func setup(t *testing.T, chunks int, opts faultproxy.Options) (*vramguardtest.Server, *faultproxy.Proxy, *http.Client) {
+	return setupModel(t, vramguardtest.ModelConfig{Name: "tiny", Chunks: chunks}, opts)
 }
 
-func setupModel(t *testing.T, mc sim.ModelConfig, opts faultproxy.Options) (*sim.Server, *faultproxy.Proxy, *http.Client) {
+func setupModel(t *testing.T, mc vramguardtest.ModelConfig, opts faultproxy.Options) (*vramguardtest.Server, *faultproxy.Proxy, *http.Client) {
 	t.Helper()
 	t.Cleanup(func() { goleak.VerifyNone(t) }) // first cleanup: runs last
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{mc}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{mc}})
 	t.Cleanup(s.Close)
 	p, err := faultproxy.New(s.URL(), opts)
 	if err != nil {
@@ -75,7 +75,7 @@ func lines(b []byte) []string {
 	return out
 }
 
-func waitSim(t *testing.T, s *sim.Server, what string, cond func() bool) {
+func waitSim(t *testing.T, s *vramguardtest.Server, what string, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -197,7 +197,7 @@ func TestCancelReachesUpstream(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", Chunks: 1000, TokenLatency: 5 * time.Millisecond}}})
+			s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", Chunks: 1000, TokenLatency: 5 * time.Millisecond}}})
 			defer s.Close()
 			p, err := faultproxy.New(s.URL(), faultproxy.Options{})
 			if err != nil {
@@ -336,7 +336,7 @@ func TestGoAwayAndResume(t *testing.T) {
 // TestGoAwayDuringStall: a request stalled in the proxy ends when the
 // proxy goes away, and its upstream request is canceled.
 func TestGoAwayDuringStall(t *testing.T) {
-	s, p, hc := setupModel(t, sim.ModelConfig{Name: "tiny", Chunks: 1000, TokenLatency: 5 * time.Millisecond}, faultproxy.Options{})
+	s, p, hc := setupModel(t, vramguardtest.ModelConfig{Name: "tiny", Chunks: 1000, TokenLatency: 5 * time.Millisecond}, faultproxy.Options{})
 	p.Push("", faultproxy.StallAfter(1, time.Hour))
 	errc := make(chan error, 1)
 	go func() {
@@ -364,7 +364,7 @@ func TestGoAwayDuringStall(t *testing.T) {
 // TestCloseEndsEverything: Close while requests stall returns promptly and
 // leaves no connection open on either side.
 func TestCloseEndsEverything(t *testing.T) {
-	s, p, hc := setupModel(t, sim.ModelConfig{Name: "tiny", Chunks: 1000, TokenLatency: 5 * time.Millisecond}, faultproxy.Options{Rule: func(*faultproxy.Request) faultproxy.Fault {
+	s, p, hc := setupModel(t, vramguardtest.ModelConfig{Name: "tiny", Chunks: 1000, TokenLatency: 5 * time.Millisecond}, faultproxy.Options{Rule: func(*faultproxy.Request) faultproxy.Fault {
 		return faultproxy.StallAfter(1, time.Hour)
 	}})
 	const n = 8

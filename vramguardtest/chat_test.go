@@ -1,4 +1,4 @@
-package sim_test
+package vramguardtest_test
 
 import (
 	"encoding/json"
@@ -12,7 +12,7 @@ import (
 	"github.com/ollama/ollama/api"
 	omodel "github.com/ollama/ollama/types/model"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // The error texts of Ollama v0.17.4 the simulator reproduces.
@@ -58,7 +58,7 @@ func (r chatResult) toolCalls() []api.ToolCall {
 func user(content string) []api.Message { return []api.Message{{Role: "user", Content: content}} }
 
 func TestShowCapabilities(t *testing.T) {
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		{Name: "plain"},
 		{Name: "tools", Tools: true},
 		{Name: "vision", Vision: true},
@@ -107,7 +107,7 @@ func TestImages(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) { m.Vision = tt.vision })}})
+			s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) { m.Vision = tt.vision })}})
 			var images []api.ImageData
 			if tt.images > 0 {
 				images = img
@@ -154,7 +154,7 @@ func TestImages(t *testing.T) {
 // TestToolsCapability: chat with tools on a model without Tools is refused
 // with Ollama's 400 before loading, naming the model in full.
 func TestToolsCapability(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		tiny(),
 		{Name: "user/foo:q4"},
 		{Name: "tooly", Tools: true},
@@ -220,7 +220,7 @@ func TestFormat(t *testing.T) {
 		for _, endpoint := range []string{"generate", "chat"} {
 			for _, stream := range []bool{true, false} {
 				t.Run(fmt.Sprintf("%s %s stream=%v", tt.name, endpoint, stream), func(t *testing.T) {
-					s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+					s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 					var text string
 					var lines int
 					var err error
@@ -283,8 +283,8 @@ func plainReply(t *testing.T, c *api.Client) string {
 // TestFormatRespondWins: a model with Respond answers with its chunks even
 // when a format is set.
 func TestFormatRespondWins(t *testing.T) {
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
-		m.Respond = func(string) []sim.Chunk { return []sim.Chunk{{Text: "not json"}} }
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
+		m.Respond = func(string) []vramguardtest.Chunk { return []vramguardtest.Chunk{{Text: "not json"}} }
 	})}})
 	res := chat(t, c, &api.ChatRequest{Model: "tiny", Messages: user("p"), Format: json.RawMessage(`"json"`)})
 	if res.err != nil || res.content() != "not json" {
@@ -295,8 +295,8 @@ func TestFormatRespondWins(t *testing.T) {
 // TestCalls: the server records what it received, unloads excepted, the
 // last 64 per model, across models in arrival order.
 func TestCalls(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{
-		tiny(func(m *sim.ModelConfig) { m.Tools, m.Vision, m.Thinking = true, true, true }),
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
+		tiny(func(m *vramguardtest.ModelConfig) { m.Tools, m.Vision, m.Thinking = true, true, true }),
 		{Name: "other", Vision: true},
 	}})
 	args := api.NewToolCallFunctionArguments()
@@ -370,11 +370,11 @@ func TestCalls(t *testing.T) {
 
 // TestRespondTo: RespondTo sees the request and wins over Respond.
 func TestRespondTo(t *testing.T) {
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 		m.Vision = true
-		m.Respond = func(string) []sim.Chunk { return []sim.Chunk{{Text: "Respond"}} }
-		m.RespondTo = func(r sim.Call) []sim.Chunk {
-			return []sim.Chunk{{Text: fmt.Sprintf("%s: %d messages, %d images, format %s", r.Endpoint, len(r.Messages), r.ImageCount(), r.Format)}}
+		m.Respond = func(string) []vramguardtest.Chunk { return []vramguardtest.Chunk{{Text: "Respond"}} }
+		m.RespondTo = func(r vramguardtest.Call) []vramguardtest.Chunk {
+			return []vramguardtest.Chunk{{Text: fmt.Sprintf("%s: %d messages, %d images, format %s", r.Endpoint, len(r.Messages), r.ImageCount(), r.Format)}}
 		}
 	})}})
 	tests := []struct {
@@ -407,15 +407,15 @@ func TestRespondTo(t *testing.T) {
 func TestChatToolCalls(t *testing.T) {
 	args := api.NewToolCallFunctionArguments()
 	args.Set("city", "Paris")
-	chunks := []sim.Chunk{
+	chunks := []vramguardtest.Chunk{
 		{Thinking: "let me look. "},
 		{Text: "Checking."},
 		{ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "get_weather", Arguments: args}}}},
 		{ToolCalls: []api.ToolCall{{ID: "mine", Function: api.ToolCallFunction{Index: 1, Name: "get_time"}}}},
 	}
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 		m.Tools, m.Thinking = true, true
-		m.Respond = func(string) []sim.Chunk { return chunks }
+		m.Respond = func(string) []vramguardtest.Chunk { return chunks }
 	})}})
 	tools := api.Tools{{Type: "function", Function: api.ToolFunction{Name: "get_weather"}}}
 

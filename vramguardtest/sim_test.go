@@ -1,4 +1,4 @@
-package sim_test
+package vramguardtest_test
 
 import (
 	"bufio"
@@ -13,11 +13,11 @@ import (
 
 	"github.com/ollama/ollama/api"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestGenerateStreamsWithMetrics(t *testing.T) {
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 	res := mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "hello there"})
 	if len(res.chunks) != 4 {
@@ -46,7 +46,7 @@ func text(r result) string {
 }
 
 func TestStreamWireFormat(t *testing.T) {
-	s, _ := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	s, _ := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 	body := `{"model":"tiny","prompt":"hi"}`
 	resp, err := http.Post(s.URL().JoinPath("/api/generate").String(), "application/json", strings.NewReader(body))
@@ -73,7 +73,7 @@ func TestStreamWireFormat(t *testing.T) {
 }
 
 func TestNonStreaming(t *testing.T) {
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 	stream := false
 	var replies []api.GenerateResponse
@@ -88,7 +88,7 @@ func TestNonStreaming(t *testing.T) {
 }
 
 func TestNumPredictCapsChunks(t *testing.T) {
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 	res := mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "x", Options: map[string]any{"num_predict": 2}})
 	if len(res.chunks) != 2 || res.final.DoneReason != "length" || res.final.EvalCount != 2 {
@@ -97,7 +97,7 @@ func TestNumPredictCapsChunks(t *testing.T) {
 }
 
 func TestLoadDurationOnlyOnLoadingRequest(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 	first := mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "a"})
 	second := mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "b"})
@@ -113,7 +113,7 @@ func TestLoadDurationOnlyOnLoadingRequest(t *testing.T) {
 }
 
 func TestConcurrentRequestsShareOneLoad(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 		m.LoadLatency = 100 * time.Millisecond
 	})}})
 
@@ -158,7 +158,7 @@ func TestKeepAlive(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+			s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 			mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "p", KeepAlive: tt.keepAlive})
 			if !tt.listed {
@@ -179,7 +179,7 @@ func TestKeepAlive(t *testing.T) {
 			if left := time.Until(m.ExpiresAt); left < tt.expires-time.Minute {
 				t.Errorf("expires in %v, want about %v", left, tt.expires)
 			}
-			if m.Model != "tiny:latest" || m.SizeVRAM != 2<<30 || m.Digest == "" || m.ContextLength != sim.DefaultContextLength {
+			if m.Model != "tiny:latest" || m.SizeVRAM != 2<<30 || m.Digest == "" || m.ContextLength != vramguardtest.DefaultContextLength {
 				t.Errorf("ps entry = %+v", m)
 			}
 		})
@@ -187,7 +187,7 @@ func TestKeepAlive(t *testing.T) {
 }
 
 func TestDefaultKeepAliveConfig(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}, DefaultKeepAlive: 30 * time.Millisecond})
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}, DefaultKeepAlive: 30 * time.Millisecond})
 	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "p"})
 	waitFor(t, s, time.Second, "expiry", func() bool { return !s.Listed("tiny") })
 	if st := s.Stats(""); st.Requests != 1 || st.Loads != 1 || st.Unloads != 1 || st.Completed != 1 {
@@ -196,7 +196,7 @@ func TestDefaultKeepAliveConfig(t *testing.T) {
 }
 
 func TestKeepAliveIsStickyLastWriterWins(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "a", KeepAlive: keepAlive(time.Hour)})
 	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "b"}) // no keep_alive: keeps 1h
@@ -218,7 +218,7 @@ func TestKeepAliveIsStickyLastWriterWins(t *testing.T) {
 }
 
 func TestUnloadReplyPrecedesRemoval(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}, UnloadDelay: 200 * time.Millisecond})
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}, UnloadDelay: 200 * time.Millisecond})
 	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "p"})
 
 	got := unload(t, c, "tiny")
@@ -233,13 +233,13 @@ func TestUnloadReplyPrecedesRemoval(t *testing.T) {
 		t.Errorf("expires_at %v not in the past after unload", m.ExpiresAt)
 	}
 	waitFor(t, s, 2*time.Second, "removal", func() bool { return !s.Listed("tiny") })
-	if _, _, free := s.Memory(); free != sim.DefaultTotalVRAM {
+	if _, _, free := s.Memory(); free != vramguardtest.DefaultTotalVRAM {
 		t.Errorf("free VRAM %d after unload, want all", free)
 	}
 }
 
 func TestRequestAfterUnloadReloads(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}, UnloadDelay: time.Hour})
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}, UnloadDelay: time.Hour})
 	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "p"})
 	unload(t, c, "tiny")
 	// The unload is still pending, but a new request waits for it and loads
@@ -248,13 +248,13 @@ func TestRequestAfterUnloadReloads(t *testing.T) {
 	if res.final.LoadDuration <= 0 || s.Loads("tiny") != 2 || s.Unloads("tiny") != 1 {
 		t.Errorf("load_duration %v, %+v; want a reload", res.final.LoadDuration, s.Stats("tiny"))
 	}
-	if r, _ := runner(s, "tiny:latest"); r.Expiring || r.KeepAlive != sim.DefaultKeepAlive {
+	if r, _ := runner(s, "tiny:latest"); r.Expiring || r.KeepAlive != vramguardtest.DefaultKeepAlive {
 		t.Errorf("new runner %+v, want a fresh one with the default keep-alive", r)
 	}
 }
 
 func TestUnloadCases(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 	t.Run("not loaded", func(t *testing.T) {
 		if got := unload(t, c, "tiny"); got.DoneReason != "unload" {
@@ -305,8 +305,8 @@ func TestUnloadDuringLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, c := start(t, sim.Config{
-				Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+			s, c := start(t, vramguardtest.Config{
+				Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 					m.LoadLatency = 150 * time.Millisecond
 				})},
 				HonorUnloadDuringLoad: tt.honor,
@@ -334,7 +334,7 @@ func TestUnloadDuringLoad(t *testing.T) {
 }
 
 func TestSetLoseUnloadDuringLoad(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 		m.LoadLatency = 100 * time.Millisecond
 	})}})
 	s.SetLoseUnloadDuringLoad(false)
@@ -347,7 +347,7 @@ func TestSetLoseUnloadDuringLoad(t *testing.T) {
 }
 
 func TestUnloadWhileRequestInFlight(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 		m.Chunks = 10
 		m.TokenLatency = 20 * time.Millisecond
 	})}})
@@ -374,7 +374,7 @@ func TestUnloadWhileRequestInFlight(t *testing.T) {
 
 func TestClientCancel(t *testing.T) {
 	t.Run("mid-stream", func(t *testing.T) {
-		s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+		s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 			m.Chunks = 100
 			m.TokenLatency = 5 * time.Millisecond
 		})}})
@@ -397,7 +397,7 @@ func TestClientCancel(t *testing.T) {
 		}
 	})
 	t.Run("during load", func(t *testing.T) {
-		s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+		s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 			m.LoadLatency = 100 * time.Millisecond
 		})}})
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Millisecond)
@@ -417,7 +417,7 @@ func TestClientCancel(t *testing.T) {
 }
 
 func TestNotFoundAndBadRequest(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
 	t.Run("generate 404", func(t *testing.T) {
 		res := generate(t.Context(), c, &api.GenerateRequest{Model: "nope", Prompt: "p"})
@@ -480,12 +480,12 @@ func TestNotFoundAndBadRequest(t *testing.T) {
 }
 
 func TestNames(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		{Name: "tiny"},
 		{Name: "user/foo:q4"},
 		{Name: "library/bar:7b"},
 	}})
-	if err := s.AddModel(sim.ModelConfig{Name: "tiny:latest"}); err == nil {
+	if err := s.AddModel(vramguardtest.ModelConfig{Name: "tiny:latest"}); err == nil {
 		t.Error("AddModel accepted a duplicate")
 	}
 	list, err := c.List(t.Context())
@@ -537,12 +537,12 @@ func sameSet(a, b string) bool {
 }
 
 func TestMiscEndpoints(t *testing.T) {
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) { m.Thinking = true })}})
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) { m.Thinking = true })}})
 
 	if err := c.Heartbeat(t.Context()); err != nil {
 		t.Errorf("Heartbeat: %v", err)
 	}
-	if v, err := c.Version(t.Context()); err != nil || v != sim.DefaultVersion {
+	if v, err := c.Version(t.Context()); err != nil || v != vramguardtest.DefaultVersion {
 		t.Errorf("Version = %q, %v", v, err)
 	}
 	show, err := c.Show(t.Context(), &api.ShowRequest{Model: "tiny"})
@@ -552,8 +552,8 @@ func TestMiscEndpoints(t *testing.T) {
 }
 
 func TestThinking(t *testing.T) {
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{
-		tiny(func(m *sim.ModelConfig) { m.Thinking = true }),
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
+		tiny(func(m *vramguardtest.ModelConfig) { m.Thinking = true }),
 		{Name: "plain", Chunks: 2},
 	}})
 	chat := func(model string, think *api.ThinkValue) (thinking, content string, err error) {
@@ -577,7 +577,7 @@ func TestThinking(t *testing.T) {
 }
 
 func TestPSDelay(t *testing.T) {
-	s, c := start(t, sim.Config{})
+	s, c := start(t, vramguardtest.Config{})
 	s.SetPSDelay(80 * time.Millisecond)
 	begin := time.Now()
 	if _, err := c.ListRunning(t.Context()); err != nil {
@@ -589,7 +589,7 @@ func TestPSDelay(t *testing.T) {
 }
 
 func TestCloseCutsRequestsShort(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 		m.LoadLatency = time.Hour
 	})}})
 	c := s.Client()
@@ -607,7 +607,7 @@ func TestCloseCutsRequestsShort(t *testing.T) {
 // memory is freed, and the next request loads it again. A model that is
 // not loaded has nothing to kill.
 func TestKillRunner(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", SizeVRAM: 1 << 20}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", SizeVRAM: 1 << 20}}})
 	defer s.Close()
 	if s.KillRunner("tiny") {
 		t.Fatal("KillRunner of a model that is not loaded reported a kill")
@@ -631,7 +631,7 @@ func TestKillRunner(t *testing.T) {
 // Restart cuts the requests in flight and leaves nothing loaded; the
 // models stay registered.
 func TestRestart(t *testing.T) {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", TokenLatency: 50 * time.Millisecond, Chunks: 100}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", TokenLatency: 50 * time.Millisecond, Chunks: 100}}})
 	defer s.Close()
 	simGen(t, s, "tiny", &api.Duration{Duration: time.Hour})
 	errc := make(chan error, 1)
@@ -658,7 +658,7 @@ func TestRestart(t *testing.T) {
 
 // simGen runs one short generation with keepAlive and fails the test if it
 // fails.
-func simGen(t *testing.T, s *sim.Server, model string, keepAlive *api.Duration) {
+func simGen(t *testing.T, s *vramguardtest.Server, model string, keepAlive *api.Duration) {
 	t.Helper()
 	err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: keepAlive,
 		Options: map[string]any{"num_predict": 2}}, func(api.GenerateResponse) error { return nil })

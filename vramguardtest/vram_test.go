@@ -1,4 +1,4 @@
-package sim_test
+package vramguardtest_test
 
 import (
 	"errors"
@@ -8,15 +8,15 @@ import (
 
 	"github.com/ollama/ollama/api"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 const gib = 1 << 30
 
 func TestVRAMLedger(t *testing.T) {
-	s, c := start(t, sim.Config{
+	s, c := start(t, vramguardtest.Config{
 		TotalVRAM: 10 * gib,
-		Models: []sim.ModelConfig{tiny(func(m *sim.ModelConfig) {
+		Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 			m.SizeVRAM = 4 * gib
 			m.LoadLatency = 80 * time.Millisecond
 		})},
@@ -43,7 +43,7 @@ func TestVRAMLedger(t *testing.T) {
 
 	// Another process wants 7 GiB: only 6 are free.
 	err := s.Reserve("text-encoder", 7*gib)
-	var ve *sim.VRAMError
+	var ve *vramguardtest.VRAMError
 	if !errors.As(err, &ve) || err.Error() != "VRAM grow failed: 7516192768 bytes" || ve.Free != 6*gib {
 		t.Fatalf("Reserve = %v", err)
 	}
@@ -65,11 +65,11 @@ func TestVRAMLedger(t *testing.T) {
 }
 
 func TestStrictVRAM(t *testing.T) {
-	big := func(name string) sim.ModelConfig {
-		return sim.ModelConfig{Name: name, SizeVRAM: 6 * gib, Chunks: 1}
+	big := func(name string) vramguardtest.ModelConfig {
+		return vramguardtest.ModelConfig{Name: name, SizeVRAM: 6 * gib, Chunks: 1}
 	}
 	t.Run("external allocation blocks the load", func(t *testing.T) {
-		s, c := start(t, sim.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Models: []sim.ModelConfig{big("a")}})
+		s, c := start(t, vramguardtest.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Models: []vramguardtest.ModelConfig{big("a")}})
 		if err := s.Reserve("orchestrator", 8*gib); err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +83,7 @@ func TestStrictVRAM(t *testing.T) {
 		}
 	})
 	t.Run("idle model is evicted", func(t *testing.T) {
-		s, c := start(t, sim.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Models: []sim.ModelConfig{big("a"), big("b")}})
+		s, c := start(t, vramguardtest.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Models: []vramguardtest.ModelConfig{big("a"), big("b")}})
 		mustGenerate(t, c, &api.GenerateRequest{Model: "a", Prompt: "p"})
 		mustGenerate(t, c, &api.GenerateRequest{Model: "b", Prompt: "p"})
 		if s.Listed("a") || !s.Listed("b") || s.Stats("a").Evictions != 1 {
@@ -96,7 +96,7 @@ func TestStrictVRAM(t *testing.T) {
 }
 
 func TestOffload(t *testing.T) {
-	big := sim.ModelConfig{Name: "a", Size: 6 * gib, SizeVRAM: 6 * gib, Chunks: 1}
+	big := vramguardtest.ModelConfig{Name: "a", Size: 6 * gib, SizeVRAM: 6 * gib, Chunks: 1}
 	ps := func(t *testing.T, c *api.Client) api.ProcessModelResponse {
 		t.Helper()
 		l, err := c.ListRunning(t.Context())
@@ -116,7 +116,7 @@ func TestOffload(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, c := start(t, sim.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Offload: true, Models: []sim.ModelConfig{big}})
+			s, c := start(t, vramguardtest.Config{TotalVRAM: 10 * gib, StrictVRAM: true, Offload: true, Models: []vramguardtest.ModelConfig{big}})
 			if err := s.Reserve("orchestrator", tt.reserve); err != nil {
 				t.Fatal(err)
 			}
@@ -145,7 +145,7 @@ func TestOffload(t *testing.T) {
 }
 
 func TestReleaseLag(t *testing.T) {
-	s, c := start(t, sim.Config{ReleaseLag: 150 * time.Millisecond, Models: []sim.ModelConfig{tiny()}})
+	s, c := start(t, vramguardtest.Config{ReleaseLag: 150 * time.Millisecond, Models: []vramguardtest.ModelConfig{tiny()}})
 	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "p", KeepAlive: keepAlive(0)})
 	waitFor(t, s, time.Second, "unload", func() bool { return !s.Listed("tiny") })
 	if _, used, _ := s.Memory(); used != 2*gib {
@@ -155,8 +155,8 @@ func TestReleaseLag(t *testing.T) {
 }
 
 func TestCrashFreesMemoryButStaysListed(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
-	s.FailNext("tiny", sim.CrashAfter(1))
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
+	s.FailNext("tiny", vramguardtest.CrashAfter(1))
 	res := generate(t.Context(), c, &api.GenerateRequest{Model: "tiny", Prompt: "p"})
 	if res.err == nil || !strings.Contains(res.err.Error(), "unexpected EOF") {
 		t.Fatalf("err = %v", res.err)

@@ -1,4 +1,4 @@
-package sim_test
+package vramguardtest_test
 
 import (
 	"crypto/sha256"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/ollama/ollama/api"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // TestShowModelfileFrom: /api/show's modelfile names the weights blob in
@@ -16,14 +16,14 @@ import (
 // configured one or one derived from the name.
 func TestShowModelfileFrom(t *testing.T) {
 	const blob = "sha256:6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{
-		tiny(func(m *sim.ModelConfig) { m.Blob = blob }),
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
+		tiny(func(m *vramguardtest.ModelConfig) { m.Blob = blob }),
 		{Name: "user/other:q4"},
 	}})
 	sum := sha256.Sum256([]byte("weights of user/other:q4"))
 	for _, tt := range []struct{ model, from string }{
-		{"tiny", sim.ModelsDir + "/blobs/sha256-6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"},
-		{"user/other:q4", sim.ModelsDir + "/blobs/sha256-" + hex.EncodeToString(sum[:])},
+		{"tiny", vramguardtest.ModelsDir + "/blobs/sha256-6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"},
+		{"user/other:q4", vramguardtest.ModelsDir + "/blobs/sha256-" + hex.EncodeToString(sum[:])},
 	} {
 		resp, err := c.Show(t.Context(), &api.ShowRequest{Model: tt.model})
 		if err != nil {
@@ -49,7 +49,7 @@ func TestShowModelfileFrom(t *testing.T) {
 // derived from Size, or ModelInfo as given.
 func TestShowModelInfo(t *testing.T) {
 	info := map[string]any{"general.architecture": "llama"}
-	_, c := start(t, sim.Config{Models: []sim.ModelConfig{
+	_, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
 		{Name: "big", Size: 5 << 30},
 		{Name: "bare", ModelInfo: info},
 	}})
@@ -57,14 +57,14 @@ func TestShowModelInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh := sim.ShapeOf(5 << 30)
+	sh := vramguardtest.ShapeOf(5 << 30)
 	for key, want := range map[string]int{
 		"llama.block_count":             sh.Blocks,
 		"llama.embedding_length":        sh.Embedding,
 		"llama.attention.head_count":    sh.Heads,
 		"llama.attention.head_count_kv": sh.HeadsKV,
 		"llama.attention.key_length":    sh.Embedding / sh.Heads,
-		"llama.context_length":          sim.DefaultContextLength,
+		"llama.context_length":          vramguardtest.DefaultContextLength,
 	} {
 		if got, _ := resp.ModelInfo[key].(float64); int(got) != want {
 			t.Errorf("%s = %v, want %d", key, resp.ModelInfo[key], want)

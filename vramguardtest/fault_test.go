@@ -1,4 +1,4 @@
-package sim_test
+package vramguardtest_test
 
 import (
 	"strings"
@@ -7,19 +7,19 @@ import (
 
 	"github.com/ollama/ollama/api"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestFaults(t *testing.T) {
 	tests := []struct {
 		name  string
-		fault sim.Fault
-		check func(t *testing.T, s *sim.Server, c *api.Client, res result, elapsed time.Duration)
+		fault vramguardtest.Fault
+		check func(t *testing.T, s *vramguardtest.Server, c *api.Client, res result, elapsed time.Duration)
 	}{
 		{
 			name:  "stall before first chunk",
-			fault: sim.Stall(120 * time.Millisecond),
-			check: func(t *testing.T, _ *sim.Server, _ *api.Client, res result, elapsed time.Duration) {
+			fault: vramguardtest.Stall(120 * time.Millisecond),
+			check: func(t *testing.T, _ *vramguardtest.Server, _ *api.Client, res result, elapsed time.Duration) {
 				if res.final == nil || elapsed < 120*time.Millisecond {
 					t.Errorf("done %v after %v, want done after >= 120ms", res.final != nil, elapsed)
 				}
@@ -27,8 +27,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "stall between chunks",
-			fault: sim.StallAfter(2, 120*time.Millisecond),
-			check: func(t *testing.T, _ *sim.Server, _ *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.StallAfter(2, 120*time.Millisecond),
+			check: func(t *testing.T, _ *vramguardtest.Server, _ *api.Client, res result, _ time.Duration) {
 				if len(res.chunks) != 4 || res.final == nil {
 					t.Fatalf("got %d chunks, done %v", len(res.chunks), res.final != nil)
 				}
@@ -39,8 +39,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "crash mid-stream",
-			fault: sim.CrashAfter(2),
-			check: func(t *testing.T, s *sim.Server, c *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.CrashAfter(2),
+			check: func(t *testing.T, s *vramguardtest.Server, c *api.Client, res result, _ time.Duration) {
 				if res.err == nil || res.err.Error() != "an error was encountered while running the model: unexpected EOF" {
 					t.Errorf("err = %v", res.err)
 				}
@@ -62,8 +62,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "crash before output",
-			fault: sim.CrashAfter(0),
-			check: func(t *testing.T, _ *sim.Server, _ *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.CrashAfter(0),
+			check: func(t *testing.T, _ *vramguardtest.Server, _ *api.Client, res result, _ time.Duration) {
 				if se := statusError(t, res.err); se.StatusCode != 500 || !strings.Contains(se.ErrorMessage, "unexpected EOF") {
 					t.Errorf("got %+v", se)
 				}
@@ -71,8 +71,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "crash at load",
-			fault: sim.LoadCrash(),
-			check: func(t *testing.T, s *sim.Server, c *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.LoadCrash(),
+			check: func(t *testing.T, s *vramguardtest.Server, c *api.Client, res result, _ time.Duration) {
 				se := statusError(t, res.err)
 				if se.StatusCode != 500 || se.ErrorMessage != "llama runner process has terminated: exit status 2" {
 					t.Errorf("got %+v", se)
@@ -85,8 +85,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "runner stopped at load",
-			fault: sim.RunnerStopped(),
-			check: func(t *testing.T, _ *sim.Server, _ *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.RunnerStopped(),
+			check: func(t *testing.T, _ *vramguardtest.Server, _ *api.Client, res result, _ time.Duration) {
 				if se := statusError(t, res.err); se.StatusCode != 500 || !strings.HasPrefix(se.ErrorMessage, "model runner has unexpectedly stopped") {
 					t.Errorf("got %+v", se)
 				}
@@ -94,8 +94,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "out of memory at load",
-			fault: sim.OOM(),
-			check: func(t *testing.T, s *sim.Server, _ *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.OOM(),
+			check: func(t *testing.T, s *vramguardtest.Server, _ *api.Client, res result, _ time.Duration) {
 				se := statusError(t, res.err)
 				if se.StatusCode != 500 || se.ErrorMessage != "model requires more system memory (2.0 GiB) than is available (0 B)" {
 					t.Errorf("got %+v", se)
@@ -107,8 +107,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "busy",
-			fault: sim.Busy(),
-			check: func(t *testing.T, _ *sim.Server, _ *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.Busy(),
+			check: func(t *testing.T, _ *vramguardtest.Server, _ *api.Client, res result, _ time.Duration) {
 				if se := statusError(t, res.err); se.StatusCode != 503 || se.ErrorMessage != "server busy, please try again.  maximum pending requests exceeded" {
 					t.Errorf("got %+v", se)
 				}
@@ -116,8 +116,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "stream closed without done",
-			fault: sim.CloseAfter(3),
-			check: func(t *testing.T, _ *sim.Server, _ *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.CloseAfter(3),
+			check: func(t *testing.T, _ *vramguardtest.Server, _ *api.Client, res result, _ time.Duration) {
 				if res.err != nil || len(res.chunks) != 3 || res.final != nil {
 					t.Errorf("err %v, %d chunks, done %v; want nil, 3, no done", res.err, len(res.chunks), res.final != nil)
 				}
@@ -125,8 +125,8 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "repeat-token abort",
-			fault: sim.RepeatAfter(3),
-			check: func(t *testing.T, _ *sim.Server, _ *api.Client, res result, _ time.Duration) {
+			fault: vramguardtest.RepeatAfter(3),
+			check: func(t *testing.T, _ *vramguardtest.Server, _ *api.Client, res result, _ time.Duration) {
 				if res.err != nil || len(res.chunks) != 3 || res.final != nil {
 					t.Fatalf("err %v, %d chunks, done %v; want nil, 3, no done", res.err, len(res.chunks), res.final != nil)
 				}
@@ -138,7 +138,7 @@ func TestFaults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+			s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 			if err := s.FailNext("tiny", tt.fault); err != nil {
 				t.Fatal(err)
 			}
@@ -150,20 +150,20 @@ func TestFaults(t *testing.T) {
 }
 
 func TestFaultScope(t *testing.T) {
-	s, c := start(t, sim.Config{Models: []sim.ModelConfig{tiny()}})
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny()}})
 
-	if err := s.FailNext("nope", sim.Busy()); err == nil {
+	if err := s.FailNext("nope", vramguardtest.Busy()); err == nil {
 		t.Error("FailNext accepted an unknown model")
 	}
 	// One-shot: only the next request.
-	s.FailNext("tiny", sim.Busy())
+	s.FailNext("tiny", vramguardtest.Busy())
 	if res := generate(t.Context(), c, &api.GenerateRequest{Model: "tiny", Prompt: "p"}); res.err == nil {
 		t.Error("FailNext fault did not fire")
 	}
 	mustGenerate(t, c, &api.GenerateRequest{Model: "tiny", Prompt: "p"})
 
 	// Persistent until cleared.
-	s.SetFaults("tiny", sim.CloseAfter(1))
+	s.SetFaults("tiny", vramguardtest.CloseAfter(1))
 	for range 2 {
 		if res := generate(t.Context(), c, &api.GenerateRequest{Model: "tiny", Prompt: "p"}); res.final != nil {
 			t.Error("SetFaults fault did not fire")
@@ -174,7 +174,7 @@ func TestFaultScope(t *testing.T) {
 
 	// Non-streaming replies see faults too.
 	stream := false
-	s.FailNext("tiny", sim.CrashAfter(1))
+	s.FailNext("tiny", vramguardtest.CrashAfter(1))
 	err := c.Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "p", Stream: &stream},
 		func(api.GenerateResponse) error { return nil })
 	if se := statusError(t, err); se.StatusCode != 500 {

@@ -89,4 +89,4 @@
 //
 // Every goroutine and timer the Server starts is stopped and joined by
 // [Server.Close].
-package sim
+package vramguardtest

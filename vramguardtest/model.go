@@ -1,4 +1,4 @@
-package sim
+package vramguardtest
 
 import (
 	"crypto/sha256"

@@ -1,4 +1,4 @@
-package sim_test
+package vramguardtest_test
 
 import (
 	"context"
@@ -7,11 +7,11 @@ import (
 
 	"github.com/ollama/ollama/api"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func Example() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny", Chunks: 3}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", Chunks: 3}}})
 	defer s.Close()
 	c := s.Client()
 	ctx := context.Background()
@@ -41,7 +41,7 @@ func Example() {
 }
 
 func ExampleServer_Reserve() {
-	s := sim.New(sim.Config{TotalVRAM: 24 << 30})
+	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 << 30})
 	defer s.Close()
 
 	fmt.Println(s.Reserve("text-encoder", 11<<30))
@@ -55,11 +55,11 @@ func ExampleServer_Reserve() {
 }
 
 func ExampleServer_FailNext() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{Name: "tiny"}}})
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny"}}})
 	defer s.Close()
 	c := s.Client()
 
-	_ = s.FailNext("tiny", sim.LoadCrash())
+	_ = s.FailNext("tiny", vramguardtest.LoadCrash())
 	err := c.Generate(context.Background(), &api.GenerateRequest{Model: "tiny", Prompt: "hi"},
 		func(api.GenerateResponse) error { return nil })
 	fmt.Println(err)
@@ -68,16 +68,16 @@ func ExampleServer_FailNext() {
 }
 
 func ExampleServer_Calls() {
-	s := sim.New(sim.Config{Models: []sim.ModelConfig{{
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{
 		Name:  "tiny",
 		Tools: true,
 		// Call a tool once, then answer with what it returned.
-		RespondTo: func(r sim.Call) []sim.Chunk {
+		RespondTo: func(r vramguardtest.Call) []vramguardtest.Chunk {
 			last := r.Messages[len(r.Messages)-1]
 			if last.Role == "tool" {
-				return []sim.Chunk{{Text: "It is " + last.Content + "."}}
+				return []vramguardtest.Chunk{{Text: "It is " + last.Content + "."}}
 			}
-			return []sim.Chunk{{ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "get_weather"}}}}}
+			return []vramguardtest.Chunk{{ToolCalls: []api.ToolCall{{Function: api.ToolCallFunction{Name: "get_weather"}}}}}
 		},
 	}}})
 	defer s.Close()

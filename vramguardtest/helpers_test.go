@@ -1,4 +1,4 @@
-package sim_test
+package vramguardtest_test
 
 import (
 	"context"
@@ -9,23 +9,23 @@ import (
 	"github.com/ollama/ollama/api"
 	"go.uber.org/goleak"
 
-	"github.com/vramguard/vramguard/internal/testkit/sim"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // start returns a running simulator, closed when the test ends, and a real
 // api.Client for it.
-func start(t *testing.T, cfg sim.Config) (*sim.Server, *api.Client) {
+func start(t *testing.T, cfg vramguardtest.Config) (*vramguardtest.Server, *api.Client) {
 	t.Helper()
-	s := sim.New(cfg)
+	s := vramguardtest.New(cfg)
 	t.Cleanup(s.Close)
 	return s, s.Client()
 }
 
 // tiny is a small, fast model.
-func tiny(mods ...func(*sim.ModelConfig)) sim.ModelConfig {
-	m := sim.ModelConfig{
+func tiny(mods ...func(*vramguardtest.ModelConfig)) vramguardtest.ModelConfig {
+	m := vramguardtest.ModelConfig{
 		Name:        "tiny",
 		Size:        2 << 30,
 		SizeVRAM:    2 << 30,
@@ -101,17 +101,17 @@ func ps(t *testing.T, c *api.Client, name string) (api.ProcessModelResponse, boo
 }
 
 // runner returns the simulator's state of model name.
-func runner(s *sim.Server, name string) (sim.RunnerState, bool) {
+func runner(s *vramguardtest.Server, name string) (vramguardtest.RunnerState, bool) {
 	for _, r := range s.Running() {
 		if r.Model == name {
 			return r, true
 		}
 	}
-	return sim.RunnerState{}, false
+	return vramguardtest.RunnerState{}, false
 }
 
 // waitFor waits up to d for cond.
-func waitFor(t *testing.T, s *sim.Server, d time.Duration, what string, cond func() bool) {
+func waitFor(t *testing.T, s *vramguardtest.Server, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	defer cancel()
