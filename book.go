@@ -41,6 +41,14 @@ type flight struct {
 	streaming atomic.Bool
 	// cut is set, under the book's lock, once an unload canceled it.
 	cut bool
+
+	// What begin changed, for unsent: the model's begin count after
+	// this one, whether the model was warm before, and the guarded use
+	// it touched for the first time (nil if none).
+	key     string
+	begunAt uint64
+	wasWarm bool
+	touched *use
 }
 
 // use counts the guarded users of one model in one client.
@@ -86,14 +94,16 @@ func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseF
 	if b.closed {
 		return nil, nil, newError(op, model, KindUnavailable, ErrClosed)
 	}
-	f = &flight{cancel: cancel}
+	_, wasWarm := b.warm[key]
+	f = &flight{cancel: cancel, key: key, wasWarm: wasWarm}
 	if b.inflight[key] == nil {
 		b.inflight[key] = make(map[*flight]struct{})
 	}
 	b.inflight[key][f] = struct{}{}
 	b.begun[key]++
-	if u := b.uses[key]; u != nil {
-		u.touched = true // a guarded use's request goes out
+	f.begunAt = b.begun[key]
+	if u := b.uses[key]; u != nil && !u.touched {
+		u.touched, f.touched = true, u // a guarded use's request goes out
 	}
 	if !ka.IsUnload() {
 		b.warm[key] = struct{}{}
@@ -105,6 +115,25 @@ func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseF
 			delete(b.inflight, key)
 		}
 	}, nil
+}
+
+// unsent takes back what begin recorded for f, a generation that cannot
+// have loaded its model (the server never received it, or has no such
+// model): the model is not warm because of it, and a guarded use it alone
+// touched has nothing to unload. A later generation on the model keeps
+// everything as it is, since it may load the model.
+func (b *book) unsent(f *flight) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.begun[f.key] != f.begunAt {
+		return
+	}
+	if !f.wasWarm {
+		delete(b.warm, f.key)
+	}
+	if f.touched != nil {
+		f.touched.touched = false
+	}
 }
 
 // inFlight returns the number of this client's generations on model, and

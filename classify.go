@@ -259,3 +259,15 @@ func serverError(op, model string, err error) *Error {
 	}
 	return newError(op, model, classify(err), err)
 }
+
+// nothingLoaded reports whether a failed request cannot have loaded its
+// model: no connection was made (the server never received it), or the
+// server answered 404 (it has no such model).
+func nothingLoaded(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	var se api.StatusError
+	return errors.As(err, &se) && se.StatusCode == http.StatusNotFound
+}

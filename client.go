@@ -422,6 +422,9 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 	if errors.Is(err, errOffloadStop) {
 		return nil, c.failOffloaded(ctx, op, cl.model, st.offload)
 	}
+	if err != nil && nothingLoaded(err) {
+		c.book.unsent(f)
+	}
 	if err == nil {
 		c.reportLoad(gen)
 		if gen.Loaded {

@@ -3,6 +3,8 @@ package vramguard_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -222,6 +224,59 @@ func TestRefusedCallLeavesTheModel(t *testing.T) {
 	}
 	if !s.Listed("a") {
 		t.Fatal("an empty guarded use unloaded the other program's model")
+	}
+}
+
+// TestFailureBeforeAnyLoadIsOneError: a guarded call that cannot have
+// loaded its model (no server answers, or the server has no such model)
+// returns the call's error alone: no cleanup is tried, nothing is joined,
+// nothing is logged at WARN, and Close has no model to unload.
+func TestFailureBeforeAnyLoadIsOneError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a"}}})
+	t.Cleanup(s.Close)
+	for _, tt := range []struct {
+		name, host, model string
+		kind              vramguard.Kind
+	}{
+		{"no server", "http://" + closed, "tiny-a", vramguard.KindUnavailable},
+		{"no such model", s.URL().String(), "missing", vramguard.KindNotFound},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs strings.Builder
+			var unloads atomic.Int32
+			c, err := vramguard.NewClient(vramguard.Options{
+				Host: tt.host, PollInterval: 5 * time.Millisecond,
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+				Hooks:  vramguard.Hooks{OnUnloadRequested: func(vramguard.ModelEvent) { unloads.Add(1) }},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range []vramguard.Guard{{Client: c}, {Client: c, Async: true, Release: true}} {
+				_, err = g.Generate(t.Context(), &vramguard.GenerateRequest{Model: tt.model, Prompt: "x"}, nil)
+				if !errors.Is(err, tt.kind) || errors.Is(err, vramguard.KindUnverified) {
+					t.Fatalf("async %v: got %v, want %v alone", g.Async, err, tt.kind)
+				}
+				if u, ok := err.(interface{ Unwrap() []error }); ok {
+					t.Fatalf("async %v: %d joined errors, want one: %v", g.Async, len(u.Unwrap()), err)
+				}
+			}
+			if err := c.Close(); err != nil {
+				t.Errorf("Close: %v, want nil (nothing loaded)", err)
+			}
+			if n := unloads.Load(); n != 0 {
+				t.Errorf("%d unloads requested for a model that never loaded", n)
+			}
+			if logs.Len() > 0 {
+				t.Errorf("logged at WARN or above:\n%s", logs.String())
+			}
+		})
 	}
 }
 

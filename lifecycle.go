@@ -146,8 +146,12 @@ func (g *Guard) validate(op, model string) error {
 //
 // Uses of the same model through guards of one client are counted: the
 // unload runs when the last of them ends, never under another's in-flight
-// call, and only if a generation on the model began during the uses (a
-// call refused before it reached the server leaves the model as it was).
+// call, and only if a generation on the model began during the uses and
+// may have loaded it. A call refused before it reached the server, one
+// that found no server (no connection) and one the server answered "no
+// such model" (404) leave the model as it was: Run then returns the
+// call's error alone, with nothing to clean up, and Close does not unload
+// the model because of it.
 // A guard does not wait for other programs: when another client's request
 // holds the model, the unload is sent (the server unloads the model when
 // that request ends) and the cleanup reports ErrHeldByOthers.
