@@ -184,7 +184,7 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 	const op = "budget"
 	snap, err := c.opts.VRAM.Snapshot(ctx)
 	if err != nil {
-		return nil, c.callError(ctx, op, model, err)
+		return nil, readerError(ctx, op, model, err)
 	}
 	d := snap.Device(b.Device)
 	if d == nil {

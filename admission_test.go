@@ -1,7 +1,9 @@
 package vramguard_test
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/ollama/ollama/api"
@@ -111,5 +113,30 @@ func TestBudgetAdmitsChat(t *testing.T) {
 	}
 	if n := s.Requests("small"); n != 0 {
 		t.Errorf("%d requests for small reached the server", n)
+	}
+}
+
+// brokenGPU is a VRAM reader that always fails, like a GPU reader on a
+// machine whose driver is gone.
+type brokenGPU struct{ err error }
+
+func (b brokenGPU) Snapshot(context.Context) (*vramguard.VRAMSnapshot, error) { return nil, b.err }
+
+// A budget whose reader fails refuses the load with KindUnavailable and the
+// reader's own error: never KindServer, since the server said nothing, and
+// nothing is sent to the server.
+func TestBudgetReaderFailureIsNotAServerError(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	cause := errors.New("no GPU driver on this machine")
+	c, _ := countedClient(t, s, vramguard.Options{VRAM: brokenGPU{cause}, Budget: &vramguard.Budget{}})
+	_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	if !errors.Is(err, vramguard.KindUnavailable) || errors.Is(err, vramguard.KindServer) || !errors.Is(err, cause) {
+		t.Fatalf("got %v (kind %v), want KindUnavailable wrapping the reader's error", err, vramguard.KindOf(err))
+	}
+	if strings.Contains(err.Error(), "server error") {
+		t.Errorf("message %q reads as the server's", err)
+	}
+	if s.Requests("small") != 0 {
+		t.Errorf("%d generate requests reached the server", s.Requests("small"))
 	}
 }

@@ -102,7 +102,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 	if c.opts.VRAM != nil {
 		snap, err := c.opts.VRAM.Snapshot(ctx)
 		if err != nil {
-			return rep, readerError(op, err)
+			return rep, readerError(ctx, op, "", err)
 		}
 		d := snap.Device(req.Device)
 		if d == nil {
@@ -185,12 +185,17 @@ func pickVictims(running []api.ProcessModelResponse, need, free uint64, all bool
 	return out
 }
 
-// readerError types a VRAM reader's failure: its own *Error as it is,
-// anything else as KindUnavailable (the GPU could not be read).
-func readerError(op string, err error) error {
+// readerError types a VRAM reader's failure: KindCanceled when ctx is
+// done, the reader's own *Error as it is, anything else as
+// KindUnavailable (the GPU could not be read). It is never KindServer:
+// the server said nothing.
+func readerError(ctx context.Context, op, model string, err error) error {
+	if ctx.Err() != nil {
+		return newError(op, model, KindCanceled, context.Cause(ctx))
+	}
 	var e *Error
 	if errors.As(err, &e) {
 		return err
 	}
-	return newError(op, "", KindUnavailable, err)
+	return newError(op, model, KindUnavailable, err)
 }
