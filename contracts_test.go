@@ -280,6 +280,51 @@ func TestFailureBeforeAnyLoadIsOneError(t *testing.T) {
 	}
 }
 
+// TestStoppingIsIdempotent: after Close, Shutdown and Close return nil
+// (stopping twice is not an error, as in net/http) and send nothing, while
+// every other call fails with ErrClosed; a failure of the first Close is
+// returned once, by whichever call comes first.
+func TestStoppingIsIdempotent(t *testing.T) {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a"}}})
+	t.Cleanup(s.Close)
+	c, ct := countedClient(t, s, vramguard.Options{})
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Listed("a") {
+		t.Fatal("Close left the warm model")
+	}
+	sent := ct.n.Load()
+	if err := c.Shutdown(t.Context()); err != nil {
+		t.Errorf("Shutdown after Close: %v, want nil", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: %v, want nil", err)
+	}
+	if _, err := c.UnloadModel(t.Context(), "a"); !errors.Is(err, vramguard.ErrClosed) {
+		t.Errorf("UnloadModel after Close: %v, want ErrClosed", err)
+	}
+	if n := ct.n.Load() - sent; n != 0 {
+		t.Errorf("%d requests sent after Close", n)
+	}
+
+	// A first Close that fails: its failure comes once.
+	c2, _ := countedClient(t, s, vramguard.Options{CleanupTimeout: 50 * time.Millisecond})
+	if _, err := c2.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		t.Fatal(err)
+	}
+	s.Close() // the server goes: Close cannot verify the unload
+	if err := c2.Close(); err == nil {
+		t.Fatal("Close with the server gone: nil, want the unload's failure")
+	}
+	if err := c2.Shutdown(t.Context()); err != nil {
+		t.Errorf("Shutdown after a failed Close: %v, want nil (the failure was returned)", err)
+	}
+}
+
 // TestGuardDoesNotWaitForOthers: a guard's cleanup does not wait for
 // another program's generation on the same model: it sends the unload and
 // reports the model still held (KindUnverified, ErrHeldByOthers), with the

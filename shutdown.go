@@ -36,6 +36,10 @@ type closeState struct {
 // context.Cause(ctx) while the work goes on in the background; a later
 // Shutdown or Close waits for it and returns its failures. Once a call has
 // returned them, later calls return nil.
+//
+// Close and Shutdown are the two calls that do not fail with ErrClosed on
+// a closed client: stopping is idempotent, as net/http's Server.Shutdown
+// and Close are, so a deferred Close after an explicit Shutdown is safe.
 func (c *OllamaClient) Shutdown(ctx context.Context) error {
 	cs := &c.closing
 	cs.once.Do(func() {
