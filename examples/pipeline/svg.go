@@ -22,7 +22,8 @@ var (
 )
 
 // writeSVG draws device memory over time: one line per device, a band per
-// step, a marker per lifecycle event, and the device's total as a dashed line.
+// step, a marker per lifecycle event in its model's lane, and the device's
+// total as a dashed line.
 func (r *recorder) writeSVG(w io.Writer, title string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -100,15 +101,33 @@ func (r *recorder) writeSVG(w io.Writer, title string) error {
 			dev, lineColours[dev%len(lineColours)], strings.Join(pts, " "), html.EscapeString(name))
 	}
 
-	// Event markers.
-	for i, e := range r.events {
+	// Event markers: a lane per model, named above its first marker, so
+	// that events of different models never share a row however close in
+	// time they come, and each marker's tooltip names its time, kind and
+	// model.
+	lanes := eventLanes(r.events)
+	const laneH, laneTop = 20, top + 22
+	maxLanes := max((plotH-laneTop+top)/laneH, 1)
+	laneY := func(l int) float64 { return float64(laneTop + (l%maxLanes)*laneH) }
+	for l, ln := range lanes {
+		x0, x1, cy := x(ln.from), x(ln.to), laneY(l)
+		fmt.Fprintf(&b, `<line class="lane" data-model="%s" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#bbb"/>`+"\n",
+			html.EscapeString(ln.model), x0, cy, x1, cy)
+		anchor, lx := "start", x0-4
+		if lx+labelWidth(ln.model) > left+plotW { // would run off the plot: end at the marker
+			anchor, lx = "end", x0+4
+		}
+		fmt.Fprintf(&b, `<text class="event-model" data-model="%s" x="%.1f" y="%.1f" font-size="10" text-anchor="%s" paint-order="stroke" stroke="white" stroke-width="3">%s</text>`+"\n",
+			html.EscapeString(ln.model), lx, cy-7, anchor, html.EscapeString(ln.label()))
+	}
+	for _, e := range r.events {
 		colour := markerColour[e.kind]
 		if colour == "" {
 			colour = "black"
 		}
-		cy := top + 8 + float64(i%4)*9 // stagger events that come close together
-		fmt.Fprintf(&b, `<circle class="event" data-kind="%s" cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%.2fs %s %s</title></circle>`+"\n",
-			html.EscapeString(e.kind), x(e.at), cy, colour, e.at.Seconds(), html.EscapeString(e.kind), html.EscapeString(e.model))
+		fmt.Fprintf(&b, `<circle class="event" data-kind="%s" data-model="%s" cx="%.1f" cy="%.1f" r="4" fill="%s" stroke="white"><title>%.2fs %s %s</title></circle>`+"\n",
+			html.EscapeString(e.kind), html.EscapeString(e.model), x(e.at), laneY(laneOf(lanes, e.model)), colour,
+			e.at.Seconds(), html.EscapeString(e.kind), html.EscapeString(modelLabel(e.model)))
 	}
 
 	// Legend.
@@ -127,3 +146,47 @@ func (r *recorder) writeSVG(w io.Writer, title string) error {
 	_, err := io.WriteString(w, b.String())
 	return err
 }
+
+// lane is the row of one model's event markers.
+type lane struct {
+	model    string
+	from, to time.Duration // its first and last event
+}
+
+func (l lane) label() string { return modelLabel(l.model) }
+
+// modelLabel names an event's model; an event without one says so.
+func modelLabel(model string) string {
+	if model == "" {
+		return "(no model)"
+	}
+	return model
+}
+
+// eventLanes returns a lane per model, in the order of their first events.
+func eventLanes(events []event) []lane {
+	var lanes []lane
+	for _, e := range events {
+		if i := laneOf(lanes, e.model); i >= 0 {
+			lanes[i].from, lanes[i].to = min(lanes[i].from, e.at), max(lanes[i].to, e.at)
+			continue
+		}
+		lanes = append(lanes, lane{model: e.model, from: e.at, to: e.at})
+	}
+	return lanes
+}
+
+// laneOf is the index of model's lane, -1 if it has none.
+func laneOf(lanes []lane, model string) int {
+	for i, l := range lanes {
+		if l.model == model {
+			return i
+		}
+	}
+	return -1
+}
+
+// labelWidth is about how wide a model's label is at font-size 10: no
+// font's metrics are at hand, so it counts 6 px a character, an upper
+// bound for sans-serif.
+func labelWidth(model string) float64 { return 6 * float64(len([]rune(modelLabel(model)))) }
