@@ -249,10 +249,41 @@ func TestImageErrors(t *testing.T) {
 	}
 }
 
+// TestHelp: -h, -help and --help print the usage on stderr and exit 0,
+// even with an image named; a flag that is not one still exits 2 with one
+// line.
 func TestHelp(t *testing.T) {
-	code, stdout, stderr := invoke(t, []string{"-h"}, nil, nil, false)
-	if code != 0 || stdout != "" || !strings.HasPrefix(stderr, "usage: caption") || !strings.Contains(stderr, "-no-sim") {
-		t.Errorf("exit %d, stdout %q, stderr %q; want 0, nothing, the usage", code, stdout, stderr)
+	img := writeFile(t, "fox.png", pngImage(t, 4, 4))
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string // its start
+	}{
+		{name: "h", args: []string{"-h"}, stderr: "usage: caption [flags] IMAGE|-\n"},
+		{name: "help", args: []string{"-help"}, stderr: "usage: caption [flags] IMAGE|-\n"},
+		{name: "two dashes", args: []string{"--help"}, stderr: "usage: caption [flags] IMAGE|-\n"},
+		{name: "after flags", args: []string{"-style", "anime", "-h", img}, stderr: "usage: caption [flags] IMAGE|-\n"},
+		{name: "bad flag", args: []string{"-hlep", img}, code: 2, stderr: "caption: usage: invalid input: flag provided but not defined: -hlep (see caption -h)\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := invoke(t, tt.args, nil, nil, false)
+			if code != tt.code || stdout != "" || !strings.HasPrefix(stderr, tt.stderr) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want %d, nothing, %q", code, stdout, stderr, tt.code, tt.stderr)
+			}
+			if tt.code != 0 {
+				if strings.Count(stderr, "\n") != 1 {
+					t.Errorf("stderr %q is not one line", stderr)
+				}
+				return
+			}
+			for _, f := range []string{"-host URL", "-model model", "-no-sim", "-seed"} {
+				if !strings.Contains(stderr, "\n  "+f) {
+					t.Errorf("usage %q does not list %s", stderr, f)
+				}
+			}
+		})
 	}
 }
 

@@ -203,10 +203,40 @@ func TestRunErrors(t *testing.T) {
 	}
 }
 
+// TestHelp: -h, -help and --help print the usage on stderr and exit 0,
+// with a prompt given or not (stdin is not read); a flag that is not one
+// still exits 2 with one line.
 func TestHelp(t *testing.T) {
-	code, stdout, stderr := invoke(t, []string{"-h"}, "", nil, false)
-	if code != 0 || stdout != "" || !strings.HasPrefix(stderr, "usage: refine") || !strings.Contains(stderr, "-passes") {
-		t.Errorf("exit %d, stdout %q, stderr %q; want 0, nothing, the usage", code, stdout, stderr)
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string // its start
+	}{
+		{name: "h", args: []string{"-h"}, stderr: "usage: refine [flags] [prompt ...]\n"},
+		{name: "help", args: []string{"-help"}, stderr: "usage: refine [flags] [prompt ...]\n"},
+		{name: "two dashes", args: []string{"--help"}, stderr: "usage: refine [flags] [prompt ...]\n"},
+		{name: "after flags", args: []string{"-passes", "2", "--help", "a fox"}, stderr: "usage: refine [flags] [prompt ...]\n"},
+		{name: "bad flag", args: []string{"-hlep", "a fox"}, code: 2, stderr: "refine: usage: invalid input: flag provided but not defined: -hlep (see refine -h)\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := invoke(t, tt.args, "", nil, false)
+			if code != tt.code || stdout != "" || !strings.HasPrefix(stderr, tt.stderr) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want %d, nothing, %q", code, stdout, stderr, tt.code, tt.stderr)
+			}
+			if tt.code != 0 {
+				if strings.Count(stderr, "\n") != 1 {
+					t.Errorf("stderr %q is not one line", stderr)
+				}
+				return
+			}
+			for _, f := range []string{"-host URL", "-model model", "-passes", "-generate"} {
+				if !strings.Contains(stderr, "\n  "+f) {
+					t.Errorf("usage %q does not list %s", stderr, f)
+				}
+			}
+		})
 	}
 }
 

@@ -468,6 +468,9 @@ func TestUsage(t *testing.T) {
 		stderr string
 	}{
 		{name: "help", args: []string{"-h"}, code: 0, stderr: "usage: vramwatch [flags]\n"},
+		{name: "help, long", args: []string{"-help"}, code: 0, stderr: "usage: vramwatch [flags]\n"},
+		{name: "help, two dashes", args: []string{"--help"}, code: 0, stderr: "usage: vramwatch [flags]\n"},
+		{name: "help after flags", args: []string{"-once", "-json", "-h"}, code: 0, stderr: "usage: vramwatch [flags]\n"},
 		{name: "unknown flag", args: []string{"-all"}, code: 2, stderr: "vramwatch: usage: invalid input: flag provided but not defined: -all (see vramwatch -h)\n"},
 		{name: "argument", args: []string{"-once", "gpu0"}, code: 2, stderr: `vramwatch: usage: invalid input: unexpected argument "gpu0" (see vramwatch -h)` + "\n"},
 		{name: "interval too short", args: []string{"-interval", "10ms"}, code: 2, stderr: "vramwatch: usage: invalid input: -interval 10ms: want 100ms or more\n"},
@@ -482,6 +485,13 @@ func TestUsage(t *testing.T) {
 			}
 			if tt.code != 0 && strings.Count(stderr, "\n") != 1 {
 				t.Errorf("stderr %q is not one line", stderr)
+			}
+			if tt.code == 0 {
+				for _, f := range []string{"-host URL", "-interval", "-once", "-json"} {
+					if !strings.Contains(stderr, "\n  "+f) {
+						t.Errorf("usage %q does not list %s", stderr, f)
+					}
+				}
 			}
 		})
 	}
