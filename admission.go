@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrOverBudget: a load would break Options.Budget. The error is an
@@ -32,6 +33,17 @@ type Budget struct {
 	// client's generations on them are waited for, not cut) and waits for
 	// the driver to give the memory back, instead of failing at once.
 	MakeRoom bool
+	// OffWithoutGPU lets one program carry the same Options to a GPU box
+	// and to a machine without a GPU: where the budget cannot be measured
+	// it switches itself off, logs one line at INFO ("VRAM budget off")
+	// and admits every load, instead of failing. That is when
+	// Options.VRAM is nil (NewClient then accepts the budget), or when the
+	// reader's snapshot lists no device Device (checked at the first
+	// load). A reader that fails is not "no GPU": its error still refuses
+	// the load. Without OffWithoutGPU, NewClient refuses a budget with no
+	// reader and a load fails when the device is missing. BudgetOff says
+	// whether it happened.
+	OffWithoutGPU bool
 }
 
 // BudgetError says why a load was refused: what the model needs (its
@@ -73,6 +85,10 @@ type admission struct {
 	once sync.Once
 	slot chan struct{} // held by the check in progress
 
+	// off: Budget.OffWithoutGPU found no device to measure; set once.
+	off     atomic.Bool
+	offOnce sync.Once
+
 	mu      sync.Mutex
 	pending map[*admitted]struct{}
 }
@@ -95,12 +111,29 @@ type admitted struct {
 	need  uint64
 }
 
+// errBudgetOff: checkBudget found no device and the budget switched
+// itself off (Budget.OffWithoutGPU).
+var errBudgetOff = errors.New("budget off")
+
+// budgetOff switches Options.Budget off, logging why once.
+func (c *OllamaClient) budgetOff(why string) {
+	c.admission.offOnce.Do(func() {
+		c.admission.off.Store(true)
+		c.log.Info("VRAM budget off: "+why+"; loads are not checked", "device", c.opts.Budget.Device)
+	})
+}
+
+// BudgetOff reports whether Options.Budget switched itself off because
+// there is no GPU to measure (Budget.OffWithoutGPU). It is false without
+// a budget. It is safe for concurrent use.
+func (c *OllamaClient) BudgetOff() bool { return c.admission.off.Load() }
+
 // admit checks the budget before a generation on model (options are the
 // request's, for num_ctx); done must be called when the generation ends.
 // Without a budget, or for a model the server lists, it does nothing.
 func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[string]any) (done func(), err error) {
 	b := c.opts.Budget
-	if b == nil {
+	if b == nil || c.admission.off.Load() {
 		return func() {}, nil
 	}
 	a := &c.admission
@@ -142,6 +175,9 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	}
 	need := uint64(est.Total)
 	berr, err := c.checkBudget(ctx, b, model, est, need+pending)
+	if errors.Is(err, errBudgetOff) {
+		return func() {}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -187,6 +223,10 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 		return nil, readerError(ctx, op, model, err)
 	}
 	d := snap.Device(b.Device)
+	if d == nil && b.OffWithoutGPU {
+		c.budgetOff(fmt.Sprintf("the VRAM reader (%s) reports no device %d", snap.Source, b.Device))
+		return nil, errBudgetOff
+	}
 	if d == nil {
 		return nil, invalid(op, model, "device %d is not among the %d the VRAM reader reports", b.Device, len(snap.Devices))
 	}

@@ -3,8 +3,10 @@ package vramguard_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ollama/ollama/api"
 
@@ -139,4 +141,63 @@ func TestBudgetReaderFailureIsNotAServerError(t *testing.T) {
 	if s.Requests("small") != 0 {
 		t.Errorf("%d generate requests reached the server", s.Requests("small"))
 	}
+}
+
+// noDevices is a VRAM reader on a machine with a driver and no GPU.
+type noDevices struct{}
+
+func (noDevices) Snapshot(context.Context) (*vramguard.VRAMSnapshot, error) {
+	return &vramguard.VRAMSnapshot{Source: "none here", Taken: time.Now()}, nil
+}
+
+// One Options value on a GPU box and on a machine without a GPU: with
+// OffWithoutGPU the budget refuses the load where the device is measured,
+// and switches itself off, with one INFO line, where it cannot be (no
+// reader, or a reader that lists no device); without OffWithoutGPU both
+// of those are refused as before.
+func TestBudgetThatTravels(t *testing.T) {
+	budget := vramguard.Budget{Headroom: 23 * gib, OffWithoutGPU: true} // more than the 24 GiB fake GPU can leave free with the model
+	for _, tt := range []struct {
+		name    string
+		reader  func(*vramguardtest.Server) vramguard.VRAMReader
+		wantOff bool
+	}{
+		{"GPU box", func(s *vramguardtest.Server) vramguard.VRAMReader { return s.GPU() }, false},
+		{"no reader", func(*vramguardtest.Server) vramguard.VRAMReader { return nil }, true},
+		{"reader without devices", func(*vramguardtest.Server) vramguard.VRAMReader { return noDevices{} }, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := threeModelSim(t, vramguardtest.Config{})
+			var logs strings.Builder
+			b := budget
+			c, _ := countedClient(t, s, vramguard.Options{VRAM: tt.reader(s), Budget: &b,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			for range 2 {
+				_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+				if tt.wantOff && err != nil {
+					t.Fatalf("budget off: %v, want the load admitted", err)
+				}
+				if !tt.wantOff && !errors.Is(err, vramguard.ErrOverBudget) {
+					t.Fatalf("budget on: %v, want ErrOverBudget", err)
+				}
+			}
+			if c.BudgetOff() != tt.wantOff {
+				t.Errorf("BudgetOff() = %v, want %v", c.BudgetOff(), tt.wantOff)
+			}
+			if n := strings.Count(logs.String(), "VRAM budget off"); n != map[bool]int{true: 1, false: 0}[tt.wantOff] {
+				t.Errorf("%d 'VRAM budget off' lines:\n%s", n, logs.String())
+			}
+		})
+	}
+	t.Run("without OffWithoutGPU", func(t *testing.T) {
+		s := threeModelSim(t, vramguardtest.Config{})
+		if _, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), Budget: &vramguard.Budget{}}); !errors.Is(err, vramguard.KindInvalidInput) {
+			t.Errorf("a budget without a reader: %v, want KindInvalidInput", err)
+		}
+		c, _ := countedClient(t, s, vramguard.Options{VRAM: noDevices{}, Budget: &vramguard.Budget{}})
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		if !errors.Is(err, vramguard.KindInvalidInput) || c.BudgetOff() {
+			t.Errorf("no device 0: %v (off %v), want KindInvalidInput and the budget on", err, c.BudgetOff())
+		}
+	})
 }

@@ -66,6 +66,9 @@ func NewClient(opts Options) (*OllamaClient, error) {
 		log:  opts.Logger,
 		book: newBook(),
 	}
+	if opts.Budget != nil && opts.VRAM == nil {
+		c.budgetOff("no VRAM reader") // Budget.OffWithoutGPU, or validate refused it
+	}
 	host := opts.Host
 	if host == "" && opts.API == nil {
 		getenv := opts.Getenv

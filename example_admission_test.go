@@ -82,3 +82,25 @@ func ExampleOffload() {
 	fmt.Println(errors.Is(err, vramguard.ErrOffloaded), errors.Is(err, vramguard.KindOutOfMemory), s.Listed("qwen3:8b"))
 	// Output: true true false
 }
+
+// One program for a GPU box and a laptop without a GPU: the same budget,
+// with OffWithoutGPU, is enforced where the device can be read and turns
+// itself off (one INFO line) where it cannot. Here there is no reader, as
+// on a machine where gpu.NewAutoReader fails.
+func ExampleOllamaClient_BudgetOff() {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
+	defer s.Close()
+	var reader vramguard.VRAMReader // set it from gpu.NewAutoReader when that succeeds
+	c, err := vramguard.NewClient(vramguard.Options{
+		Host:   s.URL().String(),
+		VRAM:   reader,
+		Budget: &vramguard.Budget{Headroom: 10 << 30, OffWithoutGPU: true},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: "qwen3:8b", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	fmt.Println(err, c.BudgetOff())
+	// Output: <nil> true
+}

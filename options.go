@@ -138,7 +138,8 @@ type Options struct {
 	// Package gpu's NewAutoReader returns one for NVIDIA devices.
 	VRAM VRAMReader
 	// Budget, when set, is checked before each load a generation of this
-	// client would cause (see Budget). Needs VRAM.
+	// client would cause (see Budget). Needs VRAM, unless
+	// Budget.OffWithoutGPU lets it switch itself off without one.
 	Budget *Budget
 	// VerifyVRAM makes UnloadModel also wait until device free memory has
 	// risen after Ollama stopped listing the model. Needs VRAM.
@@ -180,8 +181,8 @@ func (o Options) validate() error {
 	if ut := cmp.Or(o.UnloadTimeout, defaultUnloadTimeout); o.SettleWindow >= ut {
 		return invalid(op, "", "settle window %v is not shorter than the unload timeout %v", o.SettleWindow, ut)
 	}
-	if o.Budget != nil && (o.VRAM == nil || o.Budget.Device < 0) {
-		return invalid(op, "", "a budget needs a VRAM reader and a device index of 0 or more")
+	if o.Budget != nil && ((o.VRAM == nil && !o.Budget.OffWithoutGPU) || o.Budget.Device < 0) {
+		return invalid(op, "", "a budget needs a VRAM reader (or OffWithoutGPU) and a device index of 0 or more")
 	}
 	if o.VerifyVRAM && o.VRAM == nil {
 		return invalid(op, "", "VerifyVRAM needs a VRAM reader")
