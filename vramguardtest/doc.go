@@ -1,20 +1,39 @@
-// Package sim is an in-process simulator of an Ollama server, so that code
-// built on the real github.com/ollama/ollama/api client can be tested without
-// Ollama or a GPU.
+// Package vramguardtest is vramguard's test double: an in-process fake
+// Ollama server, served over real HTTP on 127.0.0.1 ([Server]), and a fake
+// GPU whose memory follows that server's loads ([GPU]), so that programs
+// built on vramguard (or on Ollama's own api client) are tested without
+// Ollama or a GPU, as net/http programs are with net/http/httptest. It is
+// the simulator vramguard tests itself with, and the one its examples run
+// on when no Ollama answers.
 //
-// A [Server] listens on 127.0.0.1 through net/http/httptest and speaks the
-// subset of Ollama's HTTP API that vramguard uses: POST /api/generate,
-// POST /api/chat, GET /api/ps, GET /api/tags, POST /api/show,
-// GET /api/version and HEAD or GET /. Requests and replies use the api
-// package's types, so the wire format is Ollama's. /api/show's modelfile
-// starts, after Ollama's comment lines, with the FROM line naming the
-// model's weights blob ([ModelConfig.Blob]), the path a runner's --model
-// names.
+// A test declares the models ([ModelConfig]: name, size, what the model
+// holds on the GPU, load and token latency, capabilities such as vision,
+// tools and thinking, the model_info that vramguard's EstimateModel reads,
+// the replies), the server ([Config]: GPU size, keep-alive default, the
+// Ollama version whose behaviour to mimic, strict memory, offload), and
+// faults ([Fault]: a crash mid-stream, out of memory at load, a cut stream,
+// a busy server, a stall). It points vramguard.Options.Host at
+// [Server.URL] and Options.VRAM at [Server.GPU], runs its own code, and
+// reads back what arrived: [Server.Calls] (the requests, as sent),
+// [Server.Events] (requests with their keep-alives, unloads, loads,
+// evictions, crashes, in order), [Server.Stats], [Server.Listed] and
+// [Server.Memory].
+//
+// The Server speaks the subset of Ollama's HTTP API that vramguard uses:
+// POST /api/generate, POST /api/chat, GET /api/ps, GET /api/tags, POST
+// /api/show, GET /api/version and HEAD or GET /. Requests and replies use
+// the api package's types, so the wire format is Ollama's. /api/show's
+// modelfile starts, after Ollama's comment lines, with the FROM line
+// naming the model's weights blob ([ModelConfig.Blob]), the path a
+// runner's --model names. Runners are not processes: vramguard's process
+// check finds none, so on this server an unload is verified from /api/ps
+// (and from the fake GPU when Options.VRAM is set).
 //
 // # Scheduler semantics
 //
 // The simulator reproduces the lifecycle rules of Ollama v0.17.4 that matter
-// when several programs share one GPU:
+// when several programs share one GPU ([Config.Version] selects the older
+// behaviour where v0.6.5 differs):
 //
 //   - A request for a model that is not loaded loads it. The model is listed
 //     by /api/ps only once loading has finished; concurrent requests share
@@ -27,8 +46,9 @@
 //     done_reason "unload", but the model leaves /api/ps only
 //     [Config.UnloadDelay] later, and only once no request holds it. While
 //     other requests hold it, /api/ps lists it with expires_at in the past.
-//   - An unload that arrives while the model is still loading is lost, as in
-//     v0.17.x (see [Config.HonorUnloadDuringLoad]).
+//   - An unload that arrives while the model is still loading is lost, as
+//     from v0.17 on, and honoured before (see [Config.Version] and
+//     [Config.HonorUnloadDuringLoad]).
 //   - A client that disconnects mid-stream stops the generation and drops
 //     its reference, so the model can expire.
 //   - A crashed runner stays listed in /api/ps and is reloaded silently by

@@ -10,7 +10,8 @@ import (
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
-func Example() {
+// The fake speaks Ollama's HTTP API to any client, here Ollama's own.
+func ExampleServer() {
 	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", Chunks: 3}}})
 	defer s.Close()
 	c := s.Client()

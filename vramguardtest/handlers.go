@@ -144,12 +144,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, c *call) {
 	m.stats.Requests++
 	s.notifyLocked()
 	if c.empty && c.KeepAlive != nil && c.KeepAlive.Duration == 0 {
+		s.eventLocked(m, EventUnloadRequest, &c.Call)
 		s.expireLocked(m)
 		s.mu.Unlock()
 		writeJSON(w, http.StatusOK, c.frame(Chunk{}, true, "unload", api.Metrics{}))
 		return
 	}
 	s.recordLocked(m, c.Call)
+	s.eventLocked(m, EventRequest, &c.Call)
 	// Capabilities are checked before scheduling, as Ollama's handlers and
 	// scheduleRunner do.
 	if c.Think != nil && c.Think.Bool() && !m.cfg.Thinking {

@@ -95,6 +95,7 @@ func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration
 		vram, err := s.admitLocked(m, fs)
 		if err != nil {
 			m.stats.LoadFailures++
+			s.eventLocked(m, EventLoadFailed, nil)
 			s.notifyLocked()
 			s.mu.Unlock()
 			return nil, 0, err
@@ -178,6 +179,7 @@ func (s *Server) admitLocked(m *model, fs faults) (uint64, error) {
 			break
 		}
 		r.m.stats.Evictions++
+		s.eventLocked(r.m, EventEvicted, nil)
 		s.freeHoldingLocked(r, true) // the scheduler waits for the memory
 		s.removeRunnerLocked(r)
 	}
@@ -236,6 +238,7 @@ func (s *Server) load(r *runner, fail *statusError) {
 	if fail != nil {
 		r.loadErr = fail
 		m.stats.LoadFailures++
+		s.eventLocked(m, EventLoadFailed, nil)
 		if m.runner == r {
 			m.runner = nil
 		}
@@ -243,6 +246,7 @@ func (s *Server) load(r *runner, fail *statusError) {
 		return
 	}
 	m.stats.Loads++
+	s.eventLocked(m, EventLoaded, nil)
 	if r.doomed {
 		r.expiresAt = time.Now()
 	}
@@ -296,6 +300,8 @@ func (s *Server) expireLocked(m *model) {
 		if !s.lose {
 			r.doomed = true
 			r.keepAlive = 0
+		} else {
+			s.eventLocked(m, EventUnloadLost, nil)
 		}
 		return
 	}
@@ -337,6 +343,7 @@ func (s *Server) removeRunnerLocked(r *runner) {
 	if r.m.runner == r {
 		r.m.runner = nil
 		r.m.stats.Unloads++
+		s.eventLocked(r.m, EventUnloaded, nil)
 	}
 	s.freeHoldingLocked(r, false)
 	s.notifyLocked()
@@ -349,6 +356,7 @@ func (s *Server) crash(r *runner) {
 	defer s.mu.Unlock()
 	r.dead = true
 	r.m.stats.Crashes++
+	s.eventLocked(r.m, EventCrashed, nil)
 	s.freeHoldingLocked(r, false)
 	s.notifyLocked()
 }

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,9 +44,10 @@ type Config struct {
 	// the runner). Zero means DefaultUnloadDelay; negative means none.
 	UnloadDelay time.Duration
 
-	// HonorUnloadDuringLoad fixes the v0.17.x race in which an unload that
-	// arrives while the model is still loading is lost. The zero value keeps
-	// the v0.17.4 behaviour: the unload is answered "unload" and ignored.
+	// HonorUnloadDuringLoad fixes the race of Ollama 0.17 and later in
+	// which an unload that arrives while the model is still loading is
+	// lost. The zero value keeps the behaviour of Version: lost from 0.17
+	// on (the unload is answered "unload" and ignored), honoured before.
 	// It can be changed later with SetLoseUnloadDuringLoad.
 	HonorUnloadDuringLoad bool
 
@@ -74,7 +77,14 @@ type Config struct {
 	// PSDelay delays every /api/ps reply. See also SetPSDelay.
 	PSDelay time.Duration
 
-	// Version is reported by /api/version. Empty means DefaultVersion.
+	// Version is reported by /api/version, and it picks the behaviour of
+	// that Ollama release where the simulator knows releases to differ:
+	// before 0.17 (for example "0.6.5") an unload that arrives while the
+	// model is loading is honoured; from 0.17 on it is lost (answered
+	// "unload" and dropped, see HonorUnloadDuringLoad). On every version
+	// /api/ps lists nothing while a model loads. Empty means
+	// DefaultVersion; a version that does not parse behaves as the
+	// default.
 	Version string
 }
 
@@ -101,7 +111,8 @@ type Server struct {
 	lastPID  uint32
 	lose     bool
 	psDelay  time.Duration
-	callSeq  uint64 // numbers recorded calls across models
+	callSeq  uint64  // numbers recorded calls across models
+	events   []Event // the last maxEvents events, oldest first
 
 	toolCallIDs atomic.Uint64 // numbers the IDs given to tool calls
 }
@@ -131,7 +142,7 @@ func New(cfg Config) *Server {
 		holdings:  make(map[uint32]*holding),
 		external:  make(map[string]*holding),
 		lastPID:   40000,
-		lose:      !cfg.HonorUnloadDuringLoad,
+		lose:      !cfg.HonorUnloadDuringLoad && !versionBefore(cfg.Version, 0, 17),
 		psDelay:   cfg.PSDelay,
 	}
 	if s.totalVRAM == 0 {
@@ -465,6 +476,7 @@ func (s *Server) KillRunner(name string) bool {
 	r := m.runner
 	r.dead = true
 	r.m.stats.Crashes++
+	s.eventLocked(r.m, EventCrashed, nil)
 	s.freeHoldingLocked(r, false)
 	s.notifyLocked()
 	return true
@@ -489,4 +501,21 @@ func (s *Server) Restart() {
 		}
 	}
 	s.notifyLocked()
+}
+
+// versionBefore reports whether an Ollama version ("0.6.5", "v0.17.4",
+// "0.17.4-sim") is older than major.minor; false when it does not parse.
+func versionBefore(v string, major, minor int) bool {
+	v = strings.TrimPrefix(v, "v")
+	v, _, _ = strings.Cut(v, "-")
+	parts := strings.Split(v, ".")
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma < major || (ma == major && mi < minor)
 }

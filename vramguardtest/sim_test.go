@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -296,12 +297,16 @@ func TestUnloadCases(t *testing.T) {
 
 func TestUnloadDuringLoad(t *testing.T) {
 	tests := []struct {
-		name   string
-		honor  bool
-		listed bool
+		name    string
+		honor   bool
+		version string
+		listed  bool
 	}{
-		{name: "lost like v0.17.4", honor: false, listed: true},
-		{name: "honored like v0.6.5", honor: true, listed: false},
+		{name: "lost by default, like v0.17.4", listed: true},
+		{name: "honored when asked", honor: true, listed: false},
+		{name: "honored by a v0.6.5", version: "0.6.5", listed: false},
+		{name: "lost by a v0.34.4", version: "v0.34.4", listed: true},
+		{name: "lost by an unparsed version", version: "main", listed: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -310,6 +315,7 @@ func TestUnloadDuringLoad(t *testing.T) {
 					m.LoadLatency = 150 * time.Millisecond
 				})},
 				HonorUnloadDuringLoad: tt.honor,
+				Version:               tt.version,
 			})
 			done := make(chan result, 1)
 			go func() { done <- generate(t.Context(), c, &api.GenerateRequest{Model: "tiny", Prompt: "p"}) }()
@@ -328,6 +334,17 @@ func TestUnloadDuringLoad(t *testing.T) {
 			}
 			if listed && time.Until(m.ExpiresAt) < 4*time.Minute {
 				t.Errorf("lost unload: expires_at %v, want the loading request's 5m keep-alive", m.ExpiresAt)
+			}
+			var kinds []vramguardtest.EventKind
+			for _, ev := range s.Events("tiny") {
+				kinds = append(kinds, ev.Kind)
+			}
+			want := []vramguardtest.EventKind{vramguardtest.EventRequest, vramguardtest.EventUnloadRequest, vramguardtest.EventLoaded, vramguardtest.EventUnloaded}
+			if tt.listed {
+				want = []vramguardtest.EventKind{vramguardtest.EventRequest, vramguardtest.EventUnloadRequest, vramguardtest.EventUnloadLost, vramguardtest.EventLoaded}
+			}
+			if !slices.Equal(kinds, want) {
+				t.Errorf("events %v, want %v", kinds, want)
 			}
 		})
 	}
@@ -664,5 +681,53 @@ func simGen(t *testing.T, s *vramguardtest.Server, model string, keepAlive *api.
 		Options: map[string]any{"num_predict": 2}}, func(api.GenerateResponse) error { return nil })
 	if err != nil {
 		t.Fatalf("generate %s: %v", model, err)
+	}
+}
+
+// Events records what arrived with its keep-alive and what the scheduler
+// did, per model and across models, oldest first.
+func TestEvents(t *testing.T) {
+	s, c := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(), tiny(func(m *vramguardtest.ModelConfig) { m.Name = "other" })}})
+	hour := &api.Duration{Duration: time.Hour}
+	if res := generate(t.Context(), c, &api.GenerateRequest{Model: "tiny", Prompt: "p", KeepAlive: hour}); res.err != nil {
+		t.Fatal(res.err)
+	}
+	if err := c.Chat(t.Context(), &api.ChatRequest{Model: "other", Messages: []api.Message{{Role: "user", Content: "hi"}}},
+		func(api.ChatResponse) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	unload(t, c, "tiny")
+	waitFor(t, s, time.Second, "removal", func() bool { return !s.Listed("tiny") })
+
+	type got struct {
+		kind     vramguardtest.EventKind
+		model    string
+		endpoint string
+		ka       string
+	}
+	var all []got
+	for _, ev := range s.Events("") {
+		ka := "none"
+		if ev.KeepAlive != nil {
+			ka = ev.KeepAlive.String()
+		}
+		all = append(all, got{ev.Kind, ev.Model, ev.Endpoint, ka})
+	}
+	want := []got{
+		{vramguardtest.EventRequest, "tiny:latest", "generate", "1h0m0s"},
+		{vramguardtest.EventLoaded, "tiny:latest", "", "none"},
+		{vramguardtest.EventRequest, "other:latest", "chat", "none"},
+		{vramguardtest.EventLoaded, "other:latest", "", "none"},
+		{vramguardtest.EventUnloadRequest, "tiny:latest", "generate", "0s"},
+		{vramguardtest.EventUnloaded, "tiny:latest", "", "none"},
+	}
+	if !slices.Equal(all, want) {
+		t.Errorf("events\n%v\nwant\n%v", all, want)
+	}
+	if n := len(s.Events("other")); n != 2 {
+		t.Errorf("%d events for other, want 2", n)
+	}
+	if evs := s.Events("no-such-model"); evs != nil {
+		t.Errorf("events of an unknown model: %v", evs)
 	}
 }
