@@ -189,7 +189,7 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 			target = max(target, berr.Free+(berr.Held+need+pending-b.MaxBytes))
 		}
 		c.log.Debug("making room for a load", "model", model, "need", need, "target", target)
-		if _, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom}, unloadMode{keepLoads: true}); eerr != nil {
+		if _, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom}, unloadMode{keepLoads: true, cause: CauseBudget}); eerr != nil {
 			c.log.Debug("making room failed", "model", model, "err", eerr)
 		}
 		if berr, err = c.checkBudget(ctx, b, model, est, need+pending); err != nil {

@@ -203,6 +203,9 @@ func (c *OllamaClient) cleanup(ctx context.Context, opts CleanupOptions) (*Clean
 	rep := &CleanupReport{}
 	var errs []error
 	models := slices.Clone(opts.Models)
+	if opts.mode.cause == "" {
+		opts.mode.cause = CauseCleanup // Cleanup, CleanupAsync, the fallback's
+	}
 	if opts.AllModels {
 		ms, err := c.running(ctx)
 		if err != nil {

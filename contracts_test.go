@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -394,4 +395,109 @@ func TestGuardDoesNotWaitForOthers(t *testing.T) {
 	stopOther()
 	<-otherDone
 	eventually(t, s, "model gone after the other request ended", func() bool { return !s.Listed("a") })
+}
+
+// TestUnloadCauses: every call that unloads says so, in OnUnloadRequested
+// and in its UnloadReport, so that a program can tell the budget's
+// evictions from its own unloads.
+func TestUnloadCauses(t *testing.T) {
+	ctx := t.Context()
+	warm := func(t *testing.T, c *vramguard.OllamaClient, model string) {
+		t.Helper()
+		if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: model, Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range []struct {
+		want vramguard.UnloadCause
+		do   func(t *testing.T, s *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport
+	}{
+		{vramguard.CauseUnloadModel, func(t *testing.T, _ *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport {
+			warm(t, c, "small")
+			rep, _ := c.UnloadModel(ctx, "small")
+			return []vramguard.UnloadReport{*rep}
+		}},
+		{vramguard.CauseUnloadAll, func(t *testing.T, _ *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport {
+			warm(t, c, "small")
+			reps, _ := c.UnloadAll(ctx)
+			return reps
+		}},
+		{vramguard.CauseCleanup, func(t *testing.T, _ *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport {
+			warm(t, c, "small")
+			rep, _ := c.Cleanup(ctx, vramguard.CleanupOptions{Models: []string{"small"}})
+			return rep.Unloads
+		}},
+		{vramguard.CauseGuard, func(t *testing.T, _ *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport {
+			g := vramguard.Guard{Client: c}
+			if _, err := g.Generate(ctx, &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, nil); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}},
+		{vramguard.CausePhaseEnd, func(t *testing.T, _ *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport {
+			p, err := c.StartPhase(ctx, "p", vramguard.PhaseOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := p.Guard()
+			if _, err := g.Generate(ctx, &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, nil); err != nil {
+				t.Fatal(err)
+			}
+			rep, _ := p.End(ctx)
+			return rep.Cleanup.Unloads
+		}},
+		{vramguard.CauseEnsureFree, func(t *testing.T, s *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport {
+			warm(t, c, "big")
+			rep, _ := c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: free(t, s) + gib})
+			return rep.Evicted
+		}},
+		{vramguard.CauseBudget, func(t *testing.T, s *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport {
+			warm(t, c, "big")
+			if err := s.Reserve("comfyui", 14*gib); err != nil { // 24 - 8 - 14: 2 GiB free
+				t.Fatal(err)
+			}
+			warm(t, c, "mid") // the budget makes room: big goes
+			return nil
+		}},
+		{vramguard.CauseClose, func(t *testing.T, _ *vramguardtest.Server, c *vramguard.OllamaClient) []vramguard.UnloadReport {
+			warm(t, c, "small")
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}},
+	} {
+		t.Run(string(tt.want), func(t *testing.T) {
+			s := threeModelSim(t, vramguardtest.Config{})
+			var mu sync.Mutex
+			var causes []vramguard.UnloadCause
+			opts := vramguard.Options{VRAM: s.GPU(), Hooks: vramguard.Hooks{OnUnloadRequested: func(e vramguard.ModelEvent) {
+				mu.Lock()
+				defer mu.Unlock()
+				causes = append(causes, e.Cause)
+			}}}
+			if tt.want == vramguard.CauseBudget {
+				opts.Budget = &vramguard.Budget{MakeRoom: true}
+			}
+			c, _ := countedClient(t, s, opts)
+			reps := tt.do(t, s, c)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(causes) == 0 || causes[0] != tt.want {
+				t.Errorf("OnUnloadRequested causes %q, want %q first", causes, tt.want)
+			}
+			switch tt.want {
+			case vramguard.CauseGuard, vramguard.CauseBudget, vramguard.CauseClose: // seen by the hook only
+			default:
+				if len(reps) == 0 {
+					t.Fatal("no unload report")
+				}
+			}
+			for _, r := range reps {
+				if r.Cause != tt.want {
+					t.Errorf("report of %s: cause %q, want %q", r.Model, r.Cause, tt.want)
+				}
+			}
+		})
+	}
 }

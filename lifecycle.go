@@ -230,7 +230,7 @@ func (g *Guard) one(ctx context.Context, model string, do func(context.Context, 
 }
 
 func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking bool) error {
-	opts := CleanupOptions{Release: g.Release && g.Phase == nil, mode: unloadMode{heldOK: true, keepLoads: true}}
+	opts := CleanupOptions{Release: g.Release && g.Phase == nil, mode: unloadMode{heldOK: true, keepLoads: true, cause: CauseGuard}}
 	if unload {
 		opts.Models = []string{model}
 	}
@@ -481,12 +481,12 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		p.mu.Unlock()
 
 		rep := &PhaseReport{Name: p.name, Models: models}
-		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout, mode: unloadMode{keepLoads: true}})
+		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout, mode: unloadMode{keepLoads: true, cause: CausePhaseEnd}})
 		rep.Cleanup = cr
 		errs = append(errs, err)
 		if p.opts.NeedBytes > 0 {
 			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes}, unloadMode{keepLoads: true})
+			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes}, unloadMode{keepLoads: true, cause: CauseEnsureFree})
 			cancel()
 			rep.Handover = er
 			errs = append(errs, eerr)

@@ -85,7 +85,7 @@ func (c *OllamaClient) failOffloaded(ctx context.Context, op, model string, off 
 	cause := fmt.Errorf("%w: %v", ErrOffloaded, off)
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.CleanupTimeout)
 	defer cancel()
-	if _, err := c.unloadModel(uctx, model, unloadMode{keepLoads: true}); err != nil {
+	if _, err := c.unloadModel(uctx, model, unloadMode{keepLoads: true, cause: CauseOffload}); err != nil {
 		c.log.Warn("offloaded model not unloaded", "model", model, "err", err)
 		cause = errors.Join(cause, fmt.Errorf("unload: %w", kindless{err}))
 	}

@@ -270,6 +270,9 @@ type ModelEvent struct {
 	// Size and SizeVRAM, set by OnOffload, are the model's bytes in all
 	// and on the GPU, as /api/ps lists them.
 	Size, SizeVRAM int64
+	// Cause, set by OnUnloadRequested, is the call that sends the unload:
+	// CauseBudget when Budget.MakeRoom evicts the model to admit another.
+	Cause UnloadCause
 }
 
 // VRAMWaitEvent describes a finished wait for free device memory.

@@ -77,7 +77,7 @@ func (c *OllamaClient) shutdown() error {
 	errs := []error{c.endPhases(true), c.tasks.join(context.Background(), true)}
 	if !c.opts.KeepModelsOnClose && len(warm) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.CleanupTimeout)
-		_, err := c.unloadMany(ctx, warm, unloadMode{keepLoads: true})
+		_, err := c.unloadMany(ctx, warm, unloadMode{keepLoads: true, cause: CauseClose})
 		cancel()
 		if err != nil {
 			c.cleanupFailed(err)

@@ -46,6 +46,8 @@ type UnloadReport struct {
 	// ("remote server", the failure to read procfs or to resolve the
 	// model's weights blob); "" when the check was made.
 	NoRunnerCheck string
+	// Cause is the call that unloaded the model.
+	Cause UnloadCause
 	// RunnerSeen is true when a runner process for the model's weights was
 	// seen while /api/ps did not list the model: a load (another
 	// program's, or one of this client) was in progress, and the wait went
@@ -147,7 +149,7 @@ func (c *OllamaClient) UnloadModel(ctx context.Context, model string) (*UnloadRe
 	if err := c.checkOpen("unload", model); err != nil {
 		return nil, err
 	}
-	return c.unloadModel(ctx, model, unloadMode{})
+	return c.unloadModel(ctx, model, unloadMode{cause: CauseUnloadModel})
 }
 
 // unloadMode says how an unload treats requests it did not send. The zero
@@ -161,7 +163,27 @@ type unloadMode struct {
 	// waited for, not canceled (the library's own cleanups: a guard's,
 	// Phase.End, the CLI fallback's and Close's, which do not own them).
 	keepLoads bool
+	// cause is why the unload is sent, for the hooks and the report.
+	cause UnloadCause
 }
+
+// UnloadCause says which call of this client unloaded a model: it is
+// UnloadReport.Cause and, for OnUnloadRequested, ModelEvent.Cause, so that
+// a program can tell an eviction to make room from its own unloads.
+type UnloadCause string
+
+// The causes of an unload.
+const (
+	CauseUnloadModel UnloadCause = "unload"      // UnloadModel
+	CauseUnloadAll   UnloadCause = "unload all"  // UnloadAll
+	CauseCleanup     UnloadCause = "cleanup"     // Cleanup, CleanupAsync, the CLI fallback's own cleanup
+	CauseGuard       UnloadCause = "guard"       // a Guard's cleanup after its last use
+	CausePhaseEnd    UnloadCause = "phase end"   // Phase.End
+	CauseEnsureFree  UnloadCause = "ensure free" // EnsureFree, and Phase.End's hand-over (NeedBytes)
+	CauseBudget      UnloadCause = "budget"      // Budget.MakeRoom, to admit a load of another model
+	CauseOffload     UnloadCause = "offload"     // FailOnOffload, or a split model with KeepAliveUnload
+	CauseClose       UnloadCause = "close"       // Close and Shutdown
+)
 
 // heldGrace is how long a model must stay listed with its expiry in the
 // past, with no generation of this client on it, before an unload that
@@ -184,7 +206,7 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 		fmt.Errorf("%w after %v", ErrStillResident, c.opts.UnloadTimeout))
 	defer cancel()
 	u := &unload{c: c, ctx: ctx, wctx: wctx, model: model, mode: mode, start: start,
-		rep: &UnloadReport{Model: model}, rules: c.unloadRules(wctx, mode)}
+		rep: &UnloadReport{Model: model, Cause: mode.cause}, rules: c.unloadRules(wctx, mode)}
 	if c.opts.VerifyVRAM {
 		u.before, _ = c.opts.VRAM.Snapshot(wctx) // best effort; checked when the model is gone
 	}
@@ -291,7 +313,7 @@ func (u *unload) look() unloadEvent {
 
 // send sends one unload request.
 func (u *unload) send() unloadEvent {
-	err := u.c.sendUnload(u.wctx, u.model)
+	err := u.c.sendUnload(u.wctx, u.model, u.mode.cause)
 	if err == nil {
 		u.rep.Attempts++
 		return unloadEvent{kind: evSent, at: time.Now()}
@@ -417,8 +439,8 @@ func (u *unload) verdict() (*UnloadReport, error) {
 // sendUnload sends the unload request: an empty prompt with keep_alive 0.
 // Failures have the shapes of the api client's (api.StatusError for a
 // status of 400 and up), so classify treats both paths alike.
-func (c *OllamaClient) sendUnload(ctx context.Context, model string) error {
-	hook(c, c.opts.Hooks.OnUnloadRequested, ModelEvent{Model: model})
+func (c *OllamaClient) sendUnload(ctx context.Context, model string, cause UnloadCause) error {
+	hook(c, c.opts.Hooks.OnUnloadRequested, ModelEvent{Model: model, Cause: cause})
 	stream := false
 	req := &api.GenerateRequest{Model: model, KeepAlive: &api.Duration{Duration: 0}, Stream: &stream}
 	if c.hc == nil {
@@ -509,7 +531,7 @@ func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
 			names = append(names, m)
 		}
 	}
-	return c.unloadMany(ctx, names, unloadMode{})
+	return c.unloadMany(ctx, names, unloadMode{cause: CauseUnloadAll})
 }
 
 // unloadMany unloads models concurrently and joins every failure (mode

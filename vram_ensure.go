@@ -71,7 +71,7 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if err := c.checkOpen("ensure free", ""); err != nil {
 		return nil, err
 	}
-	return c.ensureFree(ctx, req, unloadMode{})
+	return c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree})
 }
 
 // ensureFree is EnsureFree for the library's own calls (Phase.End, which
