@@ -11,8 +11,9 @@
 //	vramwatch -once           # one table, for scripts
 //	vramwatch -once -json     # one JSON object; in live mode one per line
 //
-// Without a GPU reader it says so and still shows Ollama's side; without
-// Ollama it says so and still shows the GPU's. Exit status: 0 on success
+// Without a GPU reader it says so (once) and still shows Ollama's side,
+// with the runners /proc lists and the model each serves; without Ollama
+// it says so and still shows the GPU's. Exit status: 0 on success
 // (Ctrl-C included), 2 for bad usage, 1 when -once could read neither side.
 package main
 
@@ -61,6 +62,9 @@ type cmd struct {
 	// newReader opens a GPU reader of the caller's (tests); nil means
 	// gpu.NewAutoReader, closed when run returns.
 	newReader func(context.Context) (vramguard.VRAMReader, error)
+	// procRoot is the procfs root the runners are read from when there is
+	// no GPU snapshot; "" means /proc (tests point it at a fake tree).
+	procRoot string
 }
 
 // errNothing is returned by -once when neither side could be read.
@@ -147,7 +151,7 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 		host = vramguard.DefaultOptions().Host
 	}
 
-	w := &watcher{ollama: client, host: host, timeout: max(cfg.interval, 5*time.Second)}
+	w := &watcher{ollama: client, host: host, timeout: max(cfg.interval, 5*time.Second), procRoot: c.procRoot}
 	if c.newReader != nil {
 		w.gpu, w.gpuErr = c.newReader(ctx)
 	} else if r, rerr := gpu.NewAutoReader(ctx, gpu.ReaderOptions{}); rerr != nil {
@@ -194,7 +198,8 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 
 // show writes the n-th report (from 0): JSON on one line, or a table that
 // replaces the previous one on a terminal and follows it after a blank
-// line elsewhere.
+// line elsewhere, where only the first says that there is no GPU reader
+// (that holds for the whole run).
 func (c *cmd) show(rep *report, cfg *config, n int) error {
 	var err error
 	switch {
@@ -213,7 +218,7 @@ func (c *cmd) show(rep *report, cfg *config, n int) error {
 			}
 			fmt.Fprintf(&b, "vramwatch  %s\n", rep.Time.Format(time.DateTime))
 		}
-		writeTable(&b, rep)
+		writeTable(&b, rep, cfg.once || c.tty || n == 0)
 		_, err = io.WriteString(c.stdout, b.String())
 	}
 	if err != nil {

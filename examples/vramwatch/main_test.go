@@ -2,9 +2,13 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -81,13 +85,82 @@ var (
 type gpuKind int
 
 const (
-	gpuSim    gpuKind = iota // simvram over the test's simulator
-	gpuNone                  // NewAutoReader's error
-	gpuOrphan                // a runner holding memory, and another process
-	gpuOther                 // another process only
-	gpuNamed                 // llama-server runners of tiny and small, and a discovery probe
-	gpuGone                  // a runner of small whose server was killed, and one of tiny
+	gpuSim       gpuKind = iota // simvram over the test's simulator
+	gpuNone                     // NewAutoReader's error
+	gpuOrphan                   // a runner holding memory, and another process
+	gpuOther                    // another process only
+	gpuNamed                    // llama-server runners of tiny and small, and a discovery probe
+	gpuGone                     // a runner of small whose server was killed, and one of tiny
+	gpuNoneProc                 // NewAutoReader's error; /proc has a runner of tiny (procOne)
+	gpuNoneProcs                // NewAutoReader's error; /proc has runners of every kind (procAll)
 )
+
+// fakeProc is one process of a fake procfs tree.
+type fakeProc struct {
+	pid, ppid int
+	state     byte // 'S' when zero
+	comm      string
+	args      []string
+}
+
+// procTree writes a procfs tree of ps (each pid's stat and cmdline) and
+// returns its root.
+func procTree(t *testing.T, ps ...fakeProc) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, p := range ps {
+		dir := filepath.Join(root, fmt.Sprint(p.pid))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		state := cmp.Or(p.state, 'S')
+		stat := fmt.Sprintf("%d (%s) %c %d %d %d 0 -1 4194560 1 0 0 0\n", p.pid, p.comm, state, p.ppid, p.pid, p.pid)
+		cmdline := ""
+		for _, a := range p.args {
+			cmdline += a + "\x00"
+		}
+		if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o444); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cmdline"), []byte(cmdline), 0o444); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+// blobPath is where Ollama keeps the weights blob hex.
+func blobPath(hex string) string { return "/root/.ollama/models/blobs/sha256-" + hex }
+
+var (
+	procInit   = fakeProc{pid: 1, comm: "systemd", args: []string{"/sbin/init"}}
+	procServer = fakeProc{pid: 100, ppid: 1, comm: "ollama", args: []string{"/usr/local/bin/ollama", "serve"}}
+	// procOne: the server and its runner of tiny.
+	procOne = []fakeProc{procInit, procServer,
+		{pid: 4001, ppid: 100, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--model", blobPath(hexTiny), "--port", "40125"}}}
+	// procAll: those, and a runner of small whose server is gone (init
+	// adopted it), the MLX runner of a model it names, a runner of a file
+	// that is no blob, a discovery probe and another program.
+	procAll = append(slices.Clip(procOne),
+		fakeProc{pid: 3999, ppid: 1, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--model", blobPath(hexSmall), "--port", "40126"}},
+		fakeProc{pid: 4005, ppid: 100, comm: "ollama", args: []string{"/usr/local/bin/ollama", "runner", "--model", "qwen3:latest", "--port", "40127"}},
+		fakeProc{pid: 4006, ppid: 100, comm: "ollama", args: []string{"/usr/local/bin/ollama", "runner", "--model", "/opt/models/mine.gguf", "--port", "40128"}},
+		fakeProc{pid: 5150, ppid: 100, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--list-devices"}},
+		fakeProc{pid: 777, ppid: 1, comm: "python3", args: []string{"python", "main.py"}},
+	)
+)
+
+// procRoot is the procfs tree the case's runners are read from without a
+// GPU snapshot: an empty one unless the kind names runners.
+func (g gpuKind) procRoot(t *testing.T) string {
+	switch g {
+	case gpuNoneProc:
+		return procTree(t, procOne...)
+	case gpuNoneProcs:
+		return procTree(t, procAll...)
+	}
+	return t.TempDir()
+}
 
 func (g gpuKind) open(s *vramguardtest.Server) func(context.Context) (vramguard.VRAMReader, error) {
 	return func(context.Context) (vramguard.VRAMReader, error) {
@@ -115,7 +188,7 @@ func invoke(ctx context.Context, t *testing.T, s *vramguardtest.Server, g gpuKin
 		stdout = &safeBuffer{}
 	}
 	var stderr bytes.Buffer
-	c := &cmd{stdout: stdout, stderr: &stderr, getenv: func(string) string { return "" }, tty: tty, newReader: g.open(s)}
+	c := &cmd{stdout: stdout, stderr: &stderr, getenv: func(string) string { return "" }, tty: tty, newReader: g.open(s), procRoot: g.procRoot(t)}
 	code = c.main(ctx, append([]string{"-host", s.URL().String()}, args...))
 	return code, strings.ReplaceAll(stdout.String(), s.URL().String(), "HOST"), stderr.String()
 }
@@ -168,6 +241,50 @@ Ollama at HOST: 1 model loaded
   MODEL        SIZE     VRAM     EXPIRES  RUNNER
   tiny:latest  2.0 GiB  2.0 GiB  never    ?
 `,
+		},
+		{
+			// The runner column names the runner /proc shows for the
+			// model, with no GPU to list it.
+			name: "no GPU, a runner in /proc", loaded: []string{"tiny"}, gpu: gpuNoneProc,
+			want: `no GPU reader: nvml: library not found; nvidia-smi: not found
+Ollama runners (from /proc; memory not known):
+  PID   SERVES
+  4001  tiny:latest
+
+Ollama at HOST: 1 model loaded
+  MODEL        SIZE     VRAM     EXPIRES  RUNNER
+  tiny:latest  2.0 GiB  2.0 GiB  never    4001
+`,
+		},
+		{
+			name: "no GPU, runners of every kind in /proc", loaded: []string{"tiny"}, gpu: gpuNoneProcs,
+			want: `no GPU reader: nvml: library not found; nvidia-smi: not found
+Ollama runners (from /proc; memory not known):
+  PID   SERVES
+  3999  ORPHAN (small:latest)
+  4001  tiny:latest
+  4005  qwen3:latest
+  4006  ?
+
+Ollama at HOST: 1 model loaded
+  MODEL        SIZE     VRAM     EXPIRES  RUNNER
+  tiny:latest  2.0 GiB  2.0 GiB  never    4001
+  runner 4006: which serves which model is not known
+ORPHAN: Ollama runner 3999 (small:latest) holds memory but the ollama serve that started it is gone; only killing it (kill 3999) frees the memory
+`,
+		},
+		{
+			name: "no GPU, runners in /proc, Ollama down", gpu: gpuNoneProcs, down: true, code: 1,
+			lines: []string{
+				"  3999  ORPHAN",
+				"  4001  ? (Ollama not answering)",
+				"  4005  qwen3:latest",
+				"  4006  ? (Ollama not answering)",
+				"Ollama at HOST does not answer: ",
+				"  runners 4001, 4006: which serves which model is not known",
+				"ORPHAN: Ollama runner 3999 holds memory but the ollama serve that started it is gone",
+			},
+			not: []string{"5150", "777"},
 		},
 		{
 			name: "no Ollama", gpu: gpuOther, down: true,
@@ -347,6 +464,26 @@ func TestJSON(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "no GPU, runners in /proc", loaded: []string{"tiny"}, gpu: gpuNoneProcs,
+			check: func(t *testing.T, r *report) {
+				if r.GPU != nil || !strings.HasPrefix(r.GPUError, "no GPU reader: ") {
+					t.Errorf("gpu = %+v, gpu_error = %q", r.GPU, r.GPUError)
+				}
+				want := []runner{
+					{PID: 3999, Model: "small:latest", Orphan: true, ServerGone: true},
+					{PID: 4001, Model: "tiny:latest"},
+					{PID: 4005, Model: "qwen3:latest"},
+					{PID: 4006},
+				}
+				if !reflect.DeepEqual(r.Runners, want) {
+					t.Errorf("runners = %+v, want %+v", r.Runners, want)
+				}
+				if m := r.Ollama.Models; len(m) != 1 || m[0].RunnerPID != 4001 {
+					t.Errorf("models = %+v, want tiny served by 4001", m)
+				}
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -403,6 +540,7 @@ func TestLive(t *testing.T) {
 		name  string
 		args  []string
 		tty   bool
+		gpu   gpuKind
 		check func(t *testing.T, out string)
 	}{
 		{
@@ -419,6 +557,35 @@ func TestLive(t *testing.T) {
 			name: "terminal", tty: true, check: func(t *testing.T, out string) {
 				if got := strings.Count(out, "\x1b[H\x1b[2Jvramwatch  "); got != 3 || !strings.Contains(out, "every 100ms, Ctrl-C quits") {
 					t.Errorf("want 3 screens, got %d:\n%q", got, out)
+				}
+			},
+		},
+		{
+			// The reader is missing for the whole run: the first table
+			// says so, the others show only what changes.
+			name: "pipe without a GPU", gpu: gpuNoneProc, check: func(t *testing.T, out string) {
+				if got := strings.Count(out, "no GPU reader"); got != 1 || !strings.HasPrefix(out, "vramwatch  ") || !strings.Contains(out, "\nno GPU reader: nvml: library not found; nvidia-smi: not found\n") {
+					t.Errorf("want the no GPU reader line once, in the first table; got %d in:\n%s", got, out)
+				}
+				for _, l := range []string{"\nOllama runners (from /proc; memory not known):\n", "\n  4001  tiny:latest\n", "\n  tiny:latest  2.0 GiB  2.0 GiB  never    4001\n"} {
+					if got := strings.Count(out, l); got != 3 {
+						t.Errorf("%q %d times, want once a table:\n%s", l, got, out)
+					}
+				}
+			},
+		},
+		{
+			// Each screen replaces the last: the line is on each, so one
+			// is always in view.
+			name: "terminal without a GPU", tty: true, gpu: gpuNoneProc, check: func(t *testing.T, out string) {
+				screens := strings.Split(out, "\x1b[H\x1b[2J")[1:]
+				if len(screens) != 3 {
+					t.Fatalf("want 3 screens, got %d:\n%q", len(screens), out)
+				}
+				for i, sc := range screens {
+					if strings.Count(sc, "no GPU reader") != 1 || !strings.Contains(sc, "\n  4001  tiny:latest\n") {
+						t.Errorf("screen %d:\n%s", i, sc)
+					}
 				}
 			},
 		},
@@ -448,7 +615,7 @@ func TestLive(t *testing.T) {
 				}
 			}}
 			start := time.Now()
-			code, _, stderr := invoke(ctx, t, s, gpuSim, out, tt.tty, append([]string{"-interval", "100ms"}, tt.args...)...)
+			code, _, stderr := invoke(ctx, t, s, tt.gpu, out, tt.tty, append([]string{"-interval", "100ms"}, tt.args...)...)
 			if code != 0 || stderr != "" {
 				t.Errorf("exit %d, stderr %q; want 0 and nothing", code, stderr)
 			}
@@ -537,4 +704,122 @@ func TestHuman(t *testing.T) {
 			t.Errorf("human(%d, %v) = %q, want %q", tt.n, tt.known, got, tt.want)
 		}
 	}
+}
+
+func TestProcRunners(t *testing.T) {
+	llama := func(pid, ppid int, model string) fakeProc {
+		return fakeProc{pid: pid, ppid: ppid, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--model", model, "--port", "40125"}}
+	}
+	tiny := blobPath(hexTiny)
+	tests := []struct {
+		name  string
+		procs []fakeProc
+		want  []vramguard.GPUProcess // Command and Role left out
+	}{
+		{name: "none", procs: []fakeProc{procInit, procServer}},
+		{
+			name:  "runner of a live server",
+			procs: []fakeProc{procInit, procServer, llama(4001, 100, tiny)},
+			want:  []vramguard.GPUProcess{{PID: 4001, Blob: "sha256:" + hexTiny}},
+		},
+		{
+			name:  "adopted by init",
+			procs: []fakeProc{procInit, llama(4001, 1, tiny)},
+			want:  []vramguard.GPUProcess{{PID: 4001, Blob: "sha256:" + hexTiny, Orphaned: true}},
+		},
+		{
+			name:  "parent gone",
+			procs: []fakeProc{llama(4001, 99, tiny)},
+			want:  []vramguard.GPUProcess{{PID: 4001, Blob: "sha256:" + hexTiny, Orphaned: true}},
+		},
+		{
+			name:  "parent a zombie",
+			procs: []fakeProc{{pid: 100, ppid: 1, state: 'Z', comm: "ollama"}, llama(4001, 100, tiny)},
+			want:  []vramguard.GPUProcess{{PID: 4001, Blob: "sha256:" + hexTiny, Orphaned: true}},
+		},
+		{
+			name:  "parent outside the namespace",
+			procs: []fakeProc{llama(4001, 0, tiny)},
+			want:  []vramguard.GPUProcess{{PID: 4001, Blob: "sha256:" + hexTiny}},
+		},
+		{
+			name:  "parent's command line unreadable",
+			procs: []fakeProc{{pid: 100, ppid: 1, comm: "ollama"}, llama(4001, 100, tiny)},
+			want:  []vramguard.GPUProcess{{PID: 4001, Blob: "sha256:" + hexTiny}},
+		},
+		{
+			name: "flag forms and the last --model",
+			procs: []fakeProc{procServer,
+				{pid: 4001, ppid: 100, comm: "ollama", args: []string{"/usr/bin/ollama", "runner", "--model=" + tiny, "--port", "1"}},
+				{pid: 4002, ppid: 100, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "-m", blobPath(hexTiny), "-m", blobPath(strings.ToUpper(hexSmall))}},
+				{pid: 4003, ppid: 100, comm: "ollama_llama_se", args: []string{"/usr/lib/ollama/runners/cuda_v12/ollama_llama_server", "--model", `C:\\ollama\\blobs\\sha256:` + hexSmall}},
+			},
+			want: []vramguard.GPUProcess{{PID: 4001, Blob: "sha256:" + hexTiny}, {PID: 4002, Blob: "sha256:" + hexSmall}, {PID: 4003, Blob: "sha256:" + hexSmall}},
+		},
+		{
+			name:  "one string",
+			procs: []fakeProc{procServer, {pid: 4001, ppid: 100, comm: "ollama", args: []string{"/usr/bin/ollama runner --model " + tiny + " --port 1"}}},
+			want:  []vramguard.GPUProcess{{PID: 4001, Blob: "sha256:" + hexTiny}},
+		},
+		{
+			name: "named or not named",
+			procs: []fakeProc{procServer,
+				{pid: 4005, ppid: 100, comm: "ollama", args: []string{"/usr/bin/ollama", "runner", "--model", "hf.co/org/repo:Q4_K_M"}},
+				{pid: 4006, ppid: 100, comm: "ollama", args: []string{"/usr/bin/ollama", "runner", "--model", "mine.gguf"}},
+				{pid: 4007, ppid: 100, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--model", "qwen3:latest"}},
+			},
+			want: []vramguard.GPUProcess{{PID: 4005, Model: "hf.co/org/repo:Q4_K_M"}, {PID: 4006}, {PID: 4007}},
+		},
+		{
+			name: "not runners",
+			procs: []fakeProc{procServer,
+				{pid: 5150, ppid: 100, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--list-devices"}},
+				{pid: 5151, ppid: 100, comm: "ollama", args: []string{"/usr/bin/ollama", "runner", "--ollama-engine", "--port", "2"}},
+				{pid: 6000, ppid: 1, comm: "llama-server", args: []string{"/opt/llama.cpp/llama-server", "--model", "/data/mine.gguf"}},
+				{pid: 6001, ppid: 1, comm: "ollama", args: []string{"ollama", "run", "tiny"}},
+				// Named like no Ollama process: its command line is not read.
+				{pid: 6002, ppid: 100, comm: "(sd-pam) x", args: []string{"/usr/bin/ollama", "runner", "--model", tiny}},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := procRunners(procTree(t, tt.procs...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range got {
+				if got[i].Role != vramguard.RoleOllamaRunner || got[i].UsedKnown || got[i].Command == "" {
+					t.Errorf("%+v: want a runner, memory not known, with its command", got[i])
+				}
+				got[i].Role, got[i].Command = 0, ""
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("runners = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	if _, err := procRunners(filepath.Join(t.TempDir(), "absent")); err == nil {
+		t.Error("no error for a procfs root that does not exist")
+	}
+}
+
+// FuzzProcText: a process makes its own command line and name (comm); the
+// parsers of /proc's text never panic, and what they find comes from it.
+func FuzzProcText(f *testing.F) {
+	f.Add("4001 (llama-server) S 100 4001", "/usr/lib/ollama/llama-server\x00--model\x00"+blobPath(hexTiny))
+	f.Add("1 ((sd-pam)) ) Z 0", "/usr/bin/ollama runner --model=qwen3:latest")
+	f.Add("x", "\x00\x00-m")
+	f.Fuzz(func(t *testing.T, stat, cmdline string) {
+		if p, err := parseStat(stat); err == nil && !strings.Contains(stat, p.comm) {
+			t.Errorf("comm %q is not in %q", p.comm, stat)
+		}
+		blob, model := weightsOf(strings.Split(cmdline, "\x00"))
+		if blob != "" && (model != "" || len(blob) != len("sha256:")+64) {
+			t.Errorf("blob %q, model %q from %q", blob, model, cmdline)
+		}
+		if model != "" && !strings.Contains(cmdline, model) {
+			t.Errorf("model %q is not in %q", model, cmdline)
+		}
+	})
 }

@@ -25,6 +25,9 @@ type watcher struct {
 	ollama  *vramguard.OllamaClient
 	host    string
 	timeout time.Duration // bounds each side's read
+	// procRoot is where the runners are read from when there is no GPU
+	// snapshot: a procfs root, "" meaning /proc.
+	procRoot string
 }
 
 // report is one look at the GPU and at Ollama; it is also the JSON output.
@@ -43,8 +46,13 @@ type report struct {
 	// Runners are the Ollama runner processes holding GPU memory, each
 	// once however many devices it spans. Discovery processes are not
 	// runners: they show among the processes with the role "ollama
-	// discovery".
+	// discovery". Without a GPU snapshot they are the runners /proc lists,
+	// their memory not known.
 	Runners []runner `json:"runners"`
+
+	// noReader: no GPU reader could be opened, for the whole run;
+	// GPUError says why.
+	noReader bool
 }
 
 type gpuReport struct {
@@ -83,8 +91,9 @@ type model struct {
 	Size      int64     `json:"size"`
 	SizeVRAM  int64     `json:"size_vram"`
 	ExpiresAt time.Time `json:"expires_at"`
-	// RunnerPID is the runner serving the model, when that is certain: one
-	// model listed and one runner on the GPU. Zero otherwise.
+	// RunnerPID is the runner serving the model, when that is certain: the
+	// runner named after it, or one model listed and one runner (on the
+	// GPU, else in /proc). Zero otherwise.
 	RunnerPID uint32 `json:"runner_pid,omitempty"`
 }
 
@@ -112,6 +121,7 @@ func (w *watcher) collect(ctx context.Context) *report {
 	switch {
 	case w.gpu == nil:
 		rep.GPUError = "no GPU reader: " + gpuReason(w.gpuErr)
+		rep.noReader = true
 	default:
 		sctx, cancel := context.WithTimeout(ctx, w.timeout)
 		s, err := w.gpu.Snapshot(sctx)
@@ -124,6 +134,13 @@ func (w *watcher) collect(ctx context.Context) *report {
 		}
 	}
 
+	// The runners: the GPU's, else those /proc lists, in a snapshot of
+	// their own for gpu.NameRunners and gpu.FindOrphans (rep.GPU stays nil).
+	runners := snap
+	if runners == nil {
+		runners = procSnapshot(w.procRoot)
+	}
+
 	octx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
 	ps, err := w.ollama.Running(octx)
@@ -132,23 +149,34 @@ func (w *watcher) collect(ctx context.Context) *report {
 	} else {
 		rep.Ollama = &ollamaReport{Host: w.host, Models: modelsOf(ps)}
 		// Runners name weights blobs; the server knows whose they are.
-		if err := gpu.NameRunners(octx, w.ollama, snap); err != nil {
+		if err := gpu.NameRunners(octx, w.ollama, runners); err != nil {
 			rep.NamesError = "runners not named: " + trim(err)
 		}
 	}
 
-	rep.Runners = runnersOf(snap)
+	rep.Runners = runnersOf(runners)
 	loaded := 1 // Ollama not answering: only runners whose server is gone are sure orphans
 	if rep.Ollama != nil {
 		loaded = len(rep.Ollama.Models)
 		linkModels(rep.Ollama.Models, rep.Runners)
 	}
-	for _, o := range gpu.FindOrphans(snap, loaded) {
+	for _, o := range gpu.FindOrphans(runners, loaded) {
 		if i := slices.IndexFunc(rep.Runners, func(r runner) bool { return r.PID == o.PID }); i >= 0 {
 			rep.Runners[i].Orphan = true
 		}
 	}
 	return rep
+}
+
+// procSnapshot holds the runners /proc lists, their memory not known, on
+// one device that stands for the machine; nil when there are none or /proc
+// cannot be read (a system without one).
+func procSnapshot(root string) *vramguard.VRAMSnapshot {
+	ps, err := procRunners(root)
+	if err != nil || len(ps) == 0 {
+		return nil
+	}
+	return &vramguard.VRAMSnapshot{Source: "procfs", Taken: time.Now(), Devices: []vramguard.DeviceMemory{{Processes: ps}}}
 }
 
 // linkModels sets each model's runner: the runner named after it; else,
@@ -250,9 +278,11 @@ func runnersOf(snap *vramguard.VRAMSnapshot) []runner {
 	return out
 }
 
-// writeTable writes rep as text: a section per device, then Ollama's
-// models, then any orphans.
-func writeTable(w io.Writer, rep *report) {
+// writeTable writes rep as text: a section per device (without a GPU
+// snapshot, why not, then the runners /proc lists), then Ollama's models,
+// then any orphans. sayNoReader: write the line that says there is no GPU
+// reader, which a live table on a pipe writes only in its first frame.
+func writeTable(w io.Writer, rep *report, sayNoReader bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	byPID := make(map[uint32]runner, len(rep.Runners))
 	for _, r := range rep.Runners {
@@ -260,7 +290,22 @@ func writeTable(w io.Writer, rep *report) {
 	}
 
 	if rep.GPU == nil {
-		fmt.Fprintln(tw, rep.GPUError)
+		said := false
+		if sayNoReader || !rep.noReader {
+			fmt.Fprintln(tw, rep.GPUError)
+			said = true
+		}
+		if len(rep.Runners) > 0 {
+			fmt.Fprintln(tw, "Ollama runners (from /proc; memory not known):")
+			fmt.Fprintln(tw, "  PID\tSERVES")
+			for _, r := range rep.Runners {
+				fmt.Fprintf(tw, "  %d\t%s\n", r.PID, servesOf(r, rep.Ollama != nil))
+			}
+			said = true
+		}
+		if said {
+			fmt.Fprintln(tw)
+		}
 	} else {
 		for i, d := range rep.GPU.Devices {
 			if i > 0 {
@@ -288,8 +333,8 @@ func writeTable(w io.Writer, rep *report) {
 		if len(rep.GPU.Devices) == 0 {
 			fmt.Fprintf(tw, "no GPU devices  (%s)\n", rep.GPU.Source)
 		}
+		fmt.Fprintln(tw)
 	}
-	fmt.Fprintln(tw)
 
 	if rep.Ollama == nil {
 		fmt.Fprintln(tw, rep.OllamaError)
@@ -318,8 +363,12 @@ func writeTable(w io.Writer, rep *report) {
 	}
 	var unknown []string
 	for _, r := range rep.Runners {
-		if r.Model == "" && !r.Orphan {
-			unknown = append(unknown, fmt.Sprintf("%d (%s)", r.PID, human(r.UsedBytes, r.UsedKnown)))
+		switch {
+		case r.Model != "" || r.Orphan:
+		case r.UsedKnown:
+			unknown = append(unknown, fmt.Sprintf("%d (%s)", r.PID, human(r.UsedBytes, true)))
+		default:
+			unknown = append(unknown, strconv.FormatUint(uint64(r.PID), 10))
 		}
 	}
 	if n := len(unknown); n > 0 {
@@ -337,8 +386,11 @@ func writeTable(w io.Writer, rep *report) {
 		if r.ServerGone {
 			why = "but the ollama serve that started it is gone"
 		}
-		fmt.Fprintf(tw, "ORPHAN: %s holds %s %s; only killing it (kill %d) frees the memory\n",
-			what, human(r.UsedBytes, r.UsedKnown), why, r.PID)
+		held := "memory"
+		if r.UsedKnown {
+			held = human(r.UsedBytes, true)
+		}
+		fmt.Fprintf(tw, "ORPHAN: %s holds %s %s; only killing it (kill %d) frees the memory\n", what, held, why, r.PID)
 	}
 	tw.Flush()
 }
