@@ -19,7 +19,7 @@ UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/oracle -e /i
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(shell $(GO) env GOPATH)/bin/staticcheck)
 FUZZTIME  ?= 1s
 
-.PHONY: test tools check check-importer test-unit test-nocgo test-integration fuzz-short fuzz bench soak oracle oracle-mutants install-ollama
+.PHONY: test tools check check-importer check-copy test-unit test-nocgo test-integration fuzz-short fuzz bench soak oracle oracle-mutants install-ollama
 
 ## test: everything CI checks (installs what is missing first), timing each stage
 test:
@@ -31,7 +31,8 @@ tools:
 		$(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 	env -u CGO_CFLAGS ./scripts/install-ollama.sh
 
-## check: formatting, vet (cgo and not), staticcheck, builds, check-importer
+## check: formatting, vet (cgo and not), staticcheck, builds, check-importer,
+## check-copy
 check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
@@ -41,12 +42,20 @@ check:
 	CGO_CFLAGS="-O2 -g -Werror=deprecated-declarations" $(GO) build github.com/NVIDIA/go-nvml/pkg/nvml
 	$(STATICCHECK) $(PKGS)
 	./scripts/check-importer.sh
+	./scripts/check-copy.sh
 
 ## check-importer: a fresh module importing the root and nodes, with go-nvml
 ## forced to v0.13.4-1, builds with cgo and an empty GOCACHE printing
 ## nothing; go doc -all of both is the same with and without cgo
 check-importer:
 	./scripts/check-importer.sh
+
+## check-copy: the example programs and each public package's Example files,
+## copied into a module outside the repo, build and pass there alone (no test
+## helpers, no internal packages); the adopter module of testdata/adopter
+## passes its tests with -race against the checkout
+check-copy:
+	./scripts/check-copy.sh
 
 ## test-unit: unit tests with the race detector (simulator, mocks)
 test-unit:
