@@ -19,12 +19,64 @@ import (
 	"unicode/utf8"
 )
 
+// DoneReasonUnknown is the Generation.DoneReason of a reply whose end the
+// library cannot know: that of the CLI fallback, unless the library itself
+// stopped the CLI at num_predict ("length"). `ollama run` prints the text
+// and exits 0 whether or not the server's done line arrived (the api client
+// returns nil for a stream that ends without it), so a reply the server cut
+// short looks like a complete one. Such a generation has Fallback set and
+// no Metrics; only a request with Format gets a check of the text (see
+// ErrFormatMismatch).
+const DoneReasonUnknown = ""
+
+// ErrFormatMismatch: the CLI fallback's text for a request with Format does
+// not satisfy it. It is the cause inside a *FallbackTextError, which keeps
+// the text. With Format "json" the text must parse as one JSON value; with
+// a schema it must also have the schema's basic shape: the JSON type its
+// "type" names (a name or a list of names) and, for an object, the
+// properties its "required" lists, checked again for the values under
+// "properties" and "items"; other keywords are not checked.
+//
+// The streaming path never needs the check, because the server's done line
+// says that the reply ended. The CLI does not: a text that is not JSON is a
+// reply that ended early (servers constrain the sampling to the format, so
+// a complete reply parses), for example one the runner cut without a done
+// line, which the streaming path reports as KindTransient wrapping
+// ErrIncompleteStream. It is KindTransient here too. Valid JSON of the
+// wrong shape is no cut reply but one the server did not fit to the
+// schema, and asking again gets the same: KindServer, not retryable. A
+// text the library cut at num_predict is not checked: its DoneReason
+// "length" says it is cut, as the server's does on the streaming path.
+// Like every failure of the fallback, it is returned joined to the first
+// attempt's cause, under the first attempt's kind (KindTimeout or
+// KindTransient); errors.Is(err, KindServer) still finds the fallback's.
+var ErrFormatMismatch = errors.New("text does not match the request's format")
+
+// FallbackTextError is the cause of a CLI fallback that ran to its end but
+// whose text the library refused (ErrFormatMismatch). Text is what the CLI
+// wrote to stdout, less its trailing newlines; the ChunkFunc has received
+// it already, without the Done chunk. Reach it through the returned
+// *Error with errors.As.
+type FallbackTextError struct {
+	Text string
+	Err  error // why, wrapping ErrFormatMismatch
+}
+
+func (e *FallbackTextError) Error() string {
+	return fmt.Sprintf("cli text %.40q (%d bytes): %v", e.Text, len(e.Text), e.Err)
+}
+
+// Unwrap returns the reason.
+func (e *FallbackTextError) Unwrap() error { return e.Err }
+
 // generateCLI runs the generation through `ollama run MODEL --keepalive K
 // --nowordwrap` with the prompt on stdin and the answer on stdout, under the
 // same three timeouts as the streaming path. It always sends a keep-alive
 // (the CLI's default is 5 minutes), and after an unload keep-alive it
 // verifies that the model is gone, because a model left by the fallback is
-// the failure this library exists to prevent.
+// the failure this library exists to prevent. Its Generation says
+// DoneReasonUnknown unless the library stopped the CLI ("length"), and a
+// text that does not satisfy req.Format fails (ErrFormatMismatch).
 func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error) {
 	const op = "generate (cli)"
 	bin := c.opts.CLIPath
@@ -107,14 +159,17 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		return nil, newError(op, req.Model, classifyMessage(msg), fmt.Errorf("%w: %s", werr, lastLine(msg)))
 	}
 	text := strings.TrimRight(out.text.String(), "\n")
+	reason := DoneReasonUnknown
+	if out.capped {
+		reason = "length"
+	} else if kind, err := checkFormat(req.Format, text); err != nil {
+		// Before the Done chunk: the caller must not read it as complete.
+		return nil, newError(op, req.Model, kind, &FallbackTextError{Text: text, Err: err})
+	}
 	if fn != nil {
 		if err := fn(Chunk{Index: out.chunks + 1, Bytes: len(text), Elapsed: time.Since(start), Done: true}); err != nil {
 			return nil, newError(op, req.Model, KindCanceled, fmt.Errorf("chunk callback: %w", err))
 		}
-	}
-	reason := "stop"
-	if out.capped {
-		reason = "length"
 	}
 	return &Generation{
 		Model:      req.Model,
@@ -125,6 +180,139 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		FirstChunk: out.first,
 		Elapsed:    time.Since(start),
 	}, nil
+}
+
+// checkFormat checks the CLI's text against the request's format (nil:
+// none, else as normFormat left it) and returns the failure with its kind
+// (see ErrFormatMismatch).
+func checkFormat(format json.RawMessage, text string) (Kind, error) {
+	if len(format) == 0 {
+		return 0, nil
+	}
+	if !json.Valid([]byte(text)) {
+		err := json.Unmarshal([]byte(text), new(any)) // the syntax error
+		return KindTransient, fmt.Errorf("%w: not JSON (a reply that ended early): %v", ErrFormatMismatch, err)
+	}
+	var schema map[string]any
+	if json.Unmarshal(format, &schema) != nil {
+		return 0, nil // "json": any JSON value
+	}
+	var v any
+	d := json.NewDecoder(strings.NewReader(text))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		return KindInternal, err // valid JSON decodes
+	}
+	if err := schemaShape(schema, v, "$"); err != nil {
+		return KindServer, fmt.Errorf("%w: not of the schema's shape: %v", ErrFormatMismatch, err)
+	}
+	return 0, nil
+}
+
+// schemaShape reports where v, decoded with UseNumber, departs from the
+// basic shape schema asks for at path: its "type" and "required", then
+// recursively the present properties under "properties" and the elements
+// under "items" (a schema object). Keywords it does not know, and type
+// names outside JSON Schema's seven, pass.
+func schemaShape(schema map[string]any, v any, path string) error {
+	if t, ok := schema["type"]; ok && !hasType(t, v) {
+		return fmt.Errorf("%s: want %s, got %s", path, typeNames(t), jsonType(v))
+	}
+	switch v := v.(type) {
+	case map[string]any:
+		if req, ok := schema["required"].([]any); ok {
+			for _, r := range req {
+				if name, ok := r.(string); ok {
+					if _, ok := v[name]; !ok {
+						return fmt.Errorf("%s: missing required property %q", path, name)
+					}
+				}
+			}
+		}
+		props, _ := schema["properties"].(map[string]any)
+		names := make([]string, 0, len(props))
+		for name := range props {
+			names = append(names, name)
+		}
+		slices.Sort(names) // the first mismatch is the same every time
+		for _, name := range names {
+			sub, ok := props[name].(map[string]any)
+			if pv, present := v[name]; ok && present {
+				if err := schemaShape(sub, pv, fmt.Sprintf("%s[%q]", path, name)); err != nil {
+					return err
+				}
+			}
+		}
+	case []any:
+		if sub, ok := schema["items"].(map[string]any); ok {
+			for i, e := range v {
+				if err := schemaShape(sub, e, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// hasType reports whether v is of the JSON Schema type t: a name, or a
+// list of names of which one must match. An unknown name matches.
+func hasType(t any, v any) bool {
+	switch t := t.(type) {
+	case string:
+		switch jt := jsonType(v); t {
+		case "object", "array", "string", "boolean", "null":
+			return jt == t
+		case "number":
+			return jt == "number" || jt == "integer"
+		case "integer":
+			return jt == "integer"
+		}
+		return true
+	case []any:
+		for _, n := range t {
+			if hasType(n, v) {
+				return true
+			}
+		}
+		return len(t) == 0
+	}
+	return true // not a type the check understands
+}
+
+// jsonType names v's JSON type; a number without a fraction is "integer".
+func jsonType(v any) string {
+	switch v := v.(type) {
+	case map[string]any:
+		return "object"
+	case []any:
+		return "array"
+	case string:
+		return "string"
+	case bool:
+		return "boolean"
+	case json.Number:
+		if _, err := v.Int64(); err == nil {
+			return "integer"
+		}
+		if f, err := v.Float64(); err == nil && f == math.Trunc(f) && !math.IsInf(f, 0) {
+			return "integer"
+		}
+		return "number"
+	}
+	return "null"
+}
+
+// typeNames renders a schema's "type" for a message.
+func typeNames(t any) string {
+	if l, ok := t.([]any); ok {
+		names := make([]string, 0, len(l))
+		for _, n := range l {
+			names = append(names, fmt.Sprint(n))
+		}
+		return "one of " + strings.Join(names, ", ")
+	}
+	return fmt.Sprint(t)
 }
 
 // cliCommand builds the `ollama run` command for req, its stdin set to the

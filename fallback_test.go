@@ -159,19 +159,19 @@ func TestFallbackOptions(t *testing.T) {
 		wantText string              // of the CLI, which writes "one two three four five six"
 		reason   string              // Generation.DoneReason
 	}{
-		{name: "no options", fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: "stop"},
-		{name: "empty options", options: map[string]any{}, fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: "stop"},
+		{name: "no options", fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: DoneReasonUnknown},
+		{name: "empty options", options: map[string]any{}, fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: DoneReasonUnknown},
 		{name: "options set to nil", options: map[string]any{"seed": nil}, fault: vramguardtest.Busy(),
-			wantText: "one two three four five six", reason: "stop"},
+			wantText: "one two three four five six", reason: DoneReasonUnknown},
 		// 4 approximate tokens: 4 words, but bytes/4 stops it first, at 16 bytes.
 		{name: "num_predict is enforced", options: map[string]any{"num_predict": 4}, fault: vramguardtest.Busy(),
 			wantText: "one two three fo", reason: "length"},
 		{name: "num_predict from JSON", options: map[string]any{"num_predict": json.Number("2")}, fault: vramguardtest.Busy(),
 			wantText: "one two ", reason: "length"},
 		{name: "num_predict above the output", options: map[string]any{"num_predict": 100}, fault: vramguardtest.Busy(),
-			wantText: "one two three four five six", reason: "stop"},
+			wantText: "one two three four five six", reason: DoneReasonUnknown},
 		{name: "num_predict -1 is no cap", options: map[string]any{"num_predict": -1}, fault: vramguardtest.Busy(),
-			wantText: "one two three four five six", reason: "stop"},
+			wantText: "one two three four five six", reason: DoneReasonUnknown},
 		{name: "sampling options refused", options: all, fault: vramguardtest.Busy(), wantKind: KindTransient,
 			refused: "seed, temperature, top_p"},
 		{name: "refusal keeps a timeout's kind", options: all, fault: vramguardtest.Stall(5 * time.Second),
@@ -300,4 +300,107 @@ func TestFallbackSplitRunes(t *testing.T) {
 	if gen.Text != "a € b" {
 		t.Errorf("text %q", gen.Text)
 	}
+}
+
+// TestFallbackFormat: the CLI prints the text and exits 0 whether or not
+// the server's reply ended, so the fallback never claims DoneReason
+// "stop", and a request with Format fails on a text that is not JSON (a
+// reply cut short, KindTransient as on the streaming path) or not of the
+// schema's shape (KindServer), keeping the text in a *FallbackTextError.
+func TestFallbackFormat(t *testing.T) {
+	const schema = `{"type":"object","properties":{"positive":{"type":"string"},"n":{"type":"integer"}},"required":["positive","negative"]}`
+	cut := "{" + strings.Repeat(" ", 31) // what v0.6.5, v0.17.4 and v0.24.0 gave when the runner cut the reply
+	tests := []struct {
+		name     string
+		format   string         // GenerateRequest.Format; "" for none
+		out      string         // what the CLI prints
+		options  map[string]any // of the request
+		wantKind Kind           // of the fallback's own error; 0 for success
+		wantText string         // Generation.Text, or FallbackTextError.Text
+		reason   string         // Generation.DoneReason on success
+	}{
+		{name: "plain text without format", out: `a castle at dawn\n`, wantText: "a castle at dawn", reason: DoneReasonUnknown},
+		{name: "empty text without format", out: ``, wantText: "", reason: DoneReasonUnknown},
+		{name: "cut JSON", format: `"json"`, out: cut + `\n\n`, wantKind: KindTransient, wantText: cut},
+		{name: "no text for JSON", format: `"json"`, out: `\n`, wantKind: KindTransient, wantText: ""},
+		{name: "two JSON values", format: `"json"`, out: `{} {}\n`, wantKind: KindTransient, wantText: "{} {}"},
+		{name: "valid JSON", format: `"json"`, out: `{"a": [1, 2]}\n\n`, wantText: `{"a": [1, 2]}`, reason: DoneReasonUnknown},
+		{name: "schema instance", format: schema, out: `{"positive": "sunny", "negative": "", "n": 3}\n`,
+			wantText: `{"positive": "sunny", "negative": "", "n": 3}`, reason: DoneReasonUnknown},
+		{name: "schema instance cut", format: schema, out: `{"positive": "sun`, wantKind: KindTransient, wantText: `{"positive": "sun`},
+		{name: "schema wrong type", format: schema, out: `["positive", "negative"]\n`, wantKind: KindServer, wantText: `["positive", "negative"]`},
+		{name: "schema required property missing", format: schema, out: `{"positive": "sunny"}\n`, wantKind: KindServer, wantText: `{"positive": "sunny"}`},
+		{name: "schema property of the wrong type", format: schema, out: `{"positive": 1, "negative": ""}\n`,
+			wantKind: KindServer, wantText: `{"positive": 1, "negative": ""}`},
+		// The library stopped the CLI: the reason is known, and says what
+		// the server's "length" says on the streaming path.
+		{name: "JSON cut at num_predict", format: `"json"`, out: `{"positive": "sunny and bright"}\n`,
+			options: map[string]any{"num_predict": 3}, wantText: `{"positive":`, reason: "length"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
+			cli, argsFile := fakeCLI(t, `printf '`+tt.out+`'`)
+			c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli})
+			if err := s.FailNext("tiny", vramguardtest.Busy()); err != nil {
+				t.Fatal(err)
+			}
+			var streamed strings.Builder
+			var done bool
+			gen, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x", Format: json.RawMessage(tt.format), Options: tt.options},
+				KeepAliveUnload, func(ch Chunk) error { streamed.WriteString(ch.Text); done = done || ch.Done; return nil })
+			if s.Listed("tiny") {
+				t.Error("model resident after the fallback")
+			}
+			args, _ := os.ReadFile(argsFile)
+			if want := cliFormatFlag(tt.format); !strings.Contains(string(args), want) {
+				t.Errorf("cli got %q, want %q in it", args, want)
+			}
+			if tt.wantKind == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !gen.Fallback || gen.Text != tt.wantText || gen.DoneReason != tt.reason || !done {
+					t.Errorf("got %+v (done chunk %v); want text %q, reason %q", gen, done, tt.wantText, tt.reason)
+				}
+				return
+			}
+			if gen != nil || KindOf(err) != KindTransient || !errors.Is(err, ErrFormatMismatch) {
+				t.Fatalf("got %+v, %v; want ErrFormatMismatch with the first failure's kind (transient)", gen, err)
+			}
+			if k := fallbackKind(err); k != tt.wantKind {
+				t.Errorf("the fallback's own kind %v, want %v (%v)", k, tt.wantKind, err)
+			}
+			var te *FallbackTextError
+			if !errors.As(err, &te) || te.Text != tt.wantText {
+				t.Fatalf("error %v keeps no text %q", err, tt.wantText)
+			}
+			if done || streamed.String() != strings.ReplaceAll(tt.out, `\n`, "\n") {
+				t.Errorf("callback got %q, done %v; want the output without the Done chunk", streamed.String(), done)
+			}
+		})
+	}
+}
+
+// cliFormatFlag is the --format argument the CLI gets for format ("" for
+// none: the command's fixed start).
+func cliFormatFlag(format string) string {
+	if format == "" {
+		return "run tiny --nowordwrap --keepalive 0s\n"
+	}
+	var s string
+	if json.Unmarshal([]byte(format), &s) == nil {
+		return "--format " + s + "\n"
+	}
+	return "--format " + format + "\n"
+}
+
+// fallbackKind returns the kind of the fallback's own error, which run
+// joins to the first failure's cause under the first failure's kind.
+func fallbackKind(err error) Kind {
+	var outer, inner *Error
+	if !errors.As(err, &outer) || !errors.As(outer.Err, &inner) || inner.Op != "generate (cli)" {
+		return KindUnknown
+	}
+	return inner.Kind
 }

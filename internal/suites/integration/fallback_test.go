@@ -1,6 +1,7 @@
 package integration_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 	"github.com/vramguard/vramguard/internal/testkit/standin"
@@ -114,5 +116,70 @@ func TestCLIFallbackOptions(t *testing.T) {
 			}
 			capped(t, gen)
 		})
+	})
+}
+
+// TestCLIFallbackFormat takes a request with Format through the real
+// `ollama run` of each version. The CLI prints what it got and exits 0
+// whether or not the server's reply ended, so the fallback must never
+// claim DoneReason "stop", and must not return a text that is not JSON, or
+// not an instance of the schema, as a success: the seed code returned
+// "{" and 31 spaces from v0.6.5, v0.17.4 and v0.24.0 as a complete reply.
+// Every reply here is ended by the server at a num_predict baked into the
+// model (the CLI cannot send it), so the test is bounded by that, and
+// whichever way a version's random-weight model answers, the outcome must
+// be a valid JSON success with the reason unknown, or the fallback's
+// ErrFormatMismatch keeping the text.
+func TestCLIFallbackFormat(t *testing.T) {
+	schema := json.RawMessage(`{"type":"object","properties":{"positive":{"type":"string"},"negative":{"type":"string"}},"required":["positive","negative"]}`)
+	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+		skipIfExternal(t, s, "the fallback needs a local ollama binary")
+		bin, _, err := ollamatest.Binary(t.Context(), s.Version(), t.Logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const model = "tiny-a-format"
+		if err := s.Client().Create(t.Context(), &api.CreateRequest{Model: model, From: modelA,
+			Parameters: map[string]any{"num_predict": 24, "seed": 7}}, func(api.ProgressResponse) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []struct {
+			name   string
+			format json.RawMessage
+		}{{"json", json.RawMessage(`"json"`)}, {"schema", schema}} {
+			t.Run(f.name, func(t *testing.T) {
+				tr := &failingTransport{next: http.DefaultTransport.(*http.Transport).Clone()}
+				t.Cleanup(tr.next.(*http.Transport).CloseIdleConnections)
+				c := newClient(t, s, vramguard.Options{Fallback: true, CLIPath: bin, HTTPClient: &http.Client{Transport: tr}})
+				gen, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: model, Prompt: "a castle at dawn", Format: f.format},
+					vramguard.KeepAliveServerDefault, nil)
+				if tr.fails.Load() < 1 {
+					t.Fatal("the first request did not fail")
+				}
+				if err == nil {
+					t.Logf("the CLI's reply %q: a success, reason %q", gen.Text, gen.DoneReason)
+					if !gen.Fallback || gen.DoneReason != vramguard.DoneReasonUnknown {
+						t.Errorf("generation %+v: want the fallback's, with the reason unknown", gen)
+					}
+					var pair map[string]any
+					if !json.Valid([]byte(gen.Text)) {
+						t.Errorf("success with %q, not JSON", gen.Text)
+					} else if json.Unmarshal([]byte(gen.Text), &pair); f.name == "schema" && (pair["positive"] == nil || pair["negative"] == nil) {
+						t.Errorf("success with %q, not an instance of the schema", gen.Text)
+					}
+				} else {
+					var te *vramguard.FallbackTextError
+					if !errors.As(err, &te) || !errors.Is(err, vramguard.ErrFormatMismatch) {
+						t.Fatalf("got %v; want the fallback's ErrFormatMismatch", err)
+					}
+					mustKind(t, err, vramguard.KindTransient) // the first failure's
+					t.Logf("the CLI's reply %q: refused: %v", te.Text, err)
+					if json.Valid([]byte(te.Text)) != errors.Is(err, vramguard.KindServer) {
+						t.Errorf("text %q refused as %v", te.Text, err)
+					}
+				}
+				requireEmpty(t, s, "after the CLI fallback")
+			})
+		}
 	})
 }
