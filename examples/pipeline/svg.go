@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"math"
 	"strings"
 	"time"
 )
@@ -103,10 +104,15 @@ func (r *recorder) writeSVG(w io.Writer, title string) error {
 
 	// Event markers: a lane per model, named above its first marker, so
 	// that events of different models never share a row however close in
-	// time they come, and each marker's tooltip names its time, kind and
-	// model.
+	// time they come. A marker that would cover one before it in its lane
+	// (events of one model at once) goes on the lane's second row, or, if
+	// that is taken too, just after the last marker there. Each marker's
+	// tooltip names its time, kind and model.
 	lanes := eventLanes(r.events)
-	const laneH, laneTop = 20, top + 22
+	// markGap: a marker's width and a pixel. laneH: the label (its baseline
+	// 7 px above the lane, 9 px of ascent) and two rows of markers.
+	const markGap, laneTop = 9, top + 22
+	const laneH = 7 + 9 + markGap + 4 + 1
 	maxLanes := max((plotH-laneTop+top)/laneH, 1)
 	laneY := func(l int) float64 { return float64(laneTop + (l%maxLanes)*laneH) }
 	for l, ln := range lanes {
@@ -120,13 +126,32 @@ func (r *recorder) writeSVG(w io.Writer, title string) error {
 		fmt.Fprintf(&b, `<text class="event-model" data-model="%s" x="%.1f" y="%.1f" font-size="10" text-anchor="%s" paint-order="stroke" stroke="white" stroke-width="3">%s</text>`+"\n",
 			html.EscapeString(ln.model), lx, cy-7, anchor, html.EscapeString(ln.label()))
 	}
+	lastX := make([][2]float64, len(lanes)) // the last marker on each lane's two rows
+	for i := range lastX {
+		lastX[i] = [2]float64{math.Inf(-1), math.Inf(-1)}
+	}
 	for _, e := range r.events {
 		colour := markerColour[e.kind]
 		if colour == "" {
 			colour = "black"
 		}
+		l, cx := laneOf(lanes, e.model), x(e.at)
+		row := 0
+		switch last := lastX[l]; {
+		case cx-last[0] >= markGap:
+		case cx-last[1] >= markGap:
+			row = 1
+		default: // both taken: after the earlier of the two
+			row = 1
+			if last[0] < last[1] {
+				row = 0
+			}
+			cx = last[row] + markGap
+		}
+		lastX[l][row] = cx
+		cy := laneY(l) + float64(row*markGap)
 		fmt.Fprintf(&b, `<circle class="event" data-kind="%s" data-model="%s" cx="%.1f" cy="%.1f" r="4" fill="%s" stroke="white"><title>%.2fs %s %s</title></circle>`+"\n",
-			html.EscapeString(e.kind), html.EscapeString(e.model), x(e.at), laneY(laneOf(lanes, e.model)), colour,
+			html.EscapeString(e.kind), html.EscapeString(e.model), cx, cy, colour,
 			e.at.Seconds(), html.EscapeString(e.kind), html.EscapeString(modelLabel(e.model)))
 	}
 

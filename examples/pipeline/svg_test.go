@@ -41,8 +41,9 @@ func TestSVGNamesEventModels(t *testing.T) {
 			// of two models sends them.
 			{at: ms(1500), kind: "unload requested", model: "llama3.2:3b"},
 			{at: ms(1500), kind: "unload requested", model: "qwen3:8b"},
-			{at: ms(1501), kind: "eviction verified", model: "llama3.2:3b"},
-			{at: ms(1990), kind: "oom", model: "text encoder"}, // at the right edge
+			{at: ms(1500), kind: "eviction verified", model: "llama3.2:3b"}, // at once: one row lower
+			{at: ms(1502), kind: "unload requested", model: "llama3.2:3b"},  // and again
+			{at: ms(1990), kind: "oom", model: "text encoder"},              // at the right edge
 		},
 	}
 	var b strings.Builder
@@ -54,7 +55,12 @@ func TestSVGNamesEventModels(t *testing.T) {
 		t.Fatalf("SVG is not well-formed: %v\n%s", err, b.String())
 	}
 
-	laneY := map[string]float64{} // model -> the y of its markers
+	laneY := map[string]float64{} // model -> the y of its lane's own row
+	type mark struct {
+		model  string
+		cx, cy float64
+	}
+	var marks []mark
 	n := 0
 	for _, c := range shape.Circles {
 		if c.Class != "event" {
@@ -66,20 +72,32 @@ func TestSVGNamesEventModels(t *testing.T) {
 		if c.Model != e.model || c.Kind != e.kind || c.Title != want {
 			t.Errorf("marker %d: model %q, kind %q, title %q; want %q, %q, %q", n, c.Model, c.Kind, c.Title, e.model, e.kind, want)
 		}
-		if y, ok := laneY[c.Model]; ok && y != c.CY {
-			t.Errorf("markers of %s at y %v and %v, want one lane", c.Model, y, c.CY)
+		if _, ok := laneY[c.Model]; !ok {
+			laneY[c.Model] = c.CY // its first marker is on the lane's row
 		}
-		laneY[c.Model] = c.CY
+		if y := laneY[c.Model]; c.CY != y && c.CY != y+9 {
+			t.Errorf("marker of %s at y %v, want its lane's rows, %v or %v", c.Model, c.CY, y, y+9)
+		}
+		marks = append(marks, mark{c.Model, c.CX, c.CY})
+	}
+	// Markers of one model at once do not cover each other.
+	for i, a := range marks {
+		for _, b := range marks[:i] {
+			if dx, dy := a.cx-b.cx, a.cy-b.cy; dx*dx+dy*dy < 8*8 {
+				t.Errorf("markers of %s at (%v, %v) and of %s at (%v, %v) overlap", a.model, a.cx, a.cy, b.model, b.cx, b.cy)
+			}
+		}
 	}
 	if n != len(r.events) {
 		t.Fatalf("%d event markers, want %d", n, len(r.events))
 	}
-	seen := map[float64]string{}
+	// A lane's two rows and its label come before the next lane.
 	for m, y := range laneY {
-		if other, ok := seen[y]; ok {
-			t.Errorf("%s and %s share the lane at y %v", m, other, y)
+		for other, oy := range laneY {
+			if m != other && oy >= y && oy-y < 9+4+7+9 { // second row, marker radius, label baseline, ascent
+				t.Errorf("lanes of %s (y %v) and %s (y %v) are too close for a label and two rows", m, y, other, oy)
+			}
 		}
-		seen[y] = m
 	}
 
 	// One label per model, in its lane, above its first marker and
