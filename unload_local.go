@@ -49,6 +49,11 @@ func isLocalHost(host string) bool {
 	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
 }
 
+// noServerSeen is UnloadReport.NoRunnerCheck for a local server whose
+// process this machine's process table does not show (an in-process fake,
+// a server in another PID namespace).
+const noServerSeen = "no Ollama server process visible on this machine"
+
 // runnerWatch looks for the runner processes of one model's weights on
 // this machine, for one unloadModel call.
 type runnerWatch struct {
@@ -71,6 +76,11 @@ func (c *OllamaClient) watchRunners(ctx context.Context, model string) (w *runne
 	}
 	if blob == "" {
 		return nil, "model blob: the model has no weights file of its own", false
+	}
+	if n, err := procs.Servers(c.procRoot); err == nil && n == 0 {
+		// A runner check that cannot see the server cannot see its
+		// runners either: it would prove nothing.
+		return nil, noServerSeen, false
 	}
 	w = &runnerWatch{root: c.procRoot, blob: blob}
 	if filepath.IsAbs(path) {

@@ -55,6 +55,14 @@ func newFakeProcs(t *testing.T) *fakeProcs {
 	return &fakeProcs{t, root}
 }
 
+// withServer adds a live `ollama serve` as pid 100: without one the
+// process check is not made (a runner of a server this machine cannot see
+// cannot be seen either).
+func (f *fakeProcs) withServer() *fakeProcs {
+	f.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	return f
+}
+
 func (f *fakeProcs) add(pid, ppid int, comm string, args ...string) {
 	f.t.Helper()
 	dir := filepath.Join(f.root, strconv.Itoa(pid))
@@ -147,9 +155,19 @@ func TestUnloadReportNamesChecks(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30})
 	t.Run("local", func(t *testing.T) {
 		c := newTestClient(t, s, Options{})
-		SetProcRoot(c, newFakeProcs(t).root)
+		SetProcRoot(c, newFakeProcs(t).withServer().root)
 		rep, err := c.UnloadModel(t.Context(), "tiny")
 		if err != nil || !rep.Verified || rep.Checked != CheckPS|CheckRunnerProcesses || rep.NoRunnerCheck != "" {
+			t.Errorf("report %+v, err %v", rep, err)
+		}
+	})
+	t.Run("local, no server process visible", func(t *testing.T) {
+		// An in-process fake, or a server in another PID namespace: no
+		// runner of it could be seen, so the check is not claimed.
+		c := newTestClient(t, s, Options{})
+		SetProcRoot(c, newFakeProcs(t).root)
+		rep, err := c.UnloadModel(t.Context(), "tiny")
+		if err != nil || !rep.Verified || rep.Checked != CheckPS || rep.NoRunnerCheck != "no Ollama server process visible on this machine" {
 			t.Errorf("report %+v, err %v", rep, err)
 		}
 	})
@@ -201,6 +219,7 @@ func TestUnloadRetriesTheProcessCheck(t *testing.T) {
 		}
 		t.Cleanup(func() { p.Close() })
 		c := newClientAt(t, p.URL().String(), Options{})
+		SetProcRoot(c, newFakeProcs(t).withServer().root)
 		if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveFor(time.Hour), nil); err != nil {
 			t.Fatal(err)
 		}

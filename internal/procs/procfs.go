@@ -215,12 +215,11 @@ func isLiveServer(p Process) (server, known bool) {
 	return p.Role == RoleServer, true
 }
 
-// Runners lists the Ollama runners under root ("" means /proc), of both
-// generations, sorted by PID, each with its parent checked. Discovery
-// processes are not runners. It fails only when root cannot be listed;
-// processes that vanish or cannot be read during the pass are left out.
-func Runners(root string) ([]Runner, error) {
-	root = rootOf(root)
+// scan reads every process under root whose name could be Ollama's, by
+// PID: the runners and (nearly always) their servers. It fails only when
+// root cannot be listed; processes that vanish or cannot be read during
+// the pass are left out.
+func scan(root string, buf []byte) (map[int]Process, error) {
 	d, err := os.Open(root)
 	if err != nil {
 		return nil, err
@@ -230,9 +229,6 @@ func Runners(root string) ([]Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	buf := make([]byte, MaxArgsBytes)
-	// Every process whose name could be Ollama's, by PID: the runners and
-	// (nearly always) their servers.
 	seen := make(map[int]Process)
 	for _, name := range names {
 		if !isPID(name) {
@@ -254,6 +250,39 @@ func Runners(root string) ([]Runner, error) {
 			continue
 		}
 		seen[st.PID] = Process{Stat: st, Args: args, Info: Classify(args)}
+	}
+	return seen, nil
+}
+
+// Servers counts the live `ollama serve` processes under root ("" means
+// /proc). Zero means that no Ollama server's processes can be seen from
+// here (none runs on this machine, or it runs in another PID namespace),
+// so that no runner of it can be seen either. It fails only when root
+// cannot be listed.
+func Servers(root string) (int, error) {
+	seen, err := scan(rootOf(root), make([]byte, MaxArgsBytes))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range seen {
+		if server, _ := isLiveServer(p); server {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Runners lists the Ollama runners under root ("" means /proc), of both
+// generations, sorted by PID, each with its parent checked. Discovery
+// processes are not runners. It fails only when root cannot be listed;
+// processes that vanish or cannot be read during the pass are left out.
+func Runners(root string) ([]Runner, error) {
+	root = rootOf(root)
+	buf := make([]byte, MaxArgsBytes)
+	seen, err := scan(root, buf)
+	if err != nil {
+		return nil, err
 	}
 	var out []Runner
 	for _, p := range seen {
