@@ -25,9 +25,14 @@
 // the api package's types, so the wire format is Ollama's. /api/show's
 // modelfile starts, after Ollama's comment lines, with the FROM line
 // naming the model's weights blob ([ModelConfig.Blob]), the path a
-// runner's --model names. Runners are not processes: vramguard's process
-// check finds none, so on this server an unload is verified from /api/ps
-// (and from the fake GPU when Options.VRAM is set).
+// runner's --model names. Runners are not processes, and no `ollama
+// serve` process runs: vramguard therefore makes no process check against
+// this server (UnloadReport.NoRunnerCheck says so) and verifies an unload
+// from /api/ps (and the fake GPU with Options.VerifyVRAM), as for a
+// remote server. Like a remote server, then, it cannot show a load another
+// client started just before an unload: /api/ps lists nothing while a
+// model loads, so such an unload is verified and the model appears when
+// its load ends. Test that race against a real server.
 //
 // # Scheduler semantics
 //

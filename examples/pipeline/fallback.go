@@ -1,9 +1,9 @@
 package main
 
 // This file is the example's fallback when no Ollama answers: vramguard's
-// built-in simulator of an Ollama server on a simulated 24 GiB GPU. It is
-// the only file that uses the module's internal packages; the rest of the
-// example is public API you can copy.
+// test double (package vramguardtest), a fake Ollama server on a fake
+// 24 GiB GPU. Like the rest of the example it uses only public packages,
+// so you can copy it whole.
 
 import (
 	"strings"

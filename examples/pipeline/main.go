@@ -35,13 +35,23 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
+	if code := exitCode(err); code != 0 {
 		fmt.Fprintln(os.Stderr, "pipeline:", err)
-		if errors.Is(err, errUsage) {
-			os.Exit(2)
-		}
-		os.Exit(1)
+		os.Exit(code)
 	}
+}
+
+// exitCode is the exit status for run's error: 0 for none and for -h (the
+// usage is printed; asking for it is no failure), 2 for a usage error, 1
+// for any other failure.
+func exitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	return 1
 }
 
 var errUsage = errors.New("usage")
@@ -70,6 +80,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.description, "description", "a lighthouse on a cliff at dusk", "what the image shows")
 	fs.DurationVar(&cfg.probe, "probe", time.Second, "how long to wait for Ollama before using the simulator")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	switch cfg.mode {
@@ -129,11 +142,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "vramguard pipeline: Ollama %s at %s; device memory from %s\n", version, hostOf(opts.Host), readerName(r, rerr))
 	}
 	opts.VRAM = reader
-	if reader != nil && cfg.mode != "naive" {
+	if cfg.mode != "naive" {
 		// The LLM side is admitted against a budget too: each load must
 		// leave room for the text encoder that comes next, making room
-		// (largest Ollama models first) when it would not.
-		opts.Budget = &vramguard.Budget{Headroom: cfg.bytes, MakeRoom: true}
+		// (largest Ollama models first) when it would not. Without a GPU
+		// reader the budget switches itself off.
+		opts.Budget = &vramguard.Budget{Headroom: cfg.bytes, MakeRoom: true, OffWithoutGPU: true}
 	}
 	c, err := vramguard.NewClient(opts)
 	if err != nil {
@@ -166,7 +180,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "\nloads: %d; picture of VRAM over time: %s\n", rec.count("load"), cfg.out)
+	fmt.Fprintf(stdout, "\nloads: %d; evicted by the budget: %d; picture of VRAM over time: %s\n", rec.count("load"), rec.count("budget eviction"), cfg.out)
 	return perr
 }
 
@@ -239,7 +253,7 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, fallback *simulate
 		case "phase":
 			rep, err := phase.End(ctx)
 			if rep != nil && rep.Cleanup != nil {
-				note = fmt.Sprintf("verified unload of %d models", len(rep.Cleanup.Unloads))
+				note = unloadNote(rep.Cleanup.Unloads)
 				if rep.Handover != nil {
 					note += fmt.Sprintf("; %s free", gb(rep.Handover.FreeAfter))
 				}
@@ -273,7 +287,11 @@ func pipeline(ctx context.Context, c *vramguard.OllamaClient, fallback *simulate
 		rec.addRow(ctx, c, reader, "load text encoder", "FAILED: "+err.Error())
 		return fmt.Errorf("loading the text encoder: %w", err)
 	}
-	rec.addRow(ctx, c, reader, "load text encoder", gb(cfg.bytes)+" loaded")
+	if reader == nil {
+		rec.addRow(ctx, c, reader, "load text encoder", "not checked: no GPU reader to measure free memory")
+	} else {
+		rec.addRow(ctx, c, reader, "load text encoder", gb(cfg.bytes)+" loaded")
+	}
 	if fallback != nil {
 		// The diffusion model would encode prompt and negative here.
 		_ = rec.step("encode and denoise", func() error {
@@ -327,6 +345,30 @@ func pickModels(ctx context.Context, c *vramguard.OllamaClient, cfg *config) err
 		cfg.genModel = ms[min(1, len(ms)-1)]
 	}
 	return nil
+}
+
+// unloadNote says what a phase's verified unloads did: the models that were
+// still loaded, and those that had left already (the budget made room).
+func unloadNote(reps []vramguard.UnloadReport) string {
+	var was, gone []string
+	for _, u := range reps {
+		if !u.Verified {
+			continue
+		}
+		if u.WasLoaded {
+			was = append(was, u.Model)
+		} else {
+			gone = append(gone, u.Model)
+		}
+	}
+	note := "verified unload of " + strings.Join(was, ", ")
+	if len(was) == 0 {
+		note = "nothing left to unload"
+	}
+	if len(gone) > 0 {
+		note += " (" + strings.Join(gone, ", ") + " had left already)"
+	}
+	return note
 }
 
 func (r *recorder) count(kind string) int {

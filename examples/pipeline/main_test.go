@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/xml"
 	"errors"
+	"flag"
 	"io"
 	"net"
 	"os"
@@ -190,9 +191,63 @@ func TestPipelineWithoutGPUReader(t *testing.T) {
 			if !strings.Contains(first, "no GPU reader") {
 				t.Errorf("first line %q", first)
 			}
+			// No device reader: memory is "not measured", the encoder's
+			// room "not checked", never a made-up figure.
+			for _, r := range rows(stdout.String(), "") {
+				if !strings.Contains(r, "not measured") || strings.Contains(r, " GB") {
+					t.Errorf("row without a reader: %q", r)
+				}
+			}
+			if r := rows(stdout.String(), "load text encoder"); len(r) != 1 || !strings.Contains(r[0], "not checked") || strings.Contains(r[0], "loaded") {
+				t.Errorf("encoder row %q, want 'not checked'", r)
+			}
 			if s.Listed("gen") || s.Listed("ref") || !s.Listed("theirs") {
 				t.Errorf("listed: gen %v, ref %v, theirs %v; want only theirs", s.Listed("gen"), s.Listed("ref"), s.Listed("theirs"))
 			}
 		})
+	}
+}
+
+func TestPipelineHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"-help"}, {"--help"}, {"-mode", "phase", "-h"}} {
+		var stdout, stderr bytes.Buffer
+		err := run(t.Context(), args, &stdout, &stderr)
+		if !errors.Is(err, flag.ErrHelp) || exitCode(err) != 0 {
+			t.Errorf("%v: %v (exit %d), want the help and exit 0", args, err, exitCode(err))
+		}
+		if !strings.Contains(stderr.String(), "-mode string") || stdout.Len() != 0 {
+			t.Errorf("%v: stdout %q, stderr %q; want the usage on stderr only", args, stdout.String(), stderr.String())
+		}
+	}
+	if err := run(t.Context(), []string{"-nope"}, io.Discard, io.Discard); exitCode(err) != 2 {
+		t.Errorf("a bad flag: exit %d, want 2", exitCode(err))
+	}
+	if exitCode(errors.New("boom")) != 1 || exitCode(nil) != 0 {
+		t.Error("exit codes of a failure and a success")
+	}
+}
+
+// TestPipelineSaysWhy: in phase mode the budget evicts the generator's
+// model to admit the refiner's (24 GiB, the UNet's 7.5 GB and 11.2 GB kept
+// for the encoder), and the timeline says so where it happens; the
+// hand-over names what it unloaded and what had left already.
+func TestPipelineSaysWhy(t *testing.T) {
+	out, _, err := runPipeline(t, "phase")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rows(out, "refine ×3"); len(r) != 1 || !strings.HasSuffix(r[0], "budget made room: unloaded qwen3:8b") {
+		t.Errorf("refine row %q, want the budget's eviction named", r)
+	}
+	if r := rows(out, "hand over VRAM"); len(r) != 1 || !strings.Contains(r[0], "verified unload of llama3.2:3b (qwen3:8b had left already)") {
+		t.Errorf("hand-over row %q", r)
+	}
+	if !strings.Contains(out, "loads: 2; evicted by the budget: 1;") {
+		t.Errorf("summary line missing the eviction:\n%s", out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasSuffix(l, " ") {
+			t.Errorf("trailing blanks: %q", l)
+		}
 	}
 }

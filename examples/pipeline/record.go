@@ -55,6 +55,7 @@ type recorder struct {
 	events  []event
 	spans   []span
 	rows    []row
+	pending []string // notes for the next row: evictions the budget made
 }
 
 func newRecorder() *recorder { return &recorder{start: time.Now()} }
@@ -69,11 +70,24 @@ func (r *recorder) event(kind, model string) {
 
 func (r *recorder) hooks() vramguard.Hooks {
 	return vramguard.Hooks{
-		OnAdmit:            func(e vramguard.ModelEvent) { r.event("admitted", e.Model) },
-		OnLoad:             func(e vramguard.ModelEvent) { r.event("load", e.Model) },
-		OnUnloadRequested:  func(e vramguard.ModelEvent) { r.event("unload requested", e.Model) },
+		OnAdmit: func(e vramguard.ModelEvent) { r.event("admitted", e.Model) },
+		OnLoad:  func(e vramguard.ModelEvent) { r.event("load", e.Model) },
+		OnUnloadRequested: func(e vramguard.ModelEvent) {
+			r.event("unload requested", e.Model)
+			if e.Cause == vramguard.CauseBudget {
+				r.event("budget eviction", e.Model)
+				r.note("budget made room: unloaded " + e.Model)
+			}
+		},
 		OnEvictionVerified: func(u vramguard.UnloadReport) { r.event("eviction verified", u.Model) },
 	}
+}
+
+// note adds a note to the next row.
+func (r *recorder) note(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pending = append(r.pending, s)
 }
 
 // sampleOnce records one snapshot; a reader error is skipped.
@@ -139,6 +153,11 @@ func (r *recorder) addRow(ctx context.Context, c *vramguard.OllamaClient, reader
 		}
 	}
 	r.mu.Lock()
+	if len(r.pending) > 0 {
+		rw.note = strings.Join(append(r.pending, rw.note), "; ")
+		rw.note = strings.TrimSuffix(rw.note, "; ")
+		r.pending = nil
+	}
 	r.rows = append(r.rows, rw)
 	r.mu.Unlock()
 }
@@ -149,18 +168,28 @@ func gb(b uint64) string { return fmt.Sprintf("%.1f GB", float64(b)/1e9) }
 func (r *recorder) printTable(w io.Writer) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIME\tSTEP\tRESIDENT (/api/ps)\tUSED\tFREE\tSOURCE\tNOTE")
 	for _, rw := range r.rows {
 		res := "-"
 		if len(rw.resident) > 0 {
 			res = strings.Join(rw.resident, ", ")
 		}
-		used, free := "?", "?"
+		used, free := "not measured", "-"
 		if rw.known {
 			used, free = gb(rw.used), gb(rw.free)
 		}
 		fmt.Fprintf(tw, "%5.2fs\t%s\t%s\t%s\t%s\t%s\t%s\n", rw.at.Seconds(), rw.step, res, used, free, rw.source, rw.note)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// tabwriter pads the last column too: no trailing blanks.
+	for _, l := range strings.SplitAfter(b.String(), "\n") {
+		if _, err := io.WriteString(w, strings.TrimRight(l, " \n")+strings.Repeat("\n", strings.Count(l, "\n"))); err != nil {
+			return err
+		}
+	}
+	return nil
 }

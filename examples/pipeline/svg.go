@@ -17,6 +17,7 @@ var (
 		"admitted":          "#bcbd22",
 		"load":              "#ff7f0e",
 		"unload requested":  "#7f7f7f",
+		"budget eviction":   "#9467bd",
 		"eviction verified": "#2ca02c",
 		"oom":               "#d62728",
 	}
@@ -162,7 +163,7 @@ func (r *recorder) writeSVG(w io.Writer, title string) error {
 			lx, legendY, lx+20, legendY, lineColours[dev%len(lineColours)], lx+24, legendY+4, html.EscapeString(name+" used"))
 		lx += 60 + 7*len(name)
 	}
-	for _, k := range []string{"admitted", "load", "unload requested", "eviction verified", "oom"} {
+	for _, k := range []string{"admitted", "load", "unload requested", "budget eviction", "eviction verified", "oom"} {
 		fmt.Fprintf(&b, `<circle cx="%d" cy="%d" r="4" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n",
 			lx+4, legendY, markerColour[k], lx+12, legendY+4, k)
 		lx += 30 + 7*len(k)
