@@ -200,7 +200,7 @@ type Generation struct {
 	Thinking string
 	// ToolCalls are the tools a chat's model asked to call, in order.
 	ToolCalls  []api.ToolCall
-	DoneReason string // "stop", "length", ...
+	DoneReason string // "stop", "length", ...; DoneReasonUnknown ("") from the CLI fallback
 	Chunks     int
 	Metrics    api.Metrics
 	// Loaded reports that this request loaded the model: the load
@@ -217,7 +217,10 @@ type Generation struct {
 	// Fallback reports that the subprocess fallback produced the text.
 	// Such a generation has no Metrics, and DoneReason "length" when the
 	// library stopped the CLI at num_predict (counted approximately, see
-	// Options.Fallback), "stop" otherwise.
+	// Options.Fallback), DoneReasonUnknown ("") otherwise: the CLI does not
+	// say whether the server's reply ended. With Format, a text that is not
+	// JSON, or not of the schema's basic shape, is no success but
+	// ErrFormatMismatch (see FallbackTextError).
 	Fallback bool
 	// DroppedOptions lists, sorted, the request options the fallback did
 	// not apply (only with Options.FallbackDropOptions); nil otherwise.
@@ -298,7 +301,9 @@ func validCommon(op, model string, t Timeouts, opts map[string]any, format json.
 // is retried once through `ollama run`, provided no chunk had reached fn
 // yet; a failure of both returns the first error's kind with both causes.
 // The CLI cannot carry images: such a request is not retried
-// (ErrFallbackUnsupported).
+// (ErrFallbackUnsupported). A generation by the CLI reports
+// DoneReasonUnknown, since the CLI hides how the reply ended, and with
+// Format its text must parse as the format asks (ErrFormatMismatch).
 //
 // Images and Format are checked before anything is sent (KindInvalidInput:
 // ErrImageFormat, ErrImageTooLarge, a Format that is neither "json" nor a

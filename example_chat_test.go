@@ -1,12 +1,14 @@
 package vramguard_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image"
+	"image/png"
 	"log"
-	"os"
 	"time"
 
 	"github.com/ollama/ollama/api"
@@ -111,11 +113,17 @@ func ExampleGeneration_Message() {
 	// Output: assistant a castle at dawn
 }
 
-func ExampleImageType() {
-	img, err := os.ReadFile("testdata/fox.png")
-	if err != nil {
+// tinyPNG is an 8×8 grey picture; a program reads its images from files.
+func tinyPNG() []byte {
+	var b bytes.Buffer
+	if err := png.Encode(&b, image.NewGray(image.Rect(0, 0, 8, 8))); err != nil {
 		log.Fatal(err)
 	}
+	return b.Bytes()
+}
+
+func ExampleImageType() {
+	img := tinyPNG() // or os.ReadFile("fox.png")
 	fmt.Println(vramguard.ImageType(img))
 	fmt.Println(vramguard.ImageType([]byte("GIF89a")) == "")
 	// Output:
@@ -128,13 +136,10 @@ func ExampleErrNoVision() {
 	defer s.Close()
 	defer c.Close()
 
-	img, err := os.ReadFile("testdata/fox.png")
-	if err != nil {
-		log.Fatal(err)
-	}
+	img := tinyPNG()
 	// llama3.2 is a text model: the server's /api/show says so, and the
 	// request is never sent.
-	_, err = c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{
+	_, err := c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{
 		Model: "llama3.2", Prompt: "describe this", Images: []api.ImageData{img},
 	}, vramguard.KeepAliveUnload, nil)
 	fmt.Println(errors.Is(err, vramguard.ErrNoVision), errors.Is(err, vramguard.KindInvalidInput))

@@ -124,7 +124,9 @@ type Options struct {
 	// bytes/4: at most num_predict words and 4*num_predict bytes). A
 	// request with any other option is not retried through the CLI: it
 	// fails with its first error's kind, joined with ErrFallbackUnsupported
-	// naming the options, unless FallbackDropOptions is set.
+	// naming the options, unless FallbackDropOptions is set. The CLI does
+	// not say how a reply ended: see DoneReasonUnknown and
+	// ErrFormatMismatch.
 	Fallback bool
 	// FallbackDropOptions lets the fallback run without the options the
 	// CLI cannot carry (seed, temperature, top_p, stop, ...): the result

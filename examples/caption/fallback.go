@@ -1,9 +1,9 @@
 package main
 
 // This file is the command's fallback when no Ollama answers: vramguard's
-// built-in simulator of an Ollama server, with one vision model. It is the
-// only file that uses the module's internal packages; the rest of the
-// command is public API you can copy.
+// test double (package vramguardtest), a fake Ollama server with one
+// vision model. Like the rest of the command it uses only public
+// packages, so you can copy it whole.
 
 import (
 	"bytes"
