@@ -69,4 +69,14 @@
 // [KeepAliveForever], [KeepAliveServerDefault]), all meant to be read and
 // never assigned, and read-only tables of server messages; nothing else is
 // shared between clients.
+//
+// # Testing
+//
+// Package github.com/vramguard/vramguard/vramguardtest is the test double
+// this package is tested with: a fake Ollama server on loopback and a fake
+// GPU ([VRAMReader]) whose memory follows its loads, with faults, the
+// versions' differences and a log of what arrived. Point Options.Host at
+// its URL and Options.VRAM at its GPU to test a program without Ollama or
+// a GPU. Every unload names its [UnloadCause], so a test (or a dashboard)
+// can tell a budget's eviction from a cleanup.
 package vramguard

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -146,6 +147,7 @@ func (r *recorder) addRow(ctx context.Context, c *vramguard.OllamaClient, reader
 		for _, m := range ms {
 			rw.resident = append(rw.resident, m.Model)
 		}
+		slices.Sort(rw.resident) // /api/ps orders by expiry: by name, the table reads the same every run
 	}
 	if reader != nil {
 		if snap, err := reader.Snapshot(ctx); err == nil && len(snap.Devices) > 0 {
