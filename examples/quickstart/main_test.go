@@ -23,7 +23,9 @@ func TestQuickstart(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "llama3.2", Size: 2 << 30,
-		Respond: func(string) []vramguardtest.Chunk { return []vramguardtest.Chunk{{Text: "a lighthouse "}, {Text: "at dusk"}} }}}})
+		Respond: func(string) []vramguardtest.Chunk {
+			return []vramguardtest.Chunk{{Text: "a lighthouse "}, {Text: "at dusk"}}
+		}}}})
 	defer s.Close()
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "OLLAMA_HOST="+s.URL().String())
