@@ -154,3 +154,15 @@ func ExampleClassifyCommand_generations() {
 	// ollama discovery
 	// other
 }
+
+// Without a GPU, the runners this machine runs, from /proc, each with the
+// weights it serves; NameRunners turns those into model names.
+func ExampleProcRunners() {
+	runners, err := gpu.ProcRunners("")
+	if err != nil {
+		log.Fatal(err) // no procfs here
+	}
+	for _, r := range runners {
+		fmt.Println(r.PID, r.Blob, r.Orphaned)
+	}
+}

@@ -803,23 +803,3 @@ func TestProcRunners(t *testing.T) {
 		t.Error("no error for a procfs root that does not exist")
 	}
 }
-
-// FuzzProcText: a process makes its own command line and name (comm); the
-// parsers of /proc's text never panic, and what they find comes from it.
-func FuzzProcText(f *testing.F) {
-	f.Add("4001 (llama-server) S 100 4001", "/usr/lib/ollama/llama-server\x00--model\x00"+blobPath(hexTiny))
-	f.Add("1 ((sd-pam)) ) Z 0", "/usr/bin/ollama runner --model=qwen3:latest")
-	f.Add("x", "\x00\x00-m")
-	f.Fuzz(func(t *testing.T, stat, cmdline string) {
-		if p, err := parseStat(stat); err == nil && !strings.Contains(stat, p.comm) {
-			t.Errorf("comm %q is not in %q", p.comm, stat)
-		}
-		blob, model := weightsOf(strings.Split(cmdline, "\x00"))
-		if blob != "" && (model != "" || len(blob) != len("sha256:")+64) {
-			t.Errorf("blob %q, model %q from %q", blob, model, cmdline)
-		}
-		if model != "" && !strings.Contains(cmdline, model) {
-			t.Errorf("model %q is not in %q", model, cmdline)
-		}
-	})
-}
