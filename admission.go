@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // ErrOverBudget: a load would break Options.Budget. The error is an
@@ -44,6 +45,10 @@ type Budget struct {
 	// reader and a load fails when the device is missing. BudgetOff says
 	// whether it happened.
 	OffWithoutGPU bool
+	// WaitForLeases makes MakeRoom wait, under the generation's ctx, for
+	// the leases that keep it from making room (EnsureRequest.WaitForLeases)
+	// instead of refusing the load at once.
+	WaitForLeases bool
 }
 
 // BudgetError says why a load was refused: what the model needs (its
@@ -57,6 +62,11 @@ type BudgetError struct {
 	// Holders are the device's processes at the last reading, largest
 	// first; nil when the reader cannot list them.
 	Holders []GPUProcess
+	// Kept are the models MakeRoom could not evict (Options.Protected, or
+	// leased), and RetryAfter the time until the first of those leases
+	// ends (zero: none has an end); see RoomError.
+	Kept       []KeptModel
+	RetryAfter time.Duration
 }
 
 func (e *BudgetError) Error() string {
@@ -72,11 +82,29 @@ func (e *BudgetError) Error() string {
 	if len(e.Holders) > 0 {
 		vramWriteHolders(&b, e.Holders)
 	}
+	for _, k := range e.Kept {
+		if k.Protected {
+			fmt.Fprintf(&b, "; %s is protected", k.Model)
+		}
+		for _, l := range k.Leases {
+			fmt.Fprintf(&b, "; %s is leased by %s", k.Model, l)
+		}
+	}
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, "; retry after %v", e.RetryAfter.Round(time.Millisecond))
+	}
 	return b.String()
 }
 
-// Unwrap returns ErrOverBudget.
-func (e *BudgetError) Unwrap() error { return ErrOverBudget }
+// Unwrap returns ErrOverBudget, and ErrLeased and ErrProtected when kept
+// models stood in the way.
+func (e *BudgetError) Unwrap() []error {
+	errs := []error{ErrOverBudget}
+	if len(e.Kept) > 0 {
+		errs = append(errs, (&RoomError{Kept: e.Kept}).Unwrap()...)
+	}
+	return errs
+}
 
 // admission serializes a client's budget checks and counts the loads it
 // admitted that the server does not list yet, so that two generations
@@ -189,11 +217,17 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 			target = max(target, berr.Free+(berr.Held+need+pending-b.MaxBytes))
 		}
 		c.log.Debug("making room for a load", "model", model, "need", need, "target", target)
-		if _, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom}, unloadMode{keepLoads: true, cause: CauseBudget}); eerr != nil {
+		_, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom, WaitForLeases: b.WaitForLeases},
+			unloadMode{keepLoads: true, cause: CauseBudget})
+		if eerr != nil {
 			c.log.Debug("making room failed", "model", model, "err", eerr)
 		}
 		if berr, err = c.checkBudget(ctx, b, model, est, need+pending); err != nil {
 			return nil, err
+		}
+		var re *RoomError
+		if berr != nil && errors.As(eerr, &re) {
+			berr.Kept, berr.RetryAfter = re.Kept, re.RetryAfter
 		}
 	}
 	if berr != nil {

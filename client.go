@@ -51,6 +51,7 @@ type OllamaClient struct {
 	releases  releaseList // ReleaseVRAM's functions (cleanup.go)
 	ps        *poller     // the /api/ps requests unloads share (poller.go)
 	admission admission   // Options.Budget's checks (admission.go)
+	leases    leases      // the host's lease directory and the leases this client holds (lease.go)
 	closing   closeState  // Close and Shutdown (client.go)
 }
 
@@ -404,6 +405,13 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 			return nil, err
 		}
 		spent = time.Since(start)
+	}
+	// A keep-alive of 0 would unload a model that a lease keeps, as soon
+	// as this request ends: the request leaves the keep-alive as it is
+	// instead, and the guard's cleanup sees the lease.
+	if keepAlive.IsUnload() && len(c.heldLeases(cl.model)) > 0 {
+		c.log.Debug("leased model: keep-alive left as the server has it", "model", cl.model)
+		keepAlive = KeepAliveServerDefault
 	}
 	// Options.Budget: a load is admitted before the request goes out.
 	admitted, err := c.admit(ctx, op, cl.model, cl.options)

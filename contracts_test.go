@@ -74,8 +74,10 @@ func TestClosedClientSendsNothing(t *testing.T) {
 			_, err := c.GenerateStreaming(t.Context(), req, vramguard.KeepAliveUnload, nil)
 			return err
 		},
-		"UnloadModel": func() error { _, err := c.UnloadModel(t.Context(), "a"); return err },
-		"UnloadAll":   func() error { _, err := c.UnloadAll(t.Context()); return err },
+		"UnloadModel":      func() error { _, err := c.UnloadModel(t.Context(), "a"); return err },
+		"ForceUnloadModel": func() error { _, err := c.ForceUnloadModel(t.Context(), "a"); return err },
+		"HoldModel":        func() error { _, err := c.HoldModel(t.Context(), "a", time.Minute); return err },
+		"UnloadAll":        func() error { _, err := c.UnloadAll(t.Context()); return err },
 		"Cleanup": func() error {
 			_, err := c.Cleanup(t.Context(), vramguard.CleanupOptions{AllModels: true, Release: true})
 			return err

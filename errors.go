@@ -36,6 +36,9 @@ const (
 	// ErrHeldByOthers, ...). Not retryable: the generation need not run
 	// again.
 	KindUnverified
+	// KindRefused: the call would undo another holder's claim, and was
+	// refused with nothing sent: UnloadModel of a leased model (ErrLeased).
+	KindRefused
 )
 
 var kindNames = [...]string{
@@ -51,6 +54,7 @@ var kindNames = [...]string{
 	KindInvalidInput: "invalid input",
 	KindInternal:     "internal",
 	KindUnverified:   "cleanup unverified",
+	KindRefused:      "refused",
 }
 
 // String returns the kind's name, as used in error messages.

@@ -272,6 +272,14 @@ type PhaseOptions struct {
 	// Timeout bounds each of End's steps (the wait for running uses, the
 	// unloads, the hand-over); zero means the client's CleanupTimeout.
 	Timeout time.Duration
+	// NoLease keeps the phase from taking a host-wide lease on each model
+	// it uses. By default it takes one (see OllamaClient.HoldModel), so
+	// that another client's or program's cleanup leaves the phase's models
+	// warm (the phase's own client, its budget included, is not kept); End
+	// releases them before it unloads. A lease that cannot be taken
+	// (leases off, the directory refused) is logged, and the phase goes on
+	// without it.
+	NoLease bool
 }
 
 // Phase is a scope for a run of LLM steps, such as the prompt stage of a
@@ -290,6 +298,7 @@ type Phase struct {
 
 	mu     sync.Mutex
 	models []string      // in order of first use
+	leases []*Lease      // one per model, unless NoLease
 	ended  bool          // End has begun: no new use
 	sealed bool          // End has stopped waiting for uses: no new generation
 	active int           // guarded uses running; End waits for them
@@ -389,6 +398,13 @@ func (p *Phase) enter(model string) (leave func(), err error) {
 	key := NormalizeModelName(model)
 	if !slices.ContainsFunc(p.models, func(m string) bool { return NormalizeModelName(m) == key }) {
 		p.models = append(p.models, model)
+		if !p.opts.NoLease && !p.c.opts.Leases.Off {
+			if l, err := p.c.hold("phase "+p.name, model, 0, "phase "+p.name); err == nil {
+				p.leases = append(p.leases, l)
+			} else {
+				p.c.log.Warn("phase runs without a lease", "phase", p.name, "model", model, "err", err)
+			}
+		}
 	}
 	p.active++
 	var once sync.Once
@@ -478,7 +494,14 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		p.mu.Lock()
 		p.sealed = true
 		models := slices.Clone(p.models)
+		leases := p.leases
+		p.leases = nil
 		p.mu.Unlock()
+		for _, l := range leases { // the phase's own leases must not keep its models
+			if err := l.Release(); err != nil {
+				errs = append(errs, newError("phase "+p.name, l.info.Model, KindInternal, fmt.Errorf("lease release: %w", err)))
+			}
+		}
 
 		rep := &PhaseReport{Name: p.name, Models: models}
 		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout, mode: unloadMode{keepLoads: true, cause: CausePhaseEnd}})

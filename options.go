@@ -143,6 +143,19 @@ type Options struct {
 	// client would cause (see Budget). Needs VRAM, unless
 	// Budget.OffWithoutGPU lets it switch itself off without one.
 	Budget *Budget
+
+	// Protected lists models this client never unloads to make room:
+	// EnsureFree, Budget.MakeRoom and UnloadAll leave them (a room-making
+	// call that would need one fails, naming it: a *RoomError wrapping
+	// ErrProtected). They are unloaded only when asked for by name:
+	// UnloadModel, Cleanup with Models, the cleanup of a guard or phase
+	// that used them, and Close for those this client left warm.
+	Protected []string
+
+	// Leases configures the host-wide leases every vramguard client
+	// honours (see OllamaClient.HoldModel). The zero value takes and
+	// honours them in the per-user default directory.
+	Leases LeaseOptions
 	// VerifyVRAM makes UnloadModel also wait until device free memory has
 	// risen after Ollama stopped listing the model. Needs VRAM.
 	VerifyVRAM bool
@@ -185,6 +198,11 @@ func (o Options) validate() error {
 	}
 	if o.Budget != nil && ((o.VRAM == nil && !o.Budget.OffWithoutGPU) || o.Budget.Device < 0) {
 		return invalid(op, "", "a budget needs a VRAM reader (or OffWithoutGPU) and a device index of 0 or more")
+	}
+	for _, m := range o.Protected {
+		if err := validModelName(op, m); err != nil {
+			return err
+		}
 	}
 	if o.VerifyVRAM && o.VRAM == nil {
 		return invalid(op, "", "VerifyVRAM needs a VRAM reader")

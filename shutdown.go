@@ -75,6 +75,8 @@ func (c *OllamaClient) Close() error { return c.Shutdown(context.Background()) }
 func (c *OllamaClient) shutdown() error {
 	warm, _ := c.book.close()
 	errs := []error{c.endPhases(true), c.tasks.join(context.Background(), true)}
+	// This client's own leases end first: they must not keep its models.
+	errs = append(errs, c.releaseLeases())
 	if !c.opts.KeepModelsOnClose && len(warm) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.CleanupTimeout)
 		_, err := c.unloadMany(ctx, warm, unloadMode{keepLoads: true, cause: CauseClose})

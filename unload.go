@@ -48,6 +48,13 @@ type UnloadReport struct {
 	NoRunnerCheck string
 	// Cause is the call that unloaded the model.
 	Cause UnloadCause
+	// Leased lists the leases that kept the model: it was left, nothing
+	// was sent, and Verified is false (for ForceUnloadModel: the leases
+	// it overrode). A guard's, a phase's or Close's cleanup that leaves a
+	// leased model is no failure.
+	Leased []LeaseInfo
+	// Protected: UnloadAll left the model, which Options.Protected names.
+	Protected bool
 	// RunnerSeen is true when a runner process for the model's weights was
 	// seen while /api/ps did not list the model: a load (another
 	// program's, or one of this client) was in progress, and the wait went
@@ -138,6 +145,10 @@ func (c Checks) String() string {
 // before the unload may appear afterwards, unless Options.SettleWindow
 // makes the unload watch /api/ps for longer than a load takes.
 //
+// A model a lease keeps (HoldModel, a phase of any vramguard client on the
+// host) is refused with KindRefused wrapping a *LeasedError (ErrLeased),
+// and nothing is sent; ForceUnloadModel overrides leases.
+//
 // The wait is bounded by ctx and Options.UnloadTimeout: on expiry the error
 // is KindTimeout (wrapping ErrStillResident); when ctx is done,
 // KindCanceled. A model the server does not know is KindNotFound. On a
@@ -149,7 +160,7 @@ func (c *OllamaClient) UnloadModel(ctx context.Context, model string) (*UnloadRe
 	if err := c.checkOpen("unload", model); err != nil {
 		return nil, err
 	}
-	return c.unloadModel(ctx, model, unloadMode{cause: CauseUnloadModel})
+	return c.unloadModel(ctx, model, unloadMode{cause: CauseUnloadModel, refuseLeased: true})
 }
 
 // unloadMode says how an unload treats requests it did not send. The zero
@@ -165,6 +176,11 @@ type unloadMode struct {
 	keepLoads bool
 	// cause is why the unload is sent, for the hooks and the report.
 	cause UnloadCause
+	// refuseLeased: a leased model fails the call with ErrLeased
+	// (UnloadModel); otherwise it is left, and the report says so.
+	refuseLeased bool
+	// force: leases are ignored (ForceUnloadModel).
+	force bool
 }
 
 // UnloadCause says which call of this client unloaded a model: it is
@@ -201,6 +217,9 @@ func (c *OllamaClient) heldGrace() time.Duration {
 // It is the driver of the state machine in unload_state.go: it performs
 // the actions the state asks for and feeds back what it saw.
 func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloadMode) (*UnloadReport, error) {
+	if rep, err, kept := c.leftLeased(model, mode); kept {
+		return rep, err
+	}
 	start := time.Now()
 	wctx, cancel := context.WithTimeoutCause(ctx, c.opts.UnloadTimeout,
 		fmt.Errorf("%w after %v", ErrStillResident, c.opts.UnloadTimeout))
@@ -510,8 +529,9 @@ func (c *OllamaClient) awaitRunnerGone(ctx context.Context, before *VRAMSnapshot
 // UnloadAll unloads, concurrently and verified, every model the server
 // lists and every model a generation of this client is loading (which the
 // server does not list yet; the generation is canceled, as by
-// UnloadModel). Reports are sorted by model name; the error joins every
-// failure.
+// UnloadModel). It leaves the models Options.Protected names (their
+// reports say Protected, nothing is sent) and the leased ones (Leased).
+// Reports are sorted by model name; the error joins every failure.
 // On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
 	if err := c.checkOpen("unload all", ""); err != nil {
@@ -522,16 +542,24 @@ func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
 		return nil, err
 	}
 	names := make([]string, 0, len(ms))
+	var left []UnloadReport
 	for _, m := range ms {
+		if c.isProtected(m.Model) {
+			left = append(left, UnloadReport{Model: m.Model, WasLoaded: true, Size: m.Size, SizeVRAM: m.SizeVRAM, Cause: CauseUnloadAll, Protected: true})
+			continue
+		}
 		names = append(names, m.Model)
 	}
 	// Models this client is loading are not listed yet.
 	for _, m := range c.book.loadingModels() {
-		if findRunning(ms, m) == nil {
+		if findRunning(ms, m) == nil && !c.isProtected(m) {
 			names = append(names, m)
 		}
 	}
-	return c.unloadMany(ctx, names, unloadMode{cause: CauseUnloadAll})
+	reps, err := c.unloadMany(ctx, names, unloadMode{cause: CauseUnloadAll})
+	reps = append(reps, left...)
+	slices.SortFunc(reps, func(a, b UnloadReport) int { return strings.Compare(a.Model, b.Model) })
+	return reps, err
 }
 
 // unloadMany unloads models concurrently and joins every failure (mode

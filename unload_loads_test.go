@@ -122,7 +122,8 @@ func TestOwnCleanupsKeepOtherLoads(t *testing.T) {
 			t.Fatal(err)
 		}
 		other := newTestClient(t, s, Options{})
-		if _, err := other.UnloadModel(t.Context(), "tiny"); err != nil {
+		// Forced: in the phase case the phase's lease keeps tiny.
+		if _, err := other.ForceUnloadModel(t.Context(), "tiny"); err != nil {
 			t.Fatal(err)
 		}
 		n := s.Requests("tiny")

@@ -30,11 +30,17 @@ type EnsureRequest struct {
 	// means only ctx bounds it. Both are passed to AwaitFree.
 	PollInterval time.Duration
 	Timeout      time.Duration
+	// WaitForLeases makes a call that leases keep from making room wait,
+	// under ctx, until they end (looking again every PollInterval),
+	// instead of failing at once with a *RoomError.
+	WaitForLeases bool
 }
 
 // EnsureReport says what EnsureFree did.
 type EnsureReport struct {
-	Evicted    []UnloadReport // models unloaded, verified
+	Evicted []UnloadReport // models unloaded, verified
+	// Kept are the listed models it left: Options.Protected, or leased.
+	Kept       []KeptModel
 	Release    *ReleaseReport
 	FreeBefore uint64 // free bytes on the device before (0 without a reader)
 	FreeAfter  uint64
@@ -60,6 +66,13 @@ func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeB
 // default), until the GPU itself reports the room. On failure the error is
 // that of AwaitFree (an *InsufficientVRAMError names who holds the memory)
 // or of the unloads.
+//
+// It never unloads a model Options.Protected names or a lease keeps (any
+// vramguard client's on the host): EnsureReport.Kept lists them. When the
+// room cannot be made without them it unloads nothing and fails with
+// KindOutOfMemory wrapping a *RoomError (ErrLeased, ErrProtected) that
+// names them, their holders and, for leases with an end, when to retry;
+// with req.WaitForLeases it waits for the leases instead.
 //
 // Without a VRAM reader it cannot measure. With req.AllModels it unloads
 // every listed model, other programs' included, runs ReleaseVRAM and
@@ -119,7 +132,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 		}
 	}
 
-	running, err := c.running(ctx)
+	running, err := c.roomToMake(ctx, req, mode, rep, need, interval)
 	if err != nil {
 		return rep, err
 	}

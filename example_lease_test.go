@@ -1,0 +1,100 @@
+package vramguard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/vramguardtest"
+)
+
+// A chat UI holds its model; an orchestrator on the same host (here in
+// the same process, the same in another) cannot unload it until the lease
+// ends, and learns who holds it. Real programs leave LeaseOptions.Dir
+// empty: the per-user default is shared by all of them.
+func ExampleOllamaClient_HoldModel() {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "llama3.2", Size: 2 << 30}}})
+	defer s.Close()
+	tmp, err := os.MkdirTemp("", "example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	opts := vramguard.Options{Host: s.URL().String(), Leases: vramguard.LeaseOptions{Dir: filepath.Join(tmp, "leases")}}
+	chatUI, err := vramguard.NewClient(opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer chatUI.Close()
+	orchestrator, err := vramguard.NewClient(opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer orchestrator.Close()
+
+	ctx := context.Background()
+	if _, err := chatUI.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "hi"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		log.Fatal(err)
+	}
+	lease, err := chatUI.HoldModel(ctx, "llama3.2", 10*time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = orchestrator.UnloadModel(ctx, "llama3.2")
+	var le *vramguard.LeasedError
+	fmt.Println(errors.Is(err, vramguard.ErrLeased), errors.As(err, &le) && le.Leases[0].PID == os.Getpid(), s.Listed("llama3.2"))
+
+	if err := lease.Release(); err != nil {
+		log.Fatal(err)
+	}
+	rep, err := orchestrator.UnloadModel(ctx, "llama3.2")
+	fmt.Println(err, rep.Verified, s.Listed("llama3.2"))
+	// Output:
+	// true true true
+	// <nil> true false
+}
+
+// Room-making never evicts what another program holds: when the room
+// cannot be made without it, nothing is unloaded and the refusal names
+// the holder and when the lease ends.
+func ExampleRoomError() {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
+	defer s.Close()
+	tmp, err := os.MkdirTemp("", "example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	leases := vramguard.LeaseOptions{Dir: filepath.Join(tmp, "leases")}
+	other, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), Leases: leases})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer other.Close()
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: s.GPU(), Leases: leases})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	ctx := context.Background()
+	if _, err := other.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "qwen3:8b", Prompt: "hi"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		log.Fatal(err)
+	}
+	lease, err := other.HoldModel(ctx, "qwen3:8b", time.Hour)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release()
+	_, err = c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 22 << 30}) // of 24 GiB
+	var re *vramguard.RoomError
+	if errors.As(err, &re) {
+		fmt.Println(errors.Is(err, vramguard.ErrLeased), re.Kept[0].Model, re.RetryAfter > 59*time.Minute, s.Listed("qwen3:8b"))
+	}
+	// Output: true qwen3:8b true true
+}

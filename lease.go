@@ -1,0 +1,426 @@
+package vramguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard/internal/lease"
+)
+
+// ErrLeased: a lease keeps the model: another program's, another client's
+// or a phase's (see OllamaClient.HoldModel). UnloadModel of a leased model
+// fails with it (KindRefused); every other unload leaves the model and
+// says so in UnloadReport.Leased.
+var ErrLeased = errors.New("model is leased")
+
+// ErrProtected: Options.Protected keeps the model out of room-making
+// (EnsureFree, Budget.MakeRoom, UnloadAll).
+var ErrProtected = errors.New("model is protected")
+
+// LeaseOptions configures host-wide leases (Options.Leases). The zero value
+// takes and honours leases in the per-user default directory.
+type LeaseOptions struct {
+	// Dir is the lease directory. Empty means $XDG_RUNTIME_DIR/vramguard/leases,
+	// else a directory under the temp dir made with mode 0700. A directory
+	// that another user owns, or that others may write, is refused: no
+	// lease is taken or honoured, and one WARN line says why.
+	Dir string
+	// Shared accepts a group-writable directory (mode 0770) and the leases
+	// of the other users of its group: set it, with the same Dir, in every
+	// program of users who share one GPU on purpose. Without it another
+	// user's leases are neither read nor honoured.
+	Shared bool
+	// Off makes this client neither take leases (its phases run without)
+	// nor honour other programs' leases.
+	Off bool
+}
+
+// LeaseInfo describes a lease, as every vramguard client on the host sees it.
+type LeaseInfo struct {
+	ID      string
+	Model   string
+	Server  string // the Ollama server, "host:port"
+	PID     int    // the holder's process
+	Program string // the holder's program name
+	Note    string // what holds it, e.g. "phase prompts"
+	Created time.Time
+	Until   time.Time // zero: until released, or until the holder exits
+}
+
+func (l LeaseInfo) String() string {
+	s := fmt.Sprintf("%s (pid %d", l.Program, l.PID)
+	if l.Note != "" {
+		s += ", " + l.Note
+	}
+	if !l.Until.IsZero() {
+		s += ", until " + l.Until.Format(time.TimeOnly)
+	}
+	return s + ")"
+}
+
+func infoOf(r lease.Record) LeaseInfo {
+	return LeaseInfo{ID: r.ID, Model: r.Model, Server: r.Server, PID: r.PID, Program: r.Program,
+		Note: r.Note, Created: r.Created, Until: r.Until}
+}
+
+// LeasedError is the cause of a refused UnloadModel: who holds the model.
+type LeasedError struct {
+	Model  string
+	Leases []LeaseInfo
+}
+
+func (e *LeasedError) Error() string {
+	ls := make([]string, len(e.Leases))
+	for i, l := range e.Leases {
+		ls[i] = l.String()
+	}
+	return fmt.Sprintf("%s is leased by %s", e.Model, strings.Join(ls, ", "))
+}
+
+// Unwrap returns ErrLeased.
+func (e *LeasedError) Unwrap() error { return ErrLeased }
+
+// KeptModel is a listed model that room-making left: protected by
+// Options.Protected, or leased.
+type KeptModel struct {
+	Model     string
+	SizeVRAM  int64 // as /api/ps lists it
+	Protected bool
+	Leases    []LeaseInfo
+}
+
+// RoomError is the cause of a room-making call that could not proceed
+// because the models that would have to go are kept (protected or
+// leased): nothing was unloaded. RetryAfter is the time until the earliest
+// of the leases ends, zero when none has an end (held until released, or
+// only protected models).
+type RoomError struct {
+	Device     int
+	Need, Free uint64 // bytes needed, and free at the last reading
+	Kept       []KeptModel
+	RetryAfter time.Duration
+}
+
+func (e *RoomError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "device %d needs %s, has %s free; kept:", e.Device, vramFormatBytes(e.Need), vramFormatBytes(e.Free))
+	for _, k := range e.Kept {
+		fmt.Fprintf(&b, " %s (%s", k.Model, vramFormatBytes(uint64(max(k.SizeVRAM, 0))))
+		if k.Protected {
+			b.WriteString(", protected")
+		}
+		for _, l := range k.Leases {
+			b.WriteString(", leased by " + l.String())
+		}
+		b.WriteString(")")
+	}
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, "; retry after %v", e.RetryAfter.Round(time.Millisecond))
+	}
+	return b.String()
+}
+
+// Unwrap returns ErrLeased and ErrProtected, as they apply.
+func (e *RoomError) Unwrap() []error {
+	var errs []error
+	if slices.ContainsFunc(e.Kept, func(k KeptModel) bool { return len(k.Leases) > 0 }) {
+		errs = append(errs, ErrLeased)
+	}
+	if slices.ContainsFunc(e.Kept, func(k KeptModel) bool { return k.Protected }) {
+		errs = append(errs, ErrProtected)
+	}
+	return errs
+}
+
+// retryAfter is the time from now until the earliest lease end among kept.
+func retryAfter(kept []KeptModel, now time.Time) time.Duration {
+	var first time.Time
+	for _, k := range kept {
+		for _, l := range k.Leases {
+			if !l.Until.IsZero() && (first.IsZero() || l.Until.Before(first)) {
+				first = l.Until
+			}
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return max(first.Sub(now), 0)
+}
+
+// leases is a client's view of the host's leases: the directory, opened
+// once, and the leases this client holds, released by Close.
+type leases struct {
+	once sync.Once
+	dir  *lease.Dir // nil when off or refused
+	err  error      // why dir is nil, when not off
+
+	mu   sync.Mutex
+	held map[*Lease]struct{}
+}
+
+// leaseDir opens the lease directory on first use; nil when leases are off
+// or the directory was refused (logged once).
+func (c *OllamaClient) leaseDir() (*lease.Dir, error) {
+	l := &c.leases
+	l.once.Do(func() {
+		if c.opts.Leases.Off {
+			return
+		}
+		l.dir, l.err = lease.Open(lease.Options{Dir: c.opts.Leases.Dir, Shared: c.opts.Leases.Shared, Logger: c.log})
+		if l.err != nil {
+			c.log.Warn("host-wide leases off: the lease directory is refused", "err", l.err)
+		}
+	})
+	return l.dir, l.err
+}
+
+// heldLeases returns the live leases on model at this client's server
+// that other holders have: this client's own leases (its phases', its
+// HoldModel's) keep other clients' unloads, not its own.
+func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
+	d, _ := c.leaseDir()
+	if d == nil {
+		return nil
+	}
+	rs, err := d.Live(lease.NormalizeServer(c.host), NormalizeModelName(model))
+	if err != nil {
+		c.log.Warn("leases not read", "model", model, "err", err)
+		return nil
+	}
+	var out []LeaseInfo
+	for _, r := range rs {
+		if !c.ownsLease(r.ID) {
+			out = append(out, infoOf(r))
+		}
+	}
+	return out
+}
+
+// ownsLease reports whether this client holds the lease id.
+func (c *OllamaClient) ownsLease(id string) bool {
+	c.leases.mu.Lock()
+	defer c.leases.mu.Unlock()
+	for l := range c.leases.held {
+		if l.info.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// isProtected reports whether Options.Protected names model.
+func (c *OllamaClient) isProtected(model string) bool {
+	key := NormalizeModelName(model)
+	return slices.ContainsFunc(c.opts.Protected, func(m string) bool { return NormalizeModelName(m) == key })
+}
+
+// Lease is a hold on a model that every other vramguard client on the
+// host honours: while it lasts, their unloads leave the model (UnloadModel
+// is refused with ErrLeased), and their room-making does not evict it. It
+// ends at Release, at its Until, when the client is closed, or when the
+// holding process exits, SIGKILL included (the operating system drops
+// its lock). A Lease is safe for concurrent use.
+type Lease struct {
+	c     *OllamaClient
+	held  *lease.Held
+	info  LeaseInfo
+	timer *time.Timer
+	once  sync.Once
+	err   error
+}
+
+// Info describes the lease.
+func (l *Lease) Info() LeaseInfo { return l.info }
+
+// Release ends the lease. It is idempotent; the first call's error is
+// returned by every call.
+func (l *Lease) Release() error {
+	l.once.Do(func() {
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+		l.err = l.held.Release()
+		l.c.leases.mu.Lock()
+		delete(l.c.leases.held, l)
+		l.c.leases.mu.Unlock()
+	})
+	return l.err
+}
+
+// HoldModel takes a host-wide lease on model at this client's server for
+// d (zero: until Release). It neither loads nor unloads the model: it
+// keeps every other vramguard client on the host, in this process or any
+// other, from unloading it while it lasts (ForceUnloadModel overrides it).
+// This client's own calls are not kept by its own leases: to keep a model
+// from this client's room-making, name it in Options.Protected.
+//
+// It fails with KindInvalidInput for a bad name or a negative d, with
+// ErrClosed on a closed client, and with KindUnavailable when leases are
+// off (LeaseOptions.Off) or the lease directory is refused.
+func (c *OllamaClient) HoldModel(ctx context.Context, model string, d time.Duration) (*Lease, error) {
+	const op = "hold"
+	if err := validModelName(op, model); err != nil {
+		return nil, err
+	}
+	if d < 0 {
+		return nil, invalid(op, model, "negative lease span %v", d)
+	}
+	if err := c.checkOpen(op, model); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, newError(op, model, KindCanceled, context.Cause(ctx))
+	}
+	return c.hold(op, model, d, "")
+}
+
+func (c *OllamaClient) hold(op, model string, d time.Duration, note string) (*Lease, error) {
+	dir, err := c.leaseDir()
+	if dir == nil {
+		if err == nil {
+			err = errors.New("leases are off (LeaseOptions.Off)")
+		}
+		return nil, newError(op, model, KindUnavailable, err)
+	}
+	r := lease.Record{Server: lease.NormalizeServer(c.host), Model: NormalizeModelName(model), Note: note}
+	if d > 0 {
+		r.Until = time.Now().Add(d)
+	}
+	h, err := dir.Acquire(r)
+	if err != nil {
+		return nil, newError(op, model, KindUnavailable, err)
+	}
+	l := &Lease{c: c, held: h, info: infoOf(h.Record())}
+	c.leases.mu.Lock()
+	if c.leases.held == nil {
+		c.leases.held = make(map[*Lease]struct{})
+	}
+	c.leases.held[l] = struct{}{}
+	c.leases.mu.Unlock()
+	if d > 0 {
+		l.timer = time.AfterFunc(d, func() { _ = l.Release() })
+	}
+	return l, nil
+}
+
+// releaseLeases ends every lease this client holds (Close).
+func (c *OllamaClient) releaseLeases() error {
+	c.leases.mu.Lock()
+	ls := make([]*Lease, 0, len(c.leases.held))
+	for l := range c.leases.held {
+		ls = append(ls, l)
+	}
+	c.leases.mu.Unlock()
+	var errs []error
+	for _, l := range ls {
+		if err := l.Release(); err != nil {
+			errs = append(errs, newError("close", l.info.Model, KindInternal, fmt.Errorf("lease release: %w", err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ForceUnloadModel is UnloadModel ignoring leases, this client's and other
+// programs': for an operator who must have the memory back. It says in
+// its report which leases it overrode.
+func (c *OllamaClient) ForceUnloadModel(ctx context.Context, model string) (*UnloadReport, error) {
+	if err := validModelName("unload", model); err != nil {
+		return nil, err
+	}
+	if err := c.checkOpen("unload", model); err != nil {
+		return nil, err
+	}
+	overridden := c.heldLeases(model)
+	rep, err := c.unloadModel(ctx, model, unloadMode{cause: CauseUnloadModel, force: true})
+	if rep != nil {
+		rep.Leased = overridden
+	}
+	return rep, err
+}
+
+// leftLeased is the start of every unload: a model a lease keeps is left
+// (kept true), with the report saying by whom; an explicit UnloadModel
+// (mode.refuseLeased) is refused with ErrLeased.
+func (c *OllamaClient) leftLeased(model string, mode unloadMode) (rep *UnloadReport, err error, kept bool) {
+	if mode.force {
+		return nil, nil, false
+	}
+	ls := c.heldLeases(model)
+	if len(ls) == 0 {
+		return nil, nil, false
+	}
+	rep = &UnloadReport{Model: model, Cause: mode.cause, Leased: ls}
+	c.log.Info("model left: leased", "model", model, "cause", mode.cause, "holder", ls[0].String())
+	if mode.refuseLeased {
+		return rep, newError("unload", model, KindRefused, &LeasedError{Model: model, Leases: ls}), true
+	}
+	return rep, nil, true
+}
+
+// splitKept divides listed models into those room-making may unload and
+// those it keeps (protected, or leased unless force).
+func (c *OllamaClient) splitKept(ms []api.ProcessModelResponse, force bool) (free []api.ProcessModelResponse, kept []KeptModel) {
+	for _, m := range ms {
+		k := KeptModel{Model: m.Model, SizeVRAM: m.SizeVRAM, Protected: c.isProtected(m.Model)}
+		if !force {
+			k.Leases = c.heldLeases(m.Model)
+		}
+		if k.Protected || len(k.Leases) > 0 {
+			kept = append(kept, k)
+			continue
+		}
+		free = append(free, m)
+	}
+	return free, kept
+}
+
+// roomToMake lists the models room-making may unload: every listed model
+// but those it keeps (rep.Kept). When the free memory and what the others
+// hold cannot reach need, it refuses with a *RoomError before anything is
+// unloaded, or, with req.WaitForLeases and a lease among the reasons,
+// looks again every interval, under ctx, until a lease ends.
+func (c *OllamaClient) roomToMake(ctx context.Context, req EnsureRequest, mode unloadMode, rep *EnsureReport, need uint64, interval time.Duration) ([]api.ProcessModelResponse, error) {
+	const op = "ensure free"
+	free := rep.FreeBefore
+	for {
+		running, err := c.running(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cands, kept := c.splitKept(running, mode.force)
+		rep.Kept = kept
+		if len(kept) == 0 || c.opts.VRAM == nil || enoughRoom(cands, free, need) {
+			return cands, nil
+		}
+		re := &RoomError{Device: req.Device, Need: need, Free: free, Kept: kept, RetryAfter: retryAfter(kept, time.Now())}
+		if !req.WaitForLeases || !errors.Is(re, ErrLeased) {
+			return nil, newError(op, "", KindOutOfMemory, re)
+		}
+		c.log.Debug("room-making waits for leases", "device", req.Device, "need", need, "kept", len(kept))
+		if err := sleepCtx(ctx, interval); err != nil {
+			return nil, newError(op, "", KindCanceled, errors.Join(err, re))
+		}
+		if snap, err := c.opts.VRAM.Snapshot(ctx); err == nil {
+			if d := snap.Device(req.Device); d != nil {
+				free = d.Free
+			}
+		}
+	}
+}
+
+// enoughRoom reports whether free bytes plus what the candidates hold on
+// the GPU (Ollama's size_vram) reach need.
+func enoughRoom(cands []api.ProcessModelResponse, free, need uint64) bool {
+	for _, m := range cands {
+		free += uint64(max(m.SizeVRAM, 0))
+	}
+	return free >= need
+}
