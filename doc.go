@@ -31,15 +31,25 @@
 //
 // "Cuts": the call cancels this client's own generations on the model that
 // have no chunk yet ([ErrUnloadedWhileLoading]); "waits": it lets them, and
-// other programs' requests, end first. Every unload is verified.
+// other programs' requests, end first. Every unload is verified. "Leased"
+// is what the call does with a model another client's lease keeps
+// ([OllamaClient.HoldModel], or a phase of any other vramguard client on
+// the host, in any process): "left" (the report's
+// Leased says by whom; no failure), "refused" ([ErrLeased], KindRefused) or
+// "kept" (room-making leaves it, and fails with a [RoomError] naming it
+// when the room cannot be made without it). Options.Protected models are
+// kept by the three room-making rows.
 //
-//	UnloadModel            the model                                cuts   waits
-//	UnloadAll              every model listed or this client loads  cuts   waits
-//	Cleanup(Async)         Models; with AllModels as UnloadAll      cuts   waits
-//	EnsureFree             largest Ollama models first, as needed   cuts   waits
-//	Guard, after use       its model, if a request went out         waits  ErrHeldByOthers
-//	Phase.End              every model the phase used               waits  waits
-//	Shutdown, Close        models left warm by this client          waits  waits
+//	call               unloads                                  own     others'          leased
+//	UnloadModel        the model                                cuts    waits            refused
+//	ForceUnloadModel   the model                                cuts    waits            overridden
+//	UnloadAll          every model listed or this client loads  cuts    waits            left (protected too)
+//	Cleanup(Async)     Models; with AllModels as UnloadAll      cuts    waits            left
+//	EnsureFree         largest Ollama models first, as needed   cuts    waits            kept (protected too)
+//	Budget.MakeRoom    as EnsureFree, before a load             waits   waits            kept (protected too)
+//	Guard, after use   its model, if a request went out         waits   ErrHeldByOthers  left
+//	Phase.End          every model the phase used               waits   waits            left (its own released)
+//	Shutdown, Close    models left warm by this client          waits   waits            left (its own released)
 //
 // # Lifecycle
 //
