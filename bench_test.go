@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -368,5 +369,46 @@ func BenchmarkUnloadRequest(b *testing.B) {
 				b.Fatal(err, resp.Status, r.Done)
 			}
 		}
+	})
+}
+
+// BenchmarkLeaseCheckPaired is issue #26's overhead target: a generation
+// with KeepAliveUnload (the guard's) looks for leases on its model before
+// it goes out; with no lease present that is one read of an empty lease
+// directory. Both clients stream the same fixture in every iteration, in
+// alternating order, one with leases off (the library before #26), one
+// with its own empty lease directory; ratio is on/off.
+func BenchmarkLeaseCheckPaired(b *testing.B) {
+	b.Run(fmt.Sprintf("chunks=%d", streamChunks), func(b *testing.B) {
+		u, hc := streamServer(b)
+		client := func(l vramguard.LeaseOptions) *vramguard.OllamaClient {
+			c, err := vramguard.NewClient(vramguard.Options{Host: u.String(), HTTPClient: hc, Leases: l})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = c.Close() })
+			return c
+		}
+		off := client(vramguard.LeaseOptions{Off: true})
+		on := client(vramguard.LeaseOptions{Dir: filepath.Join(b.TempDir(), "leases")})
+		var tOff, tOn time.Duration
+		timed := func(c *vramguard.OllamaClient) time.Duration {
+			runtime.GC()
+			start := time.Now()
+			streamVramguard(b, c)
+			return time.Since(start)
+		}
+		for i := 0; i < b.N; i++ {
+			if i%2 == 0 {
+				tOff += timed(off)
+				tOn += timed(on)
+			} else {
+				tOn += timed(on)
+				tOff += timed(off)
+			}
+		}
+		b.ReportMetric(float64(tOff.Nanoseconds())/float64(b.N), "off-ns/op")
+		b.ReportMetric(float64(tOn.Nanoseconds())/float64(b.N), "on-ns/op")
+		b.ReportMetric(float64(tOn)/float64(tOff), "ratio")
 	})
 }
