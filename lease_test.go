@@ -343,3 +343,67 @@ func leaseHolderMain(spec string) {
 	fmt.Println("leased")
 	select {}
 }
+
+// Phase.End, CleanupAsync and Close of another client leave a leased model,
+// with no failure; their reports (where they have one) name the lease.
+func TestLeaseLeftByEveryCleanup(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		do   func(t *testing.T, b *vramguard.OllamaClient) []vramguard.UnloadReport
+	}{
+		{"Phase.End", func(t *testing.T, b *vramguard.OllamaClient) []vramguard.UnloadReport {
+			p, err := b.StartPhase(t.Context(), "b", vramguard.PhaseOptions{NoLease: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := p.Guard()
+			if _, err := g.Generate(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, nil); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := p.End(t.Context())
+			if err != nil {
+				t.Fatalf("End: %v", err)
+			}
+			return rep.Cleanup.Unloads
+		}},
+		{"CleanupAsync", func(t *testing.T, b *vramguard.OllamaClient) []vramguard.UnloadReport {
+			rep, err := b.CleanupAsync(t.Context(), vramguard.CleanupOptions{Models: []string{"small"}}).Wait()
+			if err != nil {
+				t.Fatalf("CleanupAsync: %v", err)
+			}
+			return rep.Unloads
+		}},
+		{"Close", func(t *testing.T, b *vramguard.OllamaClient) []vramguard.UnloadReport {
+			warmModel(t, b, "small") // left warm: Close would unload it
+			if err := b.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			return nil
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := threeModelSim(t, vramguardtest.Config{})
+			dir := leaseDir(t)
+			a := leaseClient(t, s, dir, vramguard.Options{})
+			b := leaseClient(t, s, dir, vramguard.Options{})
+			warmModel(t, a, "small")
+			l, err := a.HoldModel(t.Context(), "small", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release()
+			reps := tt.do(t, b)
+			if !s.Listed("small") {
+				t.Fatal("the leased model was unloaded")
+			}
+			for _, r := range reps {
+				if len(r.Leased) != 1 || r.Leased[0].ID != l.Info().ID || r.Verified {
+					t.Errorf("report %+v, want the lease named and nothing verified", r)
+				}
+			}
+			if tt.name != "Close" && len(reps) != 1 {
+				t.Errorf("%d reports, want 1", len(reps))
+			}
+		})
+	}
+}
