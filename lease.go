@@ -26,6 +26,12 @@ var ErrProtected = errors.New("model is protected")
 
 // LeaseOptions configures host-wide leases (Options.Leases). The zero value
 // takes and honours leases in the per-user default directory.
+//
+// A lease names its server as "host:port" (localhost and 0.0.0.0 read as
+// 127.0.0.1, Ollama's port by default). A client built on a caller's own
+// api.Client without Options.Host cannot name its server: it cannot take
+// leases, and it honours every lease on a model of that name, whatever
+// the server.
 type LeaseOptions struct {
 	// Dir is the lease directory. Empty means $XDG_RUNTIME_DIR/vramguard/leases,
 	// else a directory under the temp dir made with mode 0700. A directory
