@@ -196,7 +196,8 @@ func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
 	if d == nil {
 		return nil
 	}
-	rs, err := d.Live(lease.NormalizeServer(c.host), NormalizeModelName(model))
+	// Without a host ("" for a caller's api.Client) every server's count.
+	rs, err := d.Live(c.host, NormalizeModelName(model))
 	if err != nil {
 		c.log.Warn("leases not read", "model", model, "err", err)
 		return nil
@@ -295,6 +296,9 @@ func (c *OllamaClient) hold(op, model string, d time.Duration, note string) (*Le
 			err = errors.New("leases are off (LeaseOptions.Off)")
 		}
 		return nil, newError(op, model, KindUnavailable, err)
+	}
+	if c.host == "" {
+		return nil, newError(op, model, KindUnavailable, errors.New("the client does not know its server's address (a caller's api.Client without Options.Host): a lease could not name it"))
 	}
 	r := lease.Record{Server: lease.NormalizeServer(c.host), Model: NormalizeModelName(model), Note: note}
 	if d > 0 {

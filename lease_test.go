@@ -407,3 +407,28 @@ func TestLeaseLeftByEveryCleanup(t *testing.T) {
 		})
 	}
 }
+
+// A client on a caller's own api.Client, with no host, cannot name its
+// server: it takes no lease, and honours every lease on the model.
+func TestLeaseWithoutAHost(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	dir := leaseDir(t)
+	a := leaseClient(t, s, dir, vramguard.Options{})
+	warmModel(t, a, "small")
+	l, err := a.HoldModel(t.Context(), "small", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	c, err := vramguard.NewClient(vramguard.Options{API: s.Client(), Leases: vramguard.LeaseOptions{Dir: dir}, PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.HoldModel(t.Context(), "small", 0); !errors.Is(err, vramguard.KindUnavailable) {
+		t.Errorf("HoldModel without a host: %v, want KindUnavailable", err)
+	}
+	if _, err := c.UnloadModel(t.Context(), "small"); !errors.Is(err, vramguard.ErrLeased) || !s.Listed("small") {
+		t.Errorf("UnloadModel without a host: %v, want the lease honoured", err)
+	}
+}
