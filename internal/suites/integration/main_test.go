@@ -19,6 +19,9 @@ import (
 var pool = ollamatest.NewPool(ollamatest.Options{})
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(leaseHolderEnv); spec != "" {
+		leaseHolderMain(spec) // TestLeasesAcrossProcesses's program A; never returns
+	}
 	goleak.VerifyTestMain(pool.Wrap(m))
 }
 
