@@ -400,10 +400,20 @@ func (c *OllamaClient) splitKept(ms []api.ProcessModelResponse, force bool) (fre
 func (c *OllamaClient) roomToMake(ctx context.Context, req EnsureRequest, mode unloadMode, rep *EnsureReport, need uint64, interval time.Duration) ([]api.ProcessModelResponse, error) {
 	const op = "ensure free"
 	free := rep.FreeBefore
+	var last *RoomError // set once it waits
 	for {
 		running, err := c.running(ctx)
-		if err != nil {
+		if err != nil && (last == nil || ctx.Err() != nil) {
 			return nil, err
+		}
+		if err != nil {
+			// A listing that fails while it waits (v0.17.4 answers 500
+			// during an unload) is looked at again at the next poll.
+			c.log.Debug("room-making: listing failed while waiting for leases", "err", err)
+			if err := sleepCtx(ctx, interval); err != nil {
+				return nil, newError(op, "", KindCanceled, errors.Join(err, last))
+			}
+			continue
 		}
 		cands, kept := c.splitKept(running, mode.force)
 		rep.Kept = kept
@@ -414,6 +424,7 @@ func (c *OllamaClient) roomToMake(ctx context.Context, req EnsureRequest, mode u
 		if !req.WaitForLeases || !errors.Is(re, ErrLeased) {
 			return nil, newError(op, "", KindOutOfMemory, re)
 		}
+		last = re
 		c.log.Debug("room-making waits for leases", "device", req.Device, "need", need, "kept", len(kept))
 		if err := sleepCtx(ctx, interval); err != nil {
 			return nil, newError(op, "", KindCanceled, errors.Join(err, re))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -430,5 +432,55 @@ func TestLeaseWithoutAHost(t *testing.T) {
 	}
 	if _, err := c.UnloadModel(t.Context(), "small"); !errors.Is(err, vramguard.ErrLeased) || !s.Listed("small") {
 		t.Errorf("UnloadModel without a host: %v, want the lease honoured", err)
+	}
+}
+
+// A listing that fails while EnsureFree waits for a lease (v0.17.4 can
+// answer /api/ps with 500 during an unload) does not end the wait: it
+// looks again at the next poll, and proceeds once the lease ends.
+func TestWaitForLeasesOutlivesAFailedListing(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	p, err := faultproxy.New(s.URL(), faultproxy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	dir := leaseDir(t)
+	// Both through the proxy: a lease names the server as its clients see it.
+	a, err := vramguard.NewClient(vramguard.Options{Host: p.URL().String(), Leases: vramguard.LeaseOptions{Dir: dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	const poll = 20 * time.Millisecond
+	b, err := vramguard.NewClient(vramguard.Options{Host: p.URL().String(), VRAM: s.GPU(), VRAMPollInterval: poll,
+		PollInterval: 5 * time.Millisecond, Leases: vramguard.LeaseOptions{Dir: dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	warmModel(t, a, "big")
+	l, err := a.HoldModel(t.Context(), "big", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib, WaitForLeases: true})
+		done <- err
+	}()
+	time.Sleep(3 * poll) // waiting by now
+	p.Push("/api/ps", faultproxy.RespondError(http.StatusInternalServerError, "something went wrong"))
+	time.Sleep(3 * poll)
+	select {
+	case err := <-done:
+		t.Fatalf("the wait ended at a failed listing: %v", err)
+	default:
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || s.Listed("big") {
+		t.Fatalf("after the release: %v (big listed %v)", err, s.Listed("big"))
 	}
 }
