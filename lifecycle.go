@@ -401,6 +401,9 @@ func (p *Phase) enter(model string) (leave func(), err error) {
 		if !p.opts.NoLease && !p.c.opts.Leases.Off {
 			if l, err := p.c.hold("phase "+p.name, model, 0, "phase "+p.name); err == nil {
 				p.leases = append(p.leases, l)
+			} else if _, derr := p.c.leaseDir(); derr != nil {
+				// The refused directory was logged once, at WARN.
+				p.c.log.Debug("phase runs without a lease", "phase", p.name, "model", model, "err", err)
 			} else {
 				p.c.log.Warn("phase runs without a lease", "phase", p.name, "model", model, "err", err)
 			}
