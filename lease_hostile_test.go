@@ -108,6 +108,20 @@ func TestHostileLeaseFiles(t *testing.T) {
 	if rep, err := u.UnloadModel(t.Context(), "small"); err != nil || !rep.Verified {
 		t.Fatalf("UnloadModel with a refused lease directory: %+v, %v", rep, err)
 	}
+	ph, err := u.StartPhase(t.Context(), "p", vramguard.PhaseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := ph.Guard()
+	if _, err := pg.Generate(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, nil); err != nil {
+		t.Fatalf("a phase with a refused lease directory: %v", err)
+	}
+	if _, err := ph.End(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 {
+		t.Errorf("%d WARN lines, want the one for the refused directory:\n%s", n, logs.String())
+	}
 	if n := strings.Count(logs.String(), "lease directory is refused"); n != 1 {
 		t.Errorf("%d WARN lines for the refused directory, want 1:\n%s", n, logs.String())
 	}
