@@ -45,8 +45,9 @@ func TestPhaseEndSeesOthersLoad(t *testing.T) {
 					t.Fatalf("the phase's generation: %v", err)
 				}
 				// The phase keeps modelA warm; take it away behind the
-				// phase's back, so the other program's request is a load.
-				if rep, err := u.UnloadModel(t.Context(), modelA); err != nil || !rep.Verified {
+				// phase's back, so the other program's request is a load
+				// (forced: the phase's lease keeps it from other clients).
+				if rep, err := u.ForceUnloadModel(t.Context(), modelA); err != nil || !rep.Verified {
 					t.Fatalf("UnloadModel before the race: %+v, %v", rep, err)
 				}
 				_, _ = otherLoad(t, s, u, blob)
