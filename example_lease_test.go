@@ -98,3 +98,61 @@ func ExampleRoomError() {
 	}
 	// Output: true qwen3:8b true true
 }
+
+// An operator who must have the memory back overrides another program's
+// lease; the report says whose lease it overrode.
+func ExampleOllamaClient_ForceUnloadModel() {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "llama3.2", Size: 2 << 30}}})
+	defer s.Close()
+	tmp, err := os.MkdirTemp("", "example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	opts := vramguard.Options{Host: s.URL().String(), Leases: vramguard.LeaseOptions{Dir: filepath.Join(tmp, "leases")}}
+	holder, err := vramguard.NewClient(opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer holder.Close()
+	operator, err := vramguard.NewClient(opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer operator.Close()
+
+	ctx := context.Background()
+	if _, err := holder.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "hi"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := holder.HoldModel(ctx, "llama3.2", 0); err != nil {
+		log.Fatal(err)
+	}
+	rep, err := operator.ForceUnloadModel(ctx, "llama3.2")
+	fmt.Println(err, rep.Verified, len(rep.Leased), s.Listed("llama3.2"))
+	// Output: <nil> true 1 false
+}
+
+// Options.Protected: a model this client never evicts to make room. A
+// room-making call that would need it fails, naming it; asked for by
+// name, it is unloaded.
+func ExampleOptions_protected() {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "embedder", Size: 20 << 30}}})
+	defer s.Close()
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: s.GPU(), Protected: []string{"embedder"}, Leases: vramguard.LeaseOptions{Off: true}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "embedder", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		log.Fatal(err)
+	}
+	_, err = c.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 10 << 30})
+	fmt.Println(errors.Is(err, vramguard.ErrProtected), s.Listed("embedder"))
+	rep, err := c.UnloadModel(ctx, "embedder")
+	fmt.Println(err, rep.Verified)
+	// Output:
+	// true true
+	// <nil> true
+}
