@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	. "github.com/vramguard/vramguard"
@@ -23,38 +22,9 @@ const (
 	blobC   = "sha256:" + runHexC
 )
 
-// pathCounter counts the requests a client sends, by path.
-type pathCounter struct {
-	mu    sync.Mutex
-	paths map[string]int
-}
-
-func (c *pathCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.mu.Lock()
-	if c.paths == nil {
-		c.paths = make(map[string]int)
-	}
-	c.paths[r.URL.Path]++
-	c.mu.Unlock()
-	return http.DefaultTransport.RoundTrip(r)
-}
-
-func (c *pathCounter) count(path string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if path == "" {
-		n := 0
-		for _, v := range c.paths {
-			n += v
-		}
-		return n
-	}
-	return c.paths[path]
-}
-
 // namingSim has: tiny (weights A, loaded), copy (weights A too, as `ollama
 // cp` makes), small (weights B, not loaded) and other (default weights).
-func namingSim(t *testing.T) (*vramguardtest.Server, *OllamaClient, *pathCounter) {
+func namingSim(t *testing.T) (*vramguardtest.Server, *OllamaClient, *countingTransport) {
 	t.Helper()
 	s := newSim(t, vramguardtest.Config{},
 		vramguardtest.ModelConfig{Name: "tiny", Blob: blobA},
@@ -67,7 +37,7 @@ func namingSim(t *testing.T) (*vramguardtest.Server, *OllamaClient, *pathCounter
 		func(api.GenerateResponse) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	tr := &pathCounter{}
+	tr := &countingTransport{next: http.DefaultTransport}
 	c := newTestClient(t, s, Options{HTTPClient: &http.Client{Transport: tr}, KeepModelsOnClose: true})
 	return s, c, tr
 }
@@ -118,11 +88,11 @@ func TestRunnersClosedClient(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	before := tr.count("")
+	before := tr.n.Load()
 	if _, err := c.ModelBlob(t.Context(), "tiny"); !errors.Is(err, KindUnavailable) || !errors.Is(err, ErrClosed) {
 		t.Errorf("ModelBlob on a closed client = %v", err)
 	}
-	if n := tr.count("") - before; n != 0 {
+	if n := tr.n.Load() - before; n != 0 {
 		t.Errorf("a closed client sent %d requests", n)
 	}
 }
