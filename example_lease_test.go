@@ -13,19 +13,26 @@ import (
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
-// A chat UI holds its model; an orchestrator on the same host (here in
-// the same process, the same in another) cannot unload it until the lease
-// ends, and learns who holds it. Real programs leave LeaseOptions.Dir
-// empty: the per-user default is shared by all of them.
-func ExampleOllamaClient_HoldModel() {
-	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "llama3.2", Size: 2 << 30}}})
-	defer s.Close()
+// sharedHost starts a fake Ollama with one model of size bytes, and a
+// lease directory of the example's own (real programs leave
+// LeaseOptions.Dir empty: the per-user default, shared by all of them);
+// stop removes both.
+func sharedHost(model string, size uint64) (*vramguardtest.Server, vramguard.LeaseOptions, func()) {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: model, Size: size}}})
 	tmp, err := os.MkdirTemp("", "example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(tmp)
-	opts := vramguard.Options{Host: s.URL().String(), Leases: vramguard.LeaseOptions{Dir: filepath.Join(tmp, "leases")}}
+	return s, vramguard.LeaseOptions{Dir: filepath.Join(tmp, "leases")}, func() { s.Close(); os.RemoveAll(tmp) }
+}
+
+// A chat UI holds its model; an orchestrator on the same host (here in
+// the same process, the same in another) cannot unload it until the lease
+// ends, and learns who holds it.
+func ExampleOllamaClient_HoldModel() {
+	s, leases, stop := sharedHost("llama3.2", 2<<30)
+	defer stop()
+	opts := vramguard.Options{Host: s.URL().String(), Leases: leases}
 	chatUI, err := vramguard.NewClient(opts)
 	if err != nil {
 		log.Fatal(err)
@@ -63,14 +70,8 @@ func ExampleOllamaClient_HoldModel() {
 // cannot be made without it, nothing is unloaded and the refusal names
 // the holder and when the lease ends.
 func ExampleRoomError() {
-	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "qwen3:8b", Size: 5 << 30}}})
-	defer s.Close()
-	tmp, err := os.MkdirTemp("", "example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(tmp)
-	leases := vramguard.LeaseOptions{Dir: filepath.Join(tmp, "leases")}
+	s, leases, stop := sharedHost("qwen3:8b", 5<<30)
+	defer stop()
 	other, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), Leases: leases})
 	if err != nil {
 		log.Fatal(err)
@@ -102,14 +103,9 @@ func ExampleRoomError() {
 // An operator who must have the memory back overrides another program's
 // lease; the report says whose lease it overrode.
 func ExampleOllamaClient_ForceUnloadModel() {
-	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "llama3.2", Size: 2 << 30}}})
-	defer s.Close()
-	tmp, err := os.MkdirTemp("", "example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(tmp)
-	opts := vramguard.Options{Host: s.URL().String(), Leases: vramguard.LeaseOptions{Dir: filepath.Join(tmp, "leases")}}
+	s, leases, stop := sharedHost("llama3.2", 2<<30)
+	defer stop()
+	opts := vramguard.Options{Host: s.URL().String(), Leases: leases}
 	holder, err := vramguard.NewClient(opts)
 	if err != nil {
 		log.Fatal(err)
