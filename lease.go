@@ -188,16 +188,19 @@ func (c *OllamaClient) leaseDir() (*lease.Dir, error) {
 	return l.dir, l.err
 }
 
-// heldLeases returns the live leases on model at this client's server
-// that other holders have: this client's own leases (its phases', its
-// HoldModel's) keep other clients' unloads, not its own.
+// heldLeases returns the live leases on model ("": on every model) at
+// this client's server that other holders have: this client's own leases
+// (its phases', its HoldModel's) keep other clients' unloads, not its own.
 func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
 	d, _ := c.leaseDir()
 	if d == nil {
 		return nil
 	}
 	// Without a host ("" for a caller's api.Client) every server's count.
-	rs, err := d.Live(c.host, NormalizeModelName(model))
+	if model != "" {
+		model = NormalizeModelName(model)
+	}
+	rs, err := d.Live(c.host, model)
 	if err != nil {
 		c.log.Warn("leases not read", "model", model, "err", err)
 		return nil
@@ -378,10 +381,17 @@ func (c *OllamaClient) leftLeased(model string, mode unloadMode) (rep *UnloadRep
 // splitKept divides listed models into those room-making may unload and
 // those it keeps (protected, or leased unless force).
 func (c *OllamaClient) splitKept(ms []api.ProcessModelResponse, force bool) (free []api.ProcessModelResponse, kept []KeptModel) {
+	var all []LeaseInfo // every model's, in one read of the directory
+	if !force && len(ms) > 0 {
+		all = c.heldLeases("")
+	}
 	for _, m := range ms {
 		k := KeptModel{Model: m.Model, SizeVRAM: m.SizeVRAM, Protected: c.isProtected(m.Model)}
-		if !force {
-			k.Leases = c.heldLeases(m.Model)
+		key := NormalizeModelName(m.Model)
+		for _, l := range all {
+			if l.Model == key {
+				k.Leases = append(k.Leases, l)
+			}
 		}
 		if k.Protected || len(k.Leases) > 0 {
 			kept = append(kept, k)
