@@ -188,6 +188,14 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		}
 	}
 	a.mu.Unlock()
+	ev := AdmissionEvent{Model: model, Device: b.Device, Start: time.Now()}
+	checked := true // a budget found off is no check
+	defer func() {
+		if checked {
+			ev.Elapsed, ev.Err = time.Since(ev.Start), err
+			hookCtx(c, c.opts.Hooks.OnAdmission, ctx, ev)
+		}
+	}()
 	numCtx := 0
 	if v, ok := options["num_ctx"]; ok {
 		if n, ok := optionInt(v); ok && n > 0 {
@@ -202,32 +210,18 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		return nil, newError(op, model, KindServer, fmt.Errorf("estimate of %d bytes", est.Total))
 	}
 	need := uint64(est.Total)
+	ev.Need = need
 	berr, err := c.checkBudget(ctx, b, model, est, need+pending)
 	if errors.Is(err, errBudgetOff) {
+		checked = false
 		return func() {}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
 	if berr != nil && b.MakeRoom {
-		target := need + pending
-		if b.MaxBytes > 0 && berr.Held+need+pending > b.MaxBytes {
-			// Unloading Ollama models lowers what they hold as much as
-			// it raises what is free.
-			target = max(target, berr.Free+(berr.Held+need+pending-b.MaxBytes))
-		}
-		c.log.Debug("making room for a load", "model", model, "need", need, "target", target)
-		_, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom, WaitForLeases: b.WaitForLeases},
-			unloadMode{keepLoads: true, cause: CauseBudget})
-		if eerr != nil {
-			c.log.Debug("making room failed", "model", model, "err", eerr)
-		}
-		if berr, err = c.checkBudget(ctx, b, model, est, need+pending); err != nil {
+		if berr, ev.MadeRoom, err = c.makeRoom(ctx, b, model, est, need+pending, berr); err != nil {
 			return nil, err
-		}
-		var re *RoomError
-		if berr != nil && errors.As(eerr, &re) {
-			berr.Kept, berr.RetryAfter = re.Kept, re.RetryAfter
 		}
 	}
 	if berr != nil {
@@ -280,4 +274,35 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 	e.Holders = slices.Clone(d.Processes)
 	vramSortHolders(e.Holders)
 	return e, nil
+}
+
+// makeRoom runs Budget.MakeRoom for a load of need bytes that berr
+// refused, and checks the budget again; madeRoom says whether a model was
+// unloaded, verified.
+func (c *OllamaClient) makeRoom(ctx context.Context, b *Budget, model string, est *ModelEstimate, need uint64, berr *BudgetError) (_ *BudgetError, madeRoom bool, err error) {
+	target := need
+	if b.MaxBytes > 0 && berr.Held+need > b.MaxBytes {
+		// Unloading Ollama models lowers what they hold as much as it
+		// raises what is free.
+		target = max(target, berr.Free+(berr.Held+need-b.MaxBytes))
+	}
+	c.log.Debug("making room for a load", "model", model, "need", need, "target", target)
+	erep, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom, WaitForLeases: b.WaitForLeases},
+		unloadMode{keepLoads: true, cause: CauseBudget})
+	if eerr != nil {
+		c.log.Debug("making room failed", "model", model, "err", eerr)
+	}
+	if erep != nil {
+		for _, r := range erep.Evicted {
+			madeRoom = madeRoom || r.Verified
+		}
+	}
+	if berr, err = c.checkBudget(ctx, b, model, est, need); err != nil {
+		return nil, madeRoom, err
+	}
+	var re *RoomError
+	if berr != nil && errors.As(eerr, &re) {
+		berr.Kept, berr.RetryAfter = re.Kept, re.RetryAfter
+	}
+	return berr, madeRoom, nil
 }

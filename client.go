@@ -51,6 +51,7 @@ type OllamaClient struct {
 	releases  releaseList // ReleaseVRAM's functions (cleanup.go)
 	ps        *poller     // the /api/ps requests unloads share (poller.go)
 	admission admission   // Options.Budget's checks (admission.go)
+	churn     churn       // why models loaded again (churn.go)
 	leases    leases      // the host's lease directory and the leases this client holds (lease.go)
 	closing   closeState  // Close and Shutdown (client.go)
 }
@@ -87,7 +88,7 @@ func NewClient(opts Options) (*OllamaClient, error) {
 			}
 			c.host = u.String()
 		}
-		c.ps = newPoller(c.api, opts)
+		c.ps = newPoller(c.api, opts, c.churn.listed)
 		return c, nil
 	}
 	if host == "" {
@@ -104,7 +105,7 @@ func NewClient(opts Options) (*OllamaClient, error) {
 	c.host = u.String()
 	c.base, c.hc = u, hc
 	c.api = api.NewClient(u, hc)
-	c.ps = newPoller(c.api, opts)
+	c.ps = newPoller(c.api, opts, c.churn.listed)
 	return c, nil
 }
 
@@ -226,8 +227,13 @@ type Generation struct {
 	// DroppedOptions lists, sorted, the request options the fallback did
 	// not apply (only with Options.FallbackDropOptions); nil otherwise.
 	DroppedOptions []string
-	FirstChunk     time.Duration // time to the first chunk
-	Elapsed        time.Duration
+	// Reload is set when this generation loaded a model that this client
+	// had used or unloaded within Options.ReloadWindow: it says why the
+	// model had left (see ReloadCause). Nil for a first load, a reuse and
+	// the CLI fallback.
+	Reload     *ReloadEvent
+	FirstChunk time.Duration // time to the first chunk
+	Elapsed    time.Duration
 }
 
 func validModelName(op, model string) error {
@@ -391,7 +397,20 @@ type piece struct {
 // run is the path every generation and chat takes: checks, admission,
 // the book's accounting, the stream, the offload check and the fallback.
 func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
+	h := &c.opts.Hooks
+	if h.OnCallStart == nil && h.OnCallEnd == nil {
+		return c.runCall(ctx, cl, keepAlive, fn)
+	}
+	cs := CallStart{Op: cl.op, Model: cl.model, Server: c.host, Start: time.Now()}
+	ctx = hookStart(c, h.OnCallStart, ctx, cs)
+	gen, err := c.runCall(ctx, cl, keepAlive, fn)
+	hookCtx(c, h.OnCallEnd, ctx, CallEnd{CallStart: cs, Elapsed: time.Since(cs.Start), Generation: gen, Err: err})
+	return gen, err
+}
+
+func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
 	op := cl.op
+	start := time.Now()
 	if err := keepAlive.validate(); err != nil {
 		return nil, newError(op, cl.model, KindInvalidInput, err)
 	}
@@ -440,9 +459,11 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 	}
 	if err != nil && nothingLoaded(err) {
 		c.book.unsent(f)
+		c.churn.refused(err, time.Now())
 	}
 	if err == nil {
 		c.reportLoad(gen)
+		c.noteLoad(ctx, gen, keepAlive, cl.options, start)
 		if gen.Loaded {
 			off := st.offload
 			if !st.checkOffload {

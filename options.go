@@ -2,6 +2,7 @@ package vramguard
 
 import (
 	"cmp"
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -26,6 +27,7 @@ const (
 	// (Ollama 0.17 checks a starting runner every 250 ms, so a load there
 	// reports either about 15-19 ms or a quarter second and more).
 	defaultLoadThreshold = 10 * time.Millisecond
+	defaultReloadWindow  = 10 * time.Minute
 	// defaultVRAMPollInterval is Ollama's own cadence while it waits for
 	// VRAM after an unload (an nvidia-smi snapshot starts two processes).
 	defaultVRAMPollInterval = 250 * time.Millisecond
@@ -112,6 +114,11 @@ type Options struct {
 	// counts as a load (Generation.Loaded, Hooks.OnLoad); zero means
 	// 10 ms (see DefaultOptions).
 	LoadThreshold time.Duration
+	// ReloadWindow is how long after this client last used or unloaded a
+	// model a new load of it is reported as a reload, with the reason the
+	// model had left (Generation.Reload, Hooks.OnReload, an INFO log line);
+	// zero means 10 minutes.
+	ReloadWindow time.Duration
 	// KeepModelsOnClose stops Close from unloading the models this client
 	// used with a keep-alive other than KeepAliveUnload.
 	KeepModelsOnClose bool
@@ -190,8 +197,8 @@ func (o Options) validate() error {
 	if err := o.Timeouts.validate(op); err != nil {
 		return err
 	}
-	if o.UnloadTimeout < 0 || o.PollInterval < 0 || o.SettleWindow < 0 || o.CleanupTimeout < 0 || o.LoadThreshold < 0 {
-		return invalid(op, "", "negative unload, poll, settle, cleanup or load-threshold duration")
+	if o.UnloadTimeout < 0 || o.PollInterval < 0 || o.SettleWindow < 0 || o.CleanupTimeout < 0 || o.LoadThreshold < 0 || o.ReloadWindow < 0 {
+		return invalid(op, "", "negative unload, poll, settle, cleanup, load-threshold or reload-window duration")
 	}
 	if ut := cmp.Or(o.UnloadTimeout, defaultUnloadTimeout); o.SettleWindow >= ut {
 		return invalid(op, "", "settle window %v is not shorter than the unload timeout %v", o.SettleWindow, ut)
@@ -217,7 +224,7 @@ func (o Options) validate() error {
 // left zero: Host (http://127.0.0.1:11434), Timeouts (2 min to the first
 // chunk, 30 s idle, 10 min in all), UnloadTimeout (30 s), PollInterval
 // (50 ms), VRAMPollInterval (250 ms), CleanupTimeout (1 min) and
-// LoadThreshold (10 ms). The other fields are zero: no VRAM reader, no
+// LoadThreshold (10 ms) and ReloadWindow (10 min). The other fields are zero: no VRAM reader, no
 // budget, no hooks, no logger (NewClient discards the logs).
 func DefaultOptions() Options {
 	o := Options{Host: defaultHost}
@@ -247,6 +254,9 @@ func (o *Options) setDefaults() {
 	if o.LoadThreshold == 0 {
 		o.LoadThreshold = defaultLoadThreshold
 	}
+	if o.ReloadWindow == 0 {
+		o.ReloadWindow = defaultReloadWindow
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -273,12 +283,39 @@ type Hooks struct {
 	// OnFallback: the subprocess fallback is about to run after a failed
 	// generation (Model, Err).
 	OnFallback func(ModelEvent)
-	// OnVRAMWait: a wait for free device memory ended (see EnsureFree).
-	OnVRAMWait func(VRAMWaitEvent)
+	// OnVRAMWait: a wait for free device memory ended (see EnsureFree),
+	// with the context of the call that waited.
+	OnVRAMWait func(context.Context, VRAMWaitEvent)
 	// OnOffload: a generation's load put the model partly on the CPU
 	// (Model, Size, SizeVRAM), once per such generation; with
 	// Options.FailOnOffload, before the call fails. See Generation.Offload.
 	OnOffload func(ModelEvent)
+
+	// The hooks below carry the context of the call they describe; they
+	// are what the tracing and metrics adapters (vramotel, vramprom) are
+	// built on. Join several with JoinHooks.
+
+	// OnCallStart: a generation or chat begins. The context it returns
+	// (nil: ctx) is the one the call runs under, so that what the call
+	// does (admission, waits, its guard's unloads) and OnCallEnd see it:
+	// a span, for instance.
+	OnCallStart func(context.Context, CallStart) context.Context
+	// OnCallEnd: the call ended, with its Generation or its failure.
+	OnCallEnd func(context.Context, CallEnd)
+	// OnUnloadStart: an unload begins (every cause: UnloadModel, guards,
+	// phases, cleanups, evictions). The context it returns (nil: ctx) is
+	// the one OnUnloadEnd receives.
+	OnUnloadStart func(context.Context, UnloadStart) context.Context
+	// OnUnloadEnd: the unload ended, verified or not, or left because a
+	// lease keeps the model.
+	OnUnloadEnd func(context.Context, UnloadEnd)
+	// OnAdmission: Options.Budget admitted or refused a load.
+	OnAdmission func(context.Context, AdmissionEvent)
+	// OnReload: a generation loaded a model this client had used within
+	// Options.ReloadWindow; the event says why the model had left (see
+	// ReloadCause). It runs before OnCallEnd; Generation.Reload is the
+	// same event.
+	OnReload func(context.Context, ReloadEvent)
 }
 
 // ModelEvent is what a hook is told about a model; each hook says which

@@ -19,6 +19,7 @@ type poller struct {
 	interval time.Duration
 	timeout  time.Duration // bounds one shared request
 	group    singleflight.Group
+	seen     func(listing) // told every listing read (the churn record); nil: none
 
 	mu      sync.Mutex
 	last    listing       // the latest completed request
@@ -26,8 +27,8 @@ type poller struct {
 	idle    chan struct{} // closed when running drops to zero; nil when none waits
 }
 
-func newPoller(a *api.Client, opts Options) *poller {
-	return &poller{list: a.ListRunning, interval: opts.PollInterval, timeout: opts.UnloadTimeout}
+func newPoller(a *api.Client, opts Options, seen func(listing)) *poller {
+	return &poller{list: a.ListRunning, interval: opts.PollInterval, timeout: opts.UnloadTimeout, seen: seen}
 }
 
 // listing is one /api/ps reply and when its request went out.
@@ -92,6 +93,9 @@ func (p *poller) fetch() (any, error) {
 	defer cancel()
 	l := listing{sent: time.Now()}
 	l.resp, l.err = p.list(ctx)
+	if p.seen != nil {
+		p.seen(l)
+	}
 	p.mu.Lock()
 	if l.sent.After(p.last.sent) {
 		p.last = l

@@ -217,6 +217,22 @@ func (c *OllamaClient) heldGrace() time.Duration {
 // It is the driver of the state machine in unload_state.go: it performs
 // the actions the state asks for and feeds back what it saw.
 func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloadMode) (*UnloadReport, error) {
+	h := &c.opts.Hooks
+	if h.OnUnloadStart == nil && h.OnUnloadEnd == nil {
+		return c.unloadVerified(ctx, model, mode)
+	}
+	us := UnloadStart{Model: model, Server: c.host, Cause: mode.cause, Start: time.Now()}
+	hctx := hookStart(c, h.OnUnloadStart, ctx, us)
+	rep, err := c.unloadVerified(hctx, model, mode)
+	end := UnloadEnd{UnloadStart: us, Report: rep, Err: err}
+	if rep == nil {
+		end.Report = &UnloadReport{Model: model, Cause: mode.cause}
+	}
+	hookCtx(c, h.OnUnloadEnd, hctx, end)
+	return rep, err
+}
+
+func (c *OllamaClient) unloadVerified(ctx context.Context, model string, mode unloadMode) (*UnloadReport, error) {
 	if rep, err, kept := c.leftLeased(model, mode); kept {
 		return rep, err
 	}
@@ -449,6 +465,9 @@ func (u *unload) verdict() (*UnloadReport, error) {
 	rep.Checked = s.checks
 	rep.Verified = true
 	c.book.forget(u.model, u.begun)
+	if rep.WasLoaded {
+		c.churn.unloaded(u.model, rep.Cause, time.Now())
+	}
 	c.log.Debug("eviction verified", "model", u.model, "was_loaded", rep.WasLoaded,
 		"attempts", rep.Attempts, "elapsed", rep.Elapsed)
 	hook(c, c.opts.Hooks.OnEvictionVerified, *rep)

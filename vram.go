@@ -1,7 +1,10 @@
 package vramguard
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"slices"
 	"time"
 )
 
@@ -125,3 +128,61 @@ type GPUProcess struct {
 const MaxBytes = 1 << 50
 
 const maxBytes = MaxBytes
+
+// HolderKind says what holds a share of a device's memory.
+type HolderKind string
+
+// The holders of device memory.
+const (
+	HolderRunner       HolderKind = "runner"       // an Ollama runner: its model
+	HolderOther        HolderKind = "other"        // another process (an Ollama server's own share included)
+	HolderUnattributed HolderKind = "unattributed" // used, but by no process the driver lists with its memory
+	HolderFree         HolderKind = "free"
+)
+
+// MemoryHolder is one share of a device's memory.
+type MemoryHolder struct {
+	Kind HolderKind
+	// Name is the runner's model (its weights blob, or "pid N", when the
+	// model is not known), or the other process's command ("pid N" when
+	// it is not visible); "" for HolderUnattributed and HolderFree.
+	Name  string
+	PID   uint32
+	Bytes uint64
+}
+
+// Holders splits the device's memory by holder, for metrics and answers
+// to "who holds the rest": runners by model, then other processes, most
+// memory first, then what no listed process accounts for, then the free
+// memory. Processes whose memory the driver does not report are left out
+// (their memory is in the unattributed share); the shares add up to
+// Total when the driver's Used and Free do.
+func (d DeviceMemory) Holders() []MemoryHolder {
+	ps := slices.Clone(d.Processes)
+	vramSortHolders(ps)
+	var out, others []MemoryHolder
+	var known uint64
+	for _, p := range ps {
+		if !d.ProcessesKnown || !p.UsedKnown {
+			continue
+		}
+		known += p.UsedBytes
+		h := MemoryHolder{Kind: HolderOther, Name: p.Command, PID: p.PID, Bytes: p.UsedBytes}
+		if p.Role == RoleOllamaRunner {
+			h.Kind, h.Name = HolderRunner, cmp.Or(p.Model, p.Blob)
+		}
+		if h.Name == "" {
+			h.Name = fmt.Sprintf("pid %d", p.PID)
+		}
+		if h.Kind == HolderRunner {
+			out = append(out, h)
+		} else {
+			others = append(others, h)
+		}
+	}
+	out = append(out, others...)
+	if d.Used > known {
+		out = append(out, MemoryHolder{Kind: HolderUnattributed, Bytes: d.Used - known})
+	}
+	return append(out, MemoryHolder{Kind: HolderFree, Bytes: d.Free})
+}

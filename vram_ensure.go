@@ -166,7 +166,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 				rep.FreeAfter, ev.Free = d.Free, d.Free
 			}
 		}
-		hook(c, c.opts.Hooks.OnVRAMWait, ev)
+		hookCtx(c, c.opts.Hooks.OnVRAMWait, ctx, ev)
 		if err != nil {
 			errs = append(errs, err)
 		}

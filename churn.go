@@ -1,0 +1,276 @@
+package vramguard
+
+// The reload-churn report: when a model loads again soon after it left,
+// why it had left.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/vramguard/vramguard/internal/procs"
+)
+
+// ReloadCause says why a model that loaded again had left the server.
+type ReloadCause string
+
+// The causes of a reload, in the order they are tested: the first that
+// the client's own record supports is the one reported.
+const (
+	// ReloadUnloaded: this client unloaded the model (ReloadEvent.Unload
+	// names the call) other than to make room.
+	ReloadUnloaded ReloadCause = "unloaded by this client"
+	// ReloadEvicted: this client's budget (Budget.MakeRoom) evicted the
+	// model to admit another.
+	ReloadEvicted ReloadCause = "evicted by this client's budget"
+	// ReloadContextChanged: the request asked for another context size
+	// (num_ctx) than the load before it; Ollama loads the model again for
+	// that, resident or not.
+	ReloadContextChanged ReloadCause = "context size changed"
+	// ReloadRestarted: the server restarted since the model's last use:
+	// a runner of another `ollama serve` process serves it now, or the
+	// server refused a connection in between.
+	ReloadRestarted ReloadCause = "server restarted"
+	// ReloadExpired: the model's keep-alive ran out before the load
+	// (ReloadEvent.KeepAlive says which one); a keep-alive of 0
+	// (KeepAliveUnload) runs out when the request ends.
+	ReloadExpired ReloadCause = "keep-alive expired"
+	// ReloadForeign: the model left while its keep-alive still ran and
+	// this client did not unload it: another program unloaded it, or the
+	// server evicted it to load another program's model.
+	ReloadForeign ReloadCause = "unloaded or evicted by another program"
+)
+
+// ReloadEvent says why a model loaded again (Generation.Reload,
+// Hooks.OnReload).
+type ReloadEvent struct {
+	Model string
+	Cause ReloadCause
+	// Since is the time from this client's last use of the model (or its
+	// unload, when that came later) to this load's request.
+	Since time.Duration
+	// Unload is the call of this client that unloaded the model, for
+	// ReloadUnloaded and ReloadEvicted.
+	Unload UnloadCause
+	// KeepAlive is the keep-alive the last use left the model with, for
+	// ReloadExpired and ReloadForeign: the one the request sent, else
+	// the expiry /api/ps listed after it, else Ollama's default of 5
+	// minutes (Evidence says which).
+	KeepAlive time.Duration
+	// NumCtx and PrevNumCtx are the context sizes this load and the one
+	// before it asked for (0: the server's default).
+	NumCtx, PrevNumCtx int
+	// Evidence says what the cause rests on, in words.
+	Evidence string
+}
+
+// ollamaDefaultKeepAlive is the keep-alive of a server started without
+// OLLAMA_KEEP_ALIVE.
+const ollamaDefaultKeepAlive = 5 * time.Minute
+
+// churn is the record the report is made from: per model, this client's
+// last use, its keep-alive and context size, its own last unload and the
+// server that served it; and when the server last refused a connection.
+type churn struct {
+	mu     sync.Mutex
+	models map[string]*churnModel
+	downAt time.Time // the last refused connection
+}
+
+type churnModel struct {
+	lastUse   time.Time // the end of the last successful call
+	keepAlive KeepAlive // what that call sent
+	expires   time.Time // the expiry /api/ps listed after lastUse; zero: none seen
+	loaded    bool      // a load of this client was recorded (numCtx is known)
+	numCtx    int       // what the last load asked for
+	server    int       // pid of the `ollama serve` whose runner served the last load; 0: unknown
+	unloadAt  time.Time // this client's last verified unload after lastUse
+	unload    UnloadCause
+}
+
+func (ch *churn) model(key string) *churnModel {
+	if ch.models == nil {
+		ch.models = make(map[string]*churnModel)
+	}
+	m := ch.models[key]
+	if m == nil {
+		m = &churnModel{}
+		ch.models[key] = m
+	}
+	return m
+}
+
+// unloaded records a verified unload of this client.
+func (ch *churn) unloaded(model string, cause UnloadCause, at time.Time) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	m := ch.model(NormalizeModelName(model))
+	m.unloadAt, m.unload = at, cause
+}
+
+// refused records a connection the server refused.
+func (ch *churn) refused(err error, at time.Time) {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "dial" {
+		return
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if at.After(ch.downAt) {
+		ch.downAt = at
+	}
+}
+
+// listed records the expiries an /api/ps listing shows.
+func (ch *churn) listed(l listing) {
+	if l.err != nil {
+		ch.refused(l.err, l.sent)
+		return
+	}
+	if l.resp == nil {
+		return
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	for _, r := range l.resp.Models {
+		m := ch.models[NormalizeModelName(r.Model)]
+		if m != nil && !m.lastUse.IsZero() && l.sent.After(m.lastUse) && !r.ExpiresAt.IsZero() {
+			m.expires = r.ExpiresAt
+		}
+	}
+}
+
+// used records a successful call that did not load its model.
+func (ch *churn) used(model string, ka KeepAlive, at time.Time) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	m := ch.model(NormalizeModelName(model))
+	m.lastUse, m.keepAlive, m.expires = at, ka, time.Time{}
+	m.unloadAt, m.unload = time.Time{}, ""
+}
+
+// loadedAgain records a load that began at start and ended at end, and
+// returns why the model had left, or nil when this client had not used
+// it within window. server is the pid of the server that serves it now
+// (0: unknown).
+func (ch *churn) loadedAgain(model string, ka KeepAlive, numCtx, server int, start, end time.Time, window time.Duration) *ReloadEvent {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	m := ch.model(NormalizeModelName(model))
+	prev := *m
+	downAt := ch.downAt
+	*m = churnModel{lastUse: end, keepAlive: ka, loaded: true, numCtx: numCtx, server: server}
+	ref := prev.lastUse
+	if prev.unloadAt.After(ref) {
+		ref = prev.unloadAt
+	}
+	if ref.IsZero() || start.Sub(ref) > window {
+		return nil
+	}
+	ev := &ReloadEvent{Model: model, Since: max(0, start.Sub(ref)), NumCtx: numCtx}
+	if prev.loaded {
+		ev.PrevNumCtx = prev.numCtx
+	}
+	switch {
+	case !prev.unloadAt.IsZero() && prev.unload == CauseBudget:
+		ev.Cause, ev.Unload = ReloadEvicted, prev.unload
+		ev.Evidence = "this client's budget unloaded it, verified"
+	case !prev.unloadAt.IsZero():
+		ev.Cause, ev.Unload = ReloadUnloaded, prev.unload
+		ev.Evidence = fmt.Sprintf("this client unloaded it (%s), verified", prev.unload)
+	case prev.loaded && prev.numCtx != numCtx:
+		ev.Cause = ReloadContextChanged
+		ev.Evidence = fmt.Sprintf("num_ctx %s, the load before %s", ctxWords(numCtx), ctxWords(prev.numCtx))
+	case prev.server != 0 && server != 0 && prev.server != server:
+		ev.Cause = ReloadRestarted
+		ev.Evidence = fmt.Sprintf("its runner's server was pid %d, now pid %d", prev.server, server)
+	case !prev.lastUse.IsZero() && downAt.After(prev.lastUse):
+		ev.Cause = ReloadRestarted
+		ev.Evidence = fmt.Sprintf("the server refused a connection %v after the last use", downAt.Sub(prev.lastUse).Round(time.Millisecond))
+	default:
+		d, how := keepAliveOf(prev)
+		ev.KeepAlive = d
+		if d >= 0 && !start.Before(prev.lastUse.Add(d)) {
+			ev.Cause = ReloadExpired
+			ev.Evidence = how + "; expired before this request"
+		} else {
+			ev.Cause = ReloadForeign
+			ev.Evidence = how + "; still running when the model left"
+		}
+	}
+	return ev
+}
+
+// keepAliveOf is the keep-alive a model was left with (-1: forever) and
+// where that figure comes from.
+func keepAliveOf(m churnModel) (time.Duration, string) {
+	if d, ok := m.keepAlive.Duration(); ok {
+		return d, fmt.Sprintf("keep-alive %s sent with the last request", m.keepAlive)
+	}
+	if !m.expires.IsZero() {
+		return max(0, m.expires.Sub(m.lastUse).Round(time.Second)), "expiry listed by /api/ps after the last request"
+	}
+	return ollamaDefaultKeepAlive, "server's keep-alive not seen, Ollama's default of 5m assumed"
+}
+
+func ctxWords(n int) string {
+	if n == 0 {
+		return "the server's default"
+	}
+	return fmt.Sprint(n)
+}
+
+// noteLoad feeds a successful call to the churn record: a load returns the
+// reload event, if any, which is logged and hooked here.
+func (c *OllamaClient) noteLoad(ctx context.Context, gen *Generation, ka KeepAlive, options map[string]any, start time.Time) {
+	end := time.Now()
+	if !gen.Loaded {
+		c.churn.used(gen.Model, ka, end)
+		return
+	}
+	numCtx := 0
+	if v, ok := options["num_ctx"]; ok {
+		if n, ok := optionInt(v); ok && n > 0 {
+			numCtx = n
+		}
+	}
+	ev := c.churn.loadedAgain(gen.Model, ka, numCtx, c.servingServer(ctx, gen.Model), start, end, c.opts.ReloadWindow)
+	if ev == nil {
+		return
+	}
+	gen.Reload = ev
+	c.log.Info("model loaded again", "model", ev.Model, "cause", string(ev.Cause), "since", ev.Since.Round(time.Millisecond), "evidence", ev.Evidence)
+	hookCtx(c, c.opts.Hooks.OnReload, ctx, *ev)
+}
+
+// servingServer is the pid of the `ollama serve` whose runner serves the
+// model's weights on this machine, or 0 when that cannot be told (a
+// remote server, a runner gone already, no procfs).
+func (c *OllamaClient) servingServer(ctx context.Context, model string) int {
+	if !isLocalHost(c.host) {
+		return 0
+	}
+	path, blob, err := c.modelWeights(ctx, model)
+	if err != nil || blob == "" {
+		return 0
+	}
+	rs, err := procs.RunnersFor(c.procRoot, blob)
+	if err != nil {
+		return 0
+	}
+	pid := 0
+	for _, r := range rs {
+		if r.ServerPID == 0 || (filepath.IsAbs(path) && filepath.IsAbs(r.ModelPath) && filepath.Clean(r.ModelPath) != filepath.Clean(path)) {
+			continue
+		}
+		if pid != 0 && pid != r.ServerPID {
+			return 0 // two servers run it: which one is this client's is not known
+		}
+		pid = r.ServerPID
+	}
+	return pid
+}

@@ -1,0 +1,200 @@
+package vramguard
+
+// The hooks that carry a context: what tracing and metrics adapters
+// (vramotel, vramprom) are built on, and JoinHooks, which lets several of
+// them watch one client.
+
+import (
+	"context"
+	"time"
+)
+
+// CallStart is what Hooks.OnCallStart is told: a generation or a chat
+// begins.
+type CallStart struct {
+	Op     string // "generate" or "chat"
+	Model  string // as the caller named it
+	Server string // the client's Ollama server, as Options.Host names it
+	Start  time.Time
+}
+
+// CallEnd is what Hooks.OnCallEnd is told: the call ended. Generation is
+// nil when Err is not.
+type CallEnd struct {
+	CallStart
+	Elapsed    time.Duration
+	Generation *Generation
+	Err        error
+}
+
+// UnloadStart is what Hooks.OnUnloadStart is told: an unload of Model
+// begins, sent by the call Cause names.
+type UnloadStart struct {
+	Model  string
+	Server string
+	Cause  UnloadCause
+	Start  time.Time
+}
+
+// UnloadEnd is what Hooks.OnUnloadEnd is told: the unload ended. Report is
+// never nil; Err is the unload's failure (a model left because a lease
+// keeps it is no failure of a cleanup: Report.Leased says so).
+type UnloadEnd struct {
+	UnloadStart
+	Report *UnloadReport
+	Err    error
+}
+
+// AdmissionEvent is what Hooks.OnAdmission is told: Options.Budget checked
+// a load against the device's memory (a model already listed, or a budget
+// that is off, is no check). Err is nil when the load was admitted, else
+// an *Error of KindOutOfMemory wrapping the *BudgetError, or the failure
+// that stopped the check.
+type AdmissionEvent struct {
+	Model  string
+	Device int
+	// Need is the model's estimate, in bytes (0 when the estimate
+	// failed).
+	Need     uint64
+	Start    time.Time
+	Elapsed  time.Duration
+	MadeRoom bool // Budget.MakeRoom unloaded models to make room
+	Err      error
+}
+
+// JoinHooks returns Hooks that call each of hs in order, so that a tracing
+// adapter, a metrics adapter and a program's own hooks can watch one
+// client. The context an OnCallStart or OnUnloadStart returns is the one
+// the next hook receives; each one's end hook gets the context its own
+// start hook returned. A panicking hook is recovered and logged as usual
+// and does not stop the ones after it.
+func JoinHooks(hs ...Hooks) Hooks {
+	var j Hooks
+	for _, h := range hs {
+		j.OnLoad = join1(j.OnLoad, h.OnLoad)
+		j.OnAdmit = join1(j.OnAdmit, h.OnAdmit)
+		j.OnReuse = join1(j.OnReuse, h.OnReuse)
+		j.OnUnloadRequested = join1(j.OnUnloadRequested, h.OnUnloadRequested)
+		j.OnEvictionVerified = join1(j.OnEvictionVerified, h.OnEvictionVerified)
+		j.OnCleanupFailed = join1(j.OnCleanupFailed, h.OnCleanupFailed)
+		j.OnFallback = join1(j.OnFallback, h.OnFallback)
+		j.OnOffload = join1(j.OnOffload, h.OnOffload)
+		j.OnVRAMWait = join2(j.OnVRAMWait, h.OnVRAMWait)
+		j.OnAdmission = join2(j.OnAdmission, h.OnAdmission)
+		j.OnReload = join2(j.OnReload, h.OnReload)
+		j.OnCallStart, j.OnCallEnd = joinPair(j.OnCallStart, j.OnCallEnd, h.OnCallStart, h.OnCallEnd)
+		j.OnUnloadStart, j.OnUnloadEnd = joinPair(j.OnUnloadStart, j.OnUnloadEnd, h.OnUnloadStart, h.OnUnloadEnd)
+	}
+	return j
+}
+
+func join1[E any](a, b func(E)) func(E) {
+	if a == nil || b == nil {
+		if a == nil {
+			return b
+		}
+		return a
+	}
+	return func(ev E) {
+		defer b(ev)
+		a(ev)
+	}
+}
+
+func join2[E any](a, b func(context.Context, E)) func(context.Context, E) {
+	if a == nil || b == nil {
+		if a == nil {
+			return b
+		}
+		return a
+	}
+	return func(ctx context.Context, ev E) {
+		defer b(ctx, ev)
+		a(ctx, ev)
+	}
+}
+
+// pairKey marks, in the context a joined start hook returns, the context
+// each side's start hook returned, for that side's end hook. Each joinPair
+// has its own key (a pointer to a value of non-zero size is unique), so
+// nested joins do not read each other's marks.
+type pairKey struct{ _ byte }
+
+type joined struct{ a, b context.Context }
+
+// joinPair joins two start/end pairs: b's start receives the context a's
+// start returned, and each end hook receives the context its own side's
+// start returned.
+func joinPair[S, E any](as func(context.Context, S) context.Context, ae func(context.Context, E),
+	bs func(context.Context, S) context.Context, be func(context.Context, E)) (func(context.Context, S) context.Context, func(context.Context, E)) {
+	if as == nil && ae == nil {
+		return bs, be
+	}
+	if bs == nil && be == nil {
+		return as, ae
+	}
+	key := &pairKey{}
+	start := func(ctx context.Context, ev S) context.Context {
+		ca := safeStart(as, ctx, ev)
+		cb := safeStart(bs, ca, ev)
+		return context.WithValue(cb, key, &joined{a: ca, b: cb})
+	}
+	end := func(ctx context.Context, ev E) {
+		ca, cb := ctx, ctx
+		if j, ok := ctx.Value(key).(*joined); ok {
+			ca, cb = j.a, j.b
+		}
+		if be != nil {
+			defer be(cb, ev)
+		}
+		if ae != nil {
+			ae(ca, ev)
+		}
+	}
+	return start, end
+}
+
+// safeStart runs a start hook, keeping ctx when the hook is nil or returns
+// nil (a panic goes on to the client's recover).
+func safeStart[E any](h func(context.Context, E) context.Context, ctx context.Context, ev E) context.Context {
+	if h == nil {
+		return ctx
+	}
+	if c := h(ctx, ev); c != nil {
+		return c
+	}
+	return ctx
+}
+
+// hookCtx calls a context hook with ev, unless the hook is nil; a panic in
+// it is recovered and logged.
+func hookCtx[E any](c *OllamaClient, h func(context.Context, E), ctx context.Context, ev E) {
+	if h == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("hook panicked", "panic", r)
+		}
+	}()
+	h(ctx, ev)
+}
+
+// hookStart calls a start hook and returns the context it returned: ctx
+// when the hook is nil, returns nil or panics (recovered and logged).
+func hookStart[E any](c *OllamaClient, h func(context.Context, E) context.Context, ctx context.Context, ev E) (out context.Context) {
+	out = ctx
+	if h == nil {
+		return out
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("hook panicked", "panic", r)
+			out = ctx
+		}
+	}()
+	if n := h(ctx, ev); n != nil {
+		out = n
+	}
+	return out
+}
