@@ -7,9 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vramguard/vramguard/internal/procs"
@@ -32,8 +34,10 @@ const (
 	// that, resident or not.
 	ReloadContextChanged ReloadCause = "context size changed"
 	// ReloadRestarted: the server restarted since the model's last use:
-	// a runner of another `ollama serve` process serves it now, or the
-	// server refused a connection in between.
+	// a runner of another `ollama serve` process serves it now (a local
+	// server), or a connection to the server failed in between (refused,
+	// reset or cut mid-reply: a restart, a crash of the server, or a proxy
+	// that dropped it; Evidence says which was seen).
 	ReloadRestarted ReloadCause = "server restarted"
 	// ReloadExpired: the model's keep-alive ran out before the load
 	// (ReloadEvent.KeepAlive says which one); a keep-alive of 0
@@ -78,7 +82,7 @@ const ollamaDefaultKeepAlive = 5 * time.Minute
 type churn struct {
 	mu     sync.Mutex
 	models map[string]*churnModel
-	downAt time.Time // the last refused connection
+	downAt time.Time // the last failed connection
 }
 
 type churnModel struct {
@@ -112,10 +116,12 @@ func (ch *churn) unloaded(model string, cause UnloadCause, at time.Time) {
 	m.unloadAt, m.unload = at, cause
 }
 
-// refused records a connection the server refused.
-func (ch *churn) refused(err error, at time.Time) {
+// connLost records a connection to the server that failed: refused, reset,
+// or cut mid-reply. Whatever the cause (a restart, a crash of the server,
+// a proxy in between), a model's runner may have gone with it.
+func (ch *churn) connLost(err error, at time.Time) {
 	var op *net.OpError
-	if !errors.As(err, &op) || op.Op != "dial" {
+	if !errors.As(err, &op) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, syscall.ECONNRESET) {
 		return
 	}
 	ch.mu.Lock()
@@ -128,7 +134,7 @@ func (ch *churn) refused(err error, at time.Time) {
 // listed records the expiries an /api/ps listing shows.
 func (ch *churn) listed(l listing) {
 	if l.err != nil {
-		ch.refused(l.err, l.sent)
+		ch.connLost(l.err, l.sent)
 		return
 	}
 	if l.resp == nil {
@@ -190,7 +196,7 @@ func (ch *churn) loadedAgain(model string, ka KeepAlive, numCtx, server int, sta
 		ev.Evidence = fmt.Sprintf("its runner's server was pid %d, now pid %d", prev.server, server)
 	case !prev.lastUse.IsZero() && downAt.After(prev.lastUse):
 		ev.Cause = ReloadRestarted
-		ev.Evidence = fmt.Sprintf("the server refused a connection %v after the last use", downAt.Sub(prev.lastUse).Round(time.Millisecond))
+		ev.Evidence = fmt.Sprintf("the connection to the server failed %v after the last use", downAt.Sub(prev.lastUse).Round(time.Millisecond))
 	default:
 		d, how := keepAliveOf(prev)
 		ev.KeepAlive = d

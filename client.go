@@ -459,21 +459,12 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	}
 	if err != nil && nothingLoaded(err) {
 		c.book.unsent(f)
-		c.churn.refused(err, time.Now())
+	}
+	if err != nil {
+		c.churn.connLost(err, time.Now())
 	}
 	if err == nil {
-		c.reportLoad(gen)
-		c.noteLoad(ctx, gen, keepAlive, cl.options, start)
-		if gen.Loaded {
-			off := st.offload
-			if !st.checkOffload {
-				off = c.offloadOf(ctx, cl.model, time.Now())
-			}
-			if off != nil {
-				gen.Offload = off
-				c.reportOffload(cl.model, off)
-			}
-		}
+		c.succeeded(ctx, cl, gen, st, keepAlive, start)
 		return gen, nil
 	}
 	// The fallback starts the text again: it runs only if fn has seen
@@ -507,6 +498,24 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	}
 	gen.DroppedOptions = dropped
 	return gen, nil
+}
+
+// succeeded reports a successful call's load or reuse, its reload, if any,
+// and its offload.
+func (c *OllamaClient) succeeded(ctx context.Context, cl *call, gen *Generation, st *streamState, keepAlive KeepAlive, start time.Time) {
+	c.reportLoad(gen)
+	c.noteLoad(ctx, gen, keepAlive, cl.options, start)
+	if !gen.Loaded {
+		return
+	}
+	off := st.offload
+	if !st.checkOffload {
+		off = c.offloadOf(ctx, cl.model, time.Now())
+	}
+	if off != nil {
+		gen.Offload = off
+		c.reportOffload(cl.model, off)
+	}
 }
 
 func (c *OllamaClient) reportLoad(gen *Generation) {

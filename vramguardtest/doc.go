@@ -58,6 +58,9 @@
 //     its reference, so the model can expire.
 //   - A crashed runner stays listed in /api/ps and is reloaded silently by
 //     the next request.
+//   - A request for another context size (num_ctx) than the model was
+//     loaded with loads it again once no request holds it, as Ollama's
+//     scheduler does; while others hold it, the request shares the runner.
 //
 // # Requests and replies
 //

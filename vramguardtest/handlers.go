@@ -176,7 +176,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, c *call) {
 	if c.KeepAlive != nil {
 		keepAlive = &c.KeepAlive.Duration
 	}
-	rn, loadDur, err := s.acquire(ctx, m, keepAlive, fs)
+	rn, loadDur, err := s.acquire(ctx, m, keepAlive, optInt(c.Options, "num_ctx"), fs)
 	if err != nil {
 		if ctx.Err() != nil {
 			s.countCancel(m)
@@ -561,8 +561,12 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 }
 
 // numPredict returns the num_predict option, or 0.
-func numPredict(opts map[string]any) int {
-	switch v := opts["num_predict"].(type) {
+func numPredict(opts map[string]any) int { return optInt(opts, "num_predict") }
+
+// optInt is an integer request option (JSON numbers arrive as float64);
+// 0 when absent.
+func optInt(opts map[string]any, key string) int {
+	switch v := opts[key].(type) {
 	case float64:
 		return int(v)
 	case int:

@@ -41,6 +41,7 @@ type runner struct {
 	removal   *timer        // pending removal from /api/ps
 	hold      *holding      // its GPU memory, nil once freed
 	vram      uint64        // bytes on the GPU (size_vram): cfg.SizeVRAM, less after an offload
+	numCtx    int           // the num_ctx the load was asked for (0: the default)
 }
 
 // expiresAtFor returns what /api/ps reports as expires_at: like Ollama, a
@@ -69,8 +70,12 @@ func (s *Server) takeFaultsLocked(m *model) faults {
 // acquire returns m's runner with a reference held for the caller, loading
 // the model first if needed. keepAlive, if set, becomes the runner's sticky
 // keep-alive. loadDur is non-zero when the caller had to wait for a load.
+// A request for another context size (numCtx, 0 for the default) than the
+// runner was loaded with loads the model again once the runner is idle, as
+// Ollama's scheduler does (needsReload); while other requests hold the
+// runner, the request shares it instead (Ollama would wait for them).
 // On success the caller must call release.
-func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration, fs faults) (r *runner, loadDur time.Duration, err error) {
+func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration, numCtx int, fs faults) (r *runner, loadDur time.Duration, err error) {
 	start := time.Now()
 	s.mu.Lock()
 	if s.closed {
@@ -82,6 +87,10 @@ func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration
 	case r == nil || r.loading:
 	case r.dead:
 		// Ollama pings the runner, finds it dead and loads a new one.
+		s.removeRunnerLocked(r)
+		r = nil
+	case r.refs == 0 && r.numCtx != numCtx:
+		// The model loads again with the new context size.
 		s.removeRunnerLocked(r)
 		r = nil
 	case r.doomed && r.refs == 0:
@@ -101,6 +110,7 @@ func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration
 			return nil, 0, err
 		}
 		r = s.startLoadLocked(m, vram, keepAlive, fs.loadFault())
+		r.numCtx = numCtx
 	} else if keepAlive != nil {
 		r.keepAlive = *keepAlive
 	}

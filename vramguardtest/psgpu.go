@@ -1,0 +1,127 @@
+package vramguardtest
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard"
+)
+
+// PSGPU is a fake GPU whose memory follows what any Ollama server's
+// /api/ps lists: a real server on a machine without a GPU, or a [Server].
+// Each listed model is a runner process holding the model's size_vram, or
+// its whole size when the server lists size_vram 0 (a server without a
+// GPU: the fake counts the model as if it ran on this device), with role [vramguard.RoleOllamaRunner], Model set
+// to the listed name and a fake PID derived from it. Other programs'
+// memory is added with Reserve. It is the device of one member in a test
+// of several servers.
+//
+// Every snapshot reads /api/ps once, so a load shows only once the server
+// lists the model (Ollama lists a model when its load ends), and an unload
+// as soon as the listing drops it. A snapshot whose listing fails fails
+// with the listing's error, as a driver would.
+//
+// A PSGPU is safe for concurrent use. Its zero value is not usable: set
+// Client and Total.
+type PSGPU struct {
+	// Client reads the server's /api/ps.
+	Client *api.Client
+	// Total is the device's size in bytes.
+	Total uint64
+	// Index is the device index the snapshot reports (0 by default).
+	Index int
+	// Name is the device name; empty means "Simulated GPU".
+	Name string
+
+	mu       sync.Mutex
+	reserved map[string]uint64
+}
+
+var _ vramguard.VRAMReader = (*PSGPU)(nil)
+
+// Reserve adds bytes held by owner, another program on the device (an
+// image pipeline's text encoder, say); repeated calls add up. It fails when
+// fewer than bytes are free at the latest listing.
+func (g *PSGPU) Reserve(ctx context.Context, owner string, bytes uint64) error {
+	snap, err := g.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	if free := snap.Devices[0].Free; bytes > free {
+		return &VRAMError{Owner: owner, Requested: bytes, Free: free}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.reserved == nil {
+		g.reserved = make(map[string]uint64)
+	}
+	g.reserved[owner] += bytes
+	return nil
+}
+
+// Release frees what owner reserved; an unknown owner is ignored.
+func (g *PSGPU) Release(owner string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.reserved, owner)
+}
+
+// Snapshot lists the server's models as runners and the reservations as
+// other processes. Used is their sum, capped at Total; Free the rest.
+func (g *PSGPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &vramguard.Error{Op: "snapshot", Kind: vramguard.KindCanceled, Err: context.Cause(ctx)}
+	}
+	resp, err := g.Client.ListRunning(ctx)
+	if err != nil {
+		return nil, &vramguard.Error{Op: "snapshot", Kind: vramguard.KindUnavailable, Err: fmt.Errorf("fake GPU: /api/ps: %w", err)}
+	}
+	d := vramguard.DeviceMemory{
+		Index: g.Index, Name: cmp.Or(g.Name, "Simulated GPU"), UUID: fmt.Sprintf("GPU-ps-%d", g.Index),
+		Total: g.Total, ProcessesKnown: true, Processes: []vramguard.GPUProcess{},
+	}
+	var used uint64
+	for _, m := range resp.Models {
+		size := uint64(max(m.SizeVRAM, 0))
+		if size == 0 {
+			size = uint64(max(m.Size, 0))
+		}
+		used += size
+		d.Processes = append(d.Processes, vramguard.GPUProcess{
+			PID: fakePID("runner " + m.Name), UsedBytes: size, UsedKnown: true,
+			Command: "ollama runner (" + m.Name + ")", Role: vramguard.RoleOllamaRunner, Model: m.Name,
+		})
+	}
+	g.mu.Lock()
+	owners := make([]string, 0, len(g.reserved))
+	for o := range g.reserved {
+		owners = append(owners, o)
+	}
+	slices.Sort(owners)
+	for _, o := range owners {
+		used += g.reserved[o]
+		d.Processes = append(d.Processes, vramguard.GPUProcess{
+			PID: fakePID("owner " + o), UsedBytes: g.reserved[o], UsedKnown: true, Command: o, Role: vramguard.RoleOther,
+		})
+	}
+	g.mu.Unlock()
+	d.Used = min(used, g.Total)
+	d.Free = g.Total - d.Used
+	return &vramguard.VRAMSnapshot{Source: GPUSource, Taken: time.Now(), Devices: []vramguard.DeviceMemory{d}}, nil
+}
+
+// fakePID is a stable fake process id for a name, above the range real
+// systems hand out first.
+func fakePID(name string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(strings.ToLower(name)))
+	return 1<<22 + h.Sum32()%(1<<22)
+}
