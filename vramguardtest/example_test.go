@@ -117,3 +117,32 @@ func ExampleServer_Calls() {
 	// chat 1 messages
 	// chat 3 messages
 }
+
+// A PSGPU gives any Ollama server a fake device whose memory follows its
+// /api/ps: on a machine without a GPU, a real server gets a budget, a
+// refusal that names holders, or a member's device in a test of several
+// servers. Here it follows the fake server.
+func ExamplePSGPU() {
+	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", SizeVRAM: 2 << 30}}})
+	defer s.Close()
+	ctx := context.Background()
+	gpu := &vramguardtest.PSGPU{Client: s.Client(), Total: 8 << 30}
+	_ = gpu.Reserve(ctx, "comfyui", 4<<30)
+	_ = s.Client().Generate(ctx, &api.GenerateRequest{Model: "tiny", Prompt: "hi", KeepAlive: &api.Duration{Duration: time.Hour}},
+		func(api.GenerateResponse) error { return nil })
+
+	snap, err := gpu.Snapshot(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	d := snap.Devices[0]
+	for _, p := range d.Processes {
+		fmt.Printf("%s: %d GiB\n", p.Command, p.UsedBytes>>30)
+	}
+	fmt.Printf("free: %d GiB\n", d.Free>>30)
+	// Output:
+	// ollama runner (tiny:latest): 2 GiB
+	// comfyui: 4 GiB
+	// free: 2 GiB
+}

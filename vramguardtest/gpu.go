@@ -13,7 +13,8 @@ const GPUSource = "simulated"
 // GPU is a fake GPU whose memory follows a [Server]'s loads: a
 // [vramguard.VRAMReader] for [vramguard.Options].VRAM. Each snapshot has one
 // device, index 0, whose processes are the server's runners (role
-// [vramguard.RoleOllamaRunner], command "ollama runner (<model>)") and the
+// [vramguard.RoleOllamaRunner], command "ollama runner (<model>)", Model
+// the model's name) and the
 // reservations made with [Server.Reserve] (role [vramguard.RoleOther],
 // command = the owner). Every process is attributed, so
 // [vramguard.DeviceMemory].ProcessesKnown is true.
@@ -49,7 +50,7 @@ func (g *GPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
 	for _, h := range g.Server.Holders() {
 		p := vramguard.GPUProcess{PID: h.PID, UsedBytes: h.Bytes, UsedKnown: true, Command: h.Name, Role: vramguard.RoleOther}
 		if h.Runner {
-			p.Command, p.Role = "ollama runner ("+h.Name+")", vramguard.RoleOllamaRunner
+			p.Command, p.Role, p.Model = "ollama runner ("+h.Name+")", vramguard.RoleOllamaRunner, h.Name
 		}
 		d.Processes = append(d.Processes, p)
 	}
