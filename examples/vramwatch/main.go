@@ -10,6 +10,15 @@
 //	vramwatch                 # a live table, refreshed every second; Ctrl-C quits
 //	vramwatch -once           # one table, for scripts
 //	vramwatch -once -json     # one JSON object; in live mode one per line
+//	vramwatch -listen :9464   # serve /metrics (Prometheus) and /ready (probes)
+//
+// With -listen it prints no table: it serves, until SIGINT or SIGTERM,
+// GET /metrics (vramprom's gauges for the server's resident models and the
+// device memory by holder, and the runner processes /proc shows) and
+// GET /ready?model=NAME&free=BYTES&device=N, which answers 200 when every
+// condition asked for holds (the model resident, checked against its
+// runner process on a local server; BYTES free on device N) and 503
+// otherwise, with a JSON body that says why (see listen.go).
 //
 // Without a GPU reader it says so (once) and still shows Ollama's side,
 // with the runners /proc lists and the model each serves; without Ollama
@@ -96,6 +105,8 @@ type config struct {
 	interval time.Duration
 	once     bool
 	json     bool
+	listen   string // serve HTTP on this address instead of printing tables
+	gpu      bool   // open a GPU reader
 }
 
 func (c *cmd) parse(args []string) (*config, error) {
@@ -106,13 +117,17 @@ func (c *cmd) parse(args []string) (*config, error) {
 	fs.DurationVar(&cfg.interval, "interval", time.Second, "time between refreshes")
 	fs.BoolVar(&cfg.once, "once", false, "print one table and exit")
 	fs.BoolVar(&cfg.json, "json", false, "print JSON: one object per refresh, one per line")
+	fs.StringVar(&cfg.listen, "listen", "", "serve GET /metrics and GET /ready?model=NAME&free=BYTES&device=N on `ADDR` (host:port) until SIGINT/SIGTERM, instead of printing tables")
+	fs.BoolVar(&cfg.gpu, "gpu", true, "read the GPU (NVML, else nvidia-smi); -gpu=false: no GPU reader")
 	fs.Usage = func() {} // Parse calls it on every error; only -h prints the usage
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(c.stderr, "usage: vramwatch [flags]\n\n"+
 				"Shows the GPU's memory by process next to the models Ollama has loaded,\n"+
 				"names the model each Ollama runner serves, and flags orphaned runners:\n"+
-				"those whose server is gone, or that hold memory while Ollama lists no model.\n\nflags:\n")
+				"those whose server is gone, or that hold memory while Ollama lists no model.\n"+
+				"With -listen it serves that instead: GET /metrics for Prometheus, and\n"+
+				"GET /ready?model=NAME&free=BYTES&device=N for probes (200 ready, 503 not, JSON body).\n\nflags:\n")
 			fs.SetOutput(c.stderr)
 			fs.PrintDefaults()
 			return nil, err
@@ -124,11 +139,14 @@ func (c *cmd) parse(args []string) (*config, error) {
 		return nil, usage("unexpected argument %q (see vramwatch -h)", fs.Arg(0))
 	case cfg.interval < 100*time.Millisecond && !cfg.once:
 		return nil, usage("-interval %v: want 100ms or more", cfg.interval)
+	case cfg.listen != "" && (cfg.once || cfg.json):
+		return nil, usage("-listen serves HTTP: -once and -json are for the table")
 	}
 	return &cfg, nil
 }
 
-// run shows the table once or until ctx is done (which is not a failure).
+// run shows the table once or until ctx is done (which is not a failure),
+// or serves -listen's endpoints until then.
 func (c *cmd) run(ctx context.Context, args []string) (err error) {
 	cfg, err := c.parse(args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -152,16 +170,24 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 	}
 
 	w := &watcher{ollama: client, host: host, timeout: max(cfg.interval, 5*time.Second), procRoot: c.procRoot}
-	if c.newReader != nil {
+	switch {
+	case !cfg.gpu:
+		w.gpuErr = errors.New("off (-gpu=false)")
+	case c.newReader != nil:
 		w.gpu, w.gpuErr = c.newReader(ctx)
-	} else if r, rerr := gpu.NewAutoReader(ctx, gpu.ReaderOptions{}); rerr != nil {
-		w.gpuErr = rerr // w.gpu stays a nil interface, not a nil *DeviceReader
-	} else {
-		w.gpu = r
-		defer func() { err = errors.Join(err, r.Close()) }() // shuts NVML down
+	default:
+		if r, rerr := gpu.NewAutoReader(ctx, gpu.ReaderOptions{}); rerr != nil {
+			w.gpuErr = rerr // w.gpu stays a nil interface, not a nil *DeviceReader
+		} else {
+			w.gpu = r
+			defer func() { err = errors.Join(err, r.Close()) }() // shuts NVML down
+		}
 	}
 	if ctx.Err() != nil {
 		return nil
+	}
+	if cfg.listen != "" {
+		return c.serve(ctx, w, cfg.listen)
 	}
 
 	if cfg.once {

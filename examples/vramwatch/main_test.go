@@ -218,16 +218,17 @@ Ollama at HOST: 1 model loaded
 `,
 		},
 		{
+			// The simulated GPU names each runner's model, as
+			// gpu.NameRunners does for a real one.
 			name: "two models", loaded: []string{"tiny", "small"},
 			lines: []string{
-				"  40001  2.0 GiB  ollama runner  ?       ollama runner (tiny:latest)",
-				"  40002  3.0 GiB  ollama runner  ?       ollama runner (small:latest)",
+				"  40001  2.0 GiB  ollama runner  tiny:latest   ollama runner (tiny:latest)",
+				"  40002  3.0 GiB  ollama runner  small:latest  ollama runner (small:latest)",
 				"Ollama at HOST: 2 models loaded",
-				"  small:latest  3.0 GiB  3.0 GiB  never    ?",
-				"  tiny:latest   2.0 GiB  2.0 GiB  never    ?",
-				"  runners 40002 (3.0 GiB), 40001 (2.0 GiB): which serves which model is not known",
+				"  small:latest  3.0 GiB  3.0 GiB  never    40002",
+				"  tiny:latest   2.0 GiB  2.0 GiB  never    40001",
 			},
-			not: []string{"ORPHAN"},
+			not: []string{"ORPHAN", "not known"},
 		},
 		{
 			name: "nothing loaded", gpu: gpuSim,
@@ -642,6 +643,8 @@ func TestUsage(t *testing.T) {
 		{name: "argument", args: []string{"-once", "gpu0"}, code: 2, stderr: `vramwatch: usage: invalid input: unexpected argument "gpu0" (see vramwatch -h)` + "\n"},
 		{name: "interval too short", args: []string{"-interval", "10ms"}, code: 2, stderr: "vramwatch: usage: invalid input: -interval 10ms: want 100ms or more\n"},
 		{name: "bad host", args: []string{"-host", "ftp://x", "-once"}, code: 2, stderr: "vramwatch: new client: invalid input: "},
+		{name: "listen and once", args: []string{"-listen", "127.0.0.1:0", "-once"}, code: 2, stderr: "vramwatch: usage: invalid input: -listen serves HTTP: -once and -json are for the table\n"},
+		{name: "listen on a bad address", args: []string{"-listen", "127.0.0.1:http-nope"}, code: 1, stderr: "vramwatch: listen: unavailable: "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -654,7 +657,7 @@ func TestUsage(t *testing.T) {
 				t.Errorf("stderr %q is not one line", stderr)
 			}
 			if tt.code == 0 {
-				for _, f := range []string{"-host URL", "-interval", "-once", "-json"} {
+				for _, f := range []string{"-host URL", "-interval", "-once", "-json", "-listen ADDR", "-gpu"} {
 					if !strings.Contains(stderr, "\n  "+f) {
 						t.Errorf("usage %q does not list %s", stderr, f)
 					}
