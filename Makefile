@@ -25,11 +25,13 @@ FUZZTIME  ?= 1s
 test:
 	@./scripts/stages.sh tools check test-nocgo test-unit test-integration fuzz-short
 
-## tools: staticcheck and the Ollama servers of the integration tests
+## tools: staticcheck, the Ollama servers of the integration tests and a
+## Prometheus server (Debian's package) for the one that scrapes vramwatch
 tools:
 	@command -v staticcheck >/dev/null 2>&1 || test -x $(shell $(GO) env GOPATH)/bin/staticcheck || \
 		$(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 	env -u CGO_CFLAGS ./scripts/install-ollama.sh
+	./scripts/install-prometheus.sh
 
 ## check: formatting, vet (cgo and not), staticcheck, builds, check-importer,
 ## check-copy
