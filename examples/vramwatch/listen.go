@@ -199,10 +199,11 @@ type modelState struct {
 	// "none" when Ollama did not answer.
 	Checked string `json:"checked"`
 	// NoRunnerCheck says why the runner processes were not checked.
-	NoRunnerCheck string     `json:"no_runner_check,omitempty"`
-	RunnerPIDs    []uint32   `json:"runner_pids,omitempty"`
-	SizeVRAM      int64      `json:"size_vram"`
-	ExpiresAt     *time.Time `json:"expires_at,omitempty"`
+	NoRunnerCheck string   `json:"no_runner_check,omitempty"`
+	RunnerPIDs    []uint32 `json:"runner_pids,omitempty"`
+	// SizeVRAM and ExpiresAt are what /api/ps lists for a resident model.
+	SizeVRAM  *int64     `json:"size_vram,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 }
 
 type deviceState struct {
@@ -303,9 +304,8 @@ func (w *watcher) modelState(ctx context.Context, model string, fail func(string
 		m.Verified = checked && running
 		fail("%s is loading (/api/ps lists it with no expiry yet)", name)
 	case listed != nil:
-		m.State, m.SizeVRAM = stateResident, listed.SizeVRAM
-		at := listed.ExpiresAt
-		m.ExpiresAt = &at
+		size, at := listed.SizeVRAM, listed.ExpiresAt
+		m.State, m.SizeVRAM, m.ExpiresAt = stateResident, &size, &at
 		m.Verified = checked && running
 		if checked && !running {
 			fail("/api/ps lists %s but no live runner process serves its weights: a crashed runner stays listed until the next request reloads it", name)

@@ -79,7 +79,7 @@ func TestReady(t *testing.T) {
 			check: func(t *testing.T, r *readiness) {
 				m := r.Model
 				if m == nil || m.Name != "tiny:latest" || m.State != stateResident || !m.Verified || m.Checked != "ps+runner-processes" ||
-					!slices.Equal(m.RunnerPIDs, []uint32{4001}) || m.SizeVRAM != 2*gib || m.ExpiresAt == nil || m.NoRunnerCheck != "" {
+					!slices.Equal(m.RunnerPIDs, []uint32{4001}) || m.SizeVRAM == nil || *m.SizeVRAM != 2*gib || m.ExpiresAt == nil || m.NoRunnerCheck != "" {
 					t.Errorf("model %+v", m)
 				}
 				if r.Device != nil || len(r.Reasons) != 0 {
@@ -90,7 +90,7 @@ func TestReady(t *testing.T) {
 		{
 			name: "absent, verified", procs: serverOnly, query: "model=small", code: 503,
 			check: func(t *testing.T, r *readiness) {
-				if m := r.Model; m.State != stateAbsent || !m.Verified || m.ExpiresAt != nil {
+				if m := r.Model; m.State != stateAbsent || !m.Verified || m.ExpiresAt != nil || m.SizeVRAM != nil {
 					t.Errorf("model %+v", m)
 				}
 			},
