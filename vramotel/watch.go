@@ -1,0 +1,168 @@
+package vramotel
+
+// The gauges read at collection time: the models watched clients' servers
+// list, and device memory by holder.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ollama/ollama/api"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/vramguard/vramguard"
+)
+
+// collectTimeout bounds one collection's reads (/api/ps of every watched
+// client, the VRAM snapshot), which run concurrently: a server or a
+// driver that hangs costs a collection this much, and no more.
+const collectTimeout = 2 * time.Second
+
+// watchList is the set of clients whose servers' models the gauges
+// report.
+type watchList struct {
+	mu      sync.Mutex
+	clients []*vramguard.OllamaClient // one entry per Watch call
+	closed  bool
+}
+
+func (w *watchList) add(c *vramguard.OllamaClient) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return false
+	}
+	w.clients = append(w.clients, c)
+	return true
+}
+
+// remove drops one entry of c.
+func (w *watchList) remove(c *vramguard.OllamaClient) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if k := slices.Index(w.clients, c); k >= 0 {
+		w.clients = slices.Delete(w.clients, k, k+1)
+	}
+}
+
+func (w *watchList) list() []*vramguard.OllamaClient {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*vramguard.OllamaClient // a client watched twice is listed once
+	for _, c := range w.clients {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (w *watchList) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed, w.clients = true, nil
+}
+
+// Watch makes the gauges vramguard.model.resident and vramguard.model.vram
+// report the models c's server lists (c.Running, at each collection, under
+// a timeout of 2 s shared with the other reads of the collection), until
+// stop is called. The points carry the model as /api/ps names it
+// ("llama3.2:latest"). A failed listing leaves that client's points out of
+// the collection and is returned to the SDK, which reports it through its
+// error handler; stop the watch before closing c, whose listings then
+// fail.
+//
+// Watch is safe for concurrent use; stop is idempotent. After Close, or
+// for a nil client, Watch does nothing.
+func (i *Instrumentation) Watch(c *vramguard.OllamaClient) (stop func()) {
+	if c == nil || !i.watch.add(c) {
+		return func() {}
+	}
+	return sync.OnceFunc(func() { i.watch.remove(c) })
+}
+
+// observe is the gauges' callback.
+func (i *Instrumentation) observe(ctx context.Context, o metric.Observer) error {
+	ctx, cancel := context.WithTimeout(ctx, collectTimeout)
+	defer cancel()
+	clients := i.watch.list()
+	lists := make([][]api.ProcessModelResponse, len(clients))
+	errs := make([]error, len(clients)+1)
+	var snap *vramguard.VRAMSnapshot
+	var wg sync.WaitGroup
+	for k, c := range clients {
+		wg.Go(func() {
+			defer recovered(&errs[k])
+			lists[k], errs[k] = c.Running(ctx)
+		})
+	}
+	if i.vram != nil {
+		wg.Go(func() {
+			defer recovered(&errs[len(clients)])
+			snap, errs[len(clients)] = i.vram.Snapshot(ctx)
+		})
+	}
+	wg.Wait()
+	for k := range clients {
+		if errs[k] != nil {
+			continue
+		}
+		for _, m := range lists[k] {
+			name := metricModel(cmp.Or(m.Model, m.Name))
+			o.ObserveInt64(i.m.resident, 1, metric.WithAttributes(name))
+			o.ObserveInt64(i.m.modelVRAM, m.SizeVRAM, metric.WithAttributes(name))
+		}
+	}
+	if snap != nil {
+		i.observeDevices(o, snap)
+	}
+	return errors.Join(errs...)
+}
+
+// observeDevices reports each device's memory by holder. Holders of one
+// kind and name (two processes of one command) are one point, their sum,
+// so that the points of a device still add up to its total.
+func (i *Instrumentation) observeDevices(o metric.Observer, snap *vramguard.VRAMSnapshot) {
+	for _, d := range snap.Devices {
+		if len(i.devices) > 0 && !slices.Contains(i.devices, d.Index) {
+			continue
+		}
+		for _, h := range mergeHolders(d.Holders()) {
+			kv := []attribute.KeyValue{attribute.Int(AttrDeviceIndex, d.Index), attribute.String(AttrMemoryHolderKind, string(h.Kind))}
+			if h.Name != "" {
+				kv = append(kv, attribute.String(AttrMemoryHolder, h.Name))
+			}
+			o.ObserveInt64(i.m.deviceMemory, bytes64(h.Bytes), metric.WithAttributes(kv...))
+		}
+	}
+}
+
+// mergeHolders sums the holders of one kind and name, in the order of
+// their first appearance.
+func mergeHolders(hs []vramguard.MemoryHolder) []vramguard.MemoryHolder {
+	out := hs[:0:0]
+	for _, h := range hs {
+		k := slices.IndexFunc(out, func(o vramguard.MemoryHolder) bool { return o.Kind == h.Kind && o.Name == h.Name })
+		if k < 0 {
+			out = append(out, h)
+			continue
+		}
+		out[k].Bytes += h.Bytes
+	}
+	return out
+}
+
+// recovered turns a panic of a reader (a VRAMReader is the user's code)
+// into the collection's error, as background work must not crash the
+// program.
+func recovered(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("vramotel: collection panicked: %v", r)
+	}
+}
