@@ -120,8 +120,7 @@ func (ch *churn) unloaded(model string, cause UnloadCause, at time.Time) {
 // or cut mid-reply. Whatever the cause (a restart, a crash of the server,
 // a proxy in between), a model's runner may have gone with it.
 func (ch *churn) connLost(err error, at time.Time) {
-	var op *net.OpError
-	if !errors.As(err, &op) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, syscall.ECONNRESET) {
+	if !connFailed(err) {
 		return
 	}
 	ch.mu.Lock()
@@ -279,4 +278,11 @@ func (c *OllamaClient) servingServer(ctx context.Context, model string) int {
 		pid = r.ServerPID
 	}
 	return pid
+}
+
+// connFailed reports whether err is a connection to the server that
+// failed: refused, reset, or cut mid-reply.
+func connFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 }

@@ -52,6 +52,7 @@ type OllamaClient struct {
 	ps        *poller     // the /api/ps requests unloads share (poller.go)
 	admission admission   // Options.Budget's checks (admission.go)
 	churn     churn       // why models loaded again (churn.go)
+	pool      *pool       // the members of a pool client (pool.go); nil for one server
 	leases    leases      // the host's lease directory and the leases this client holds (lease.go)
 	closing   closeState  // Close and Shutdown (client.go)
 }
@@ -152,6 +153,12 @@ func joinHostPort(host, port string) string {
 // not wrap.
 func (c *OllamaClient) API() *api.Client { return c.api }
 
+// Host returns the client's server as a URL ("http://127.0.0.1:11434"),
+// as hooks report it (CallStart.Server) and leases name it; "" for a
+// client made with a caller's api.Client and no Options.Host. A pool's
+// client (NewPool) returns the pool's own name; Members lists the members'.
+func (c *OllamaClient) Host() string { return c.host }
+
 // GenerateRequest is one generation. Model and Prompt are required.
 type GenerateRequest struct {
 	Model  string
@@ -231,7 +238,10 @@ type Generation struct {
 	// had used or unloaded within Options.ReloadWindow: it says why the
 	// model had left (see ReloadCause). Nil for a first load, a reuse and
 	// the CLI fallback.
-	Reload     *ReloadEvent
+	Reload *ReloadEvent
+	// Placement is where a pool (NewPool) sent the call and why; nil for
+	// a client of one server.
+	Placement  *Placement
 	FirstChunk time.Duration // time to the first chunk
 	Elapsed    time.Duration
 }
@@ -397,6 +407,18 @@ type piece struct {
 // run is the path every generation and chat takes: checks, admission,
 // the book's accounting, the stream, the offload check and the fallback.
 func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
+	if c.pool != nil {
+		slot := &placementSlot{}
+		gen, err := c.runHooked(context.WithValue(ctx, placementKey{}, slot), cl, keepAlive, fn)
+		if gen != nil {
+			gen.Placement = slot.get()
+		}
+		return gen, err
+	}
+	return c.runHooked(ctx, cl, keepAlive, fn)
+}
+
+func (c *OllamaClient) runHooked(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
 	h := &c.opts.Hooks
 	if h.OnCallStart == nil && h.OnCallEnd == nil {
 		return c.runCall(ctx, cl, keepAlive, fn)

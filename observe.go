@@ -82,6 +82,7 @@ func JoinHooks(hs ...Hooks) Hooks {
 		j.OnVRAMWait = join2(j.OnVRAMWait, h.OnVRAMWait)
 		j.OnAdmission = join2(j.OnAdmission, h.OnAdmission)
 		j.OnReload = join2(j.OnReload, h.OnReload)
+		j.OnPlace = join2(j.OnPlace, h.OnPlace)
 		j.OnCallStart, j.OnCallEnd = joinPair(j.OnCallStart, j.OnCallEnd, h.OnCallStart, h.OnCallEnd)
 		j.OnUnloadStart, j.OnUnloadEnd = joinPair(j.OnUnloadStart, j.OnUnloadEnd, h.OnUnloadStart, h.OnUnloadEnd)
 	}
@@ -135,9 +136,16 @@ func joinPair[S, E any](as func(context.Context, S) context.Context, ae func(con
 	}
 	key := &pairKey{}
 	start := func(ctx context.Context, ev S) context.Context {
-		ca := safeStart(as, ctx, ev)
-		cb := safeStart(bs, ca, ev)
-		return context.WithValue(cb, key, &joined{a: ca, b: cb})
+		ca, pa := safeStart(as, ctx, ev)
+		cb, pb := safeStart(bs, ca, ev)
+		out := context.WithValue(cb, key, &joined{a: ca, b: cb})
+		if pa == nil {
+			pa = pb
+		}
+		if pa != nil {
+			panic(joinedPanic{ctx: out, v: pa})
+		}
+		return out
 	}
 	end := func(ctx context.Context, ev E) {
 		ca, cb := ctx, ctx
@@ -154,16 +162,35 @@ func joinPair[S, E any](as func(context.Context, S) context.Context, ae func(con
 	return start, end
 }
 
-// safeStart runs a start hook, keeping ctx when the hook is nil or returns
-// nil (a panic goes on to the client's recover).
-func safeStart[E any](h func(context.Context, E) context.Context, ctx context.Context, ev E) context.Context {
+// safeStart runs one side's start hook, keeping ctx when the hook is nil,
+// returns nil or panics: a panicking side must not take the other side's
+// context (its span, say) with it. The panic is raised again once both
+// sides ran (joinPair), for the client's recover to log.
+func safeStart[E any](h func(context.Context, E) context.Context, ctx context.Context, ev E) (out context.Context, panicked any) {
+	out = ctx
 	if h == nil {
-		return ctx
+		return out, nil
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			out, panicked = ctx, r
+			if jp, ok := r.(joinedPanic); ok { // a nested join: keep what its sides returned
+				out, panicked = jp.ctx, jp.v
+			}
+		}
+	}()
 	if c := h(ctx, ev); c != nil {
-		return c
+		out = c
 	}
-	return ctx
+	return out, nil
+}
+
+// joinedPanic is the panic of a joined start hook: v is the hook's, ctx
+// the context both sides returned (the panicking side's own left as it
+// was), which the client keeps.
+type joinedPanic struct {
+	ctx context.Context
+	v   any
 }
 
 // hookCtx calls a context hook with ev, unless the hook is nil; a panic in
@@ -189,8 +216,11 @@ func hookStart[E any](c *OllamaClient, h func(context.Context, E) context.Contex
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error("hook panicked", "panic", r)
 			out = ctx
+			if jp, ok := r.(joinedPanic); ok {
+				out, r = jp.ctx, jp.v
+			}
+			c.log.Error("hook panicked", "panic", r)
 		}
 	}()
 	if n := h(ctx, ev); n != nil {

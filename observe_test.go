@@ -269,3 +269,27 @@ func TestUnloadHooksSeeEveryCause(t *testing.T) {
 		t.Errorf("unloads seen %q; want %q", got, want)
 	}
 }
+
+// A joined start hook that panics leaves the other side's context in
+// place: the other side's end hook still sees what its start returned (an
+// adapter's span is still ended), and the call goes on.
+func TestJoinHooksPanickingSide(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
+	for _, first := range []bool{true, false} {
+		t.Run(map[bool]string{true: "panicking side first", false: "panicking side last"}[first], func(t *testing.T) {
+			a := &recorder{name: "a"}
+			boom := vramguard.Hooks{OnCallStart: func(context.Context, vramguard.CallStart) context.Context { panic("boom") }}
+			hs := []vramguard.Hooks{a.hooks(), boom, (&recorder{name: "c"}).hooks()}
+			if first {
+				hs = []vramguard.Hooks{boom, a.hooks()}
+			}
+			c := newTestClient(t, s, vramguard.Options{Hooks: vramguard.JoinHooks(hs...)})
+			if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveUnload, nil); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(a.lines(), "call end tiny ctx=a call kind=unknown") {
+				t.Errorf("a saw %q; want its end hook with its own context", a.lines())
+			}
+		})
+	}
+}

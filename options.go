@@ -316,6 +316,9 @@ type Hooks struct {
 	// ReloadCause). It runs before OnCallEnd; Generation.Reload is the
 	// same event.
 	OnReload func(context.Context, ReloadEvent)
+	// OnPlace: a pool (NewPool) chose the member a call goes to; it runs
+	// before the request is sent. Generation.Placement is the same value.
+	OnPlace func(context.Context, Placement)
 }
 
 // ModelEvent is what a hook is told about a model; each hook says which

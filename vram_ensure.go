@@ -34,6 +34,10 @@ type EnsureRequest struct {
 	// under ctx, until they end (looking again every PollInterval),
 	// instead of failing at once with a *RoomError.
 	WaitForLeases bool
+	// Member is, on a pool (NewPool), the member whose device is made
+	// room on, by PoolMember.Name; Device is then that member's. It must
+	// be set on a pool and empty otherwise.
+	Member string
 }
 
 // EnsureReport says what EnsureFree did.
@@ -84,7 +88,26 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if err := c.checkOpen("ensure free", ""); err != nil {
 		return nil, err
 	}
+	if c.pool != nil || req.Member != "" {
+		return c.ensureFreeOn(ctx, req)
+	}
 	return c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree})
+}
+
+// ensureFreeOn is EnsureFree on one member of a pool, made by the
+// member's own client (verified there as on one server).
+func (c *OllamaClient) ensureFreeOn(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
+	const op = "ensure free"
+	if c.pool == nil {
+		return nil, invalid(op, "", "EnsureRequest.Member %q: the client is no pool", req.Member)
+	}
+	for _, m := range c.pool.members {
+		if m.name == req.Member {
+			req.Member, req.Device = "", m.device
+			return m.c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree})
+		}
+	}
+	return nil, invalid(op, "", "the pool has no member %q (EnsureRequest.Member)", req.Member)
 }
 
 // ensureFree is EnsureFree for the library's own calls (Phase.End, which

@@ -1,0 +1,220 @@
+package vramguard
+
+// The pool gathers the facts placement.go decides on, and acts on the
+// decision: room-making on the chosen member, the report.
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/ollama/ollama/api"
+)
+
+// placeModel chooses the member a call on model goes to, making room there
+// when the decision says so.
+func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolMember, Placement, error) {
+	const op = "place"
+	key := NormalizeModelName(model)
+	p.place.Lock()
+	defer p.place.Unlock()
+	views := make([]memberView, len(p.members))
+	rooms := make([]MemberRoom, len(p.members))
+	var need uint64
+	var estErr error
+	estimated := false
+	for i, m := range p.members {
+		rooms[i] = MemberRoom{Member: m.name, Device: m.device}
+		v := &views[i]
+		if !m.isUp() {
+			rooms[i].Down = true
+			continue
+		}
+		listed, err := m.list(ctx, true)
+		if err != nil {
+			p.failed(m, err)
+			rooms[i].Down, rooms[i].Err = connFailed(err), err
+			continue
+		}
+		v.up = true
+		v.warm = m.holds(key)
+		if v.warm {
+			continue // no estimate needed while a member is warm
+		}
+		if !estimated {
+			estimated = true
+			est, err := m.c.EstimateModel(ctx, model, numCtx)
+			if err != nil {
+				estErr = err
+			} else {
+				need = uint64(max(est.Total, 0)) + p.headroom
+			}
+		}
+		p.measure(ctx, m, listed, v, &rooms[i])
+	}
+	if ctx.Err() != nil {
+		return nil, Placement{}, newError(op, model, KindCanceled, context.Cause(ctx))
+	}
+	d, ok := decide(views, need)
+	if ok && d.reason == PlaceWarm {
+		return p.placed(ctx, d, model, 0, views)
+	}
+	if estErr != nil {
+		return nil, Placement{}, estErr
+	}
+	if ok && d.reason == PlaceMadeRoom {
+		if err := p.makeRoom(ctx, p.members[d.member], d.evict, need); err != nil {
+			return nil, Placement{}, err
+		}
+	}
+	if ok {
+		return p.placed(ctx, d, model, need, views)
+	}
+	perr := &PlacementError{Model: model, Need: need, Members: rooms}
+	kind := KindOutOfMemory
+	if !anyUp(views) {
+		kind = KindUnavailable
+	}
+	return nil, Placement{}, newError(op, model, kind, perr)
+}
+
+// measure fills in a member's free memory and what room-making may unload
+// there, from its device and its listing.
+func (p *pool) measure(ctx context.Context, m *poolMember, listed []api.ProcessModelResponse, v *memberView, room *MemberRoom) {
+	snap, err := m.vram.Snapshot(ctx)
+	var d *DeviceMemory
+	if err == nil {
+		if d = snap.Device(m.device); d == nil {
+			err = errors.New("the VRAM reader lists no such device")
+		}
+	}
+	if err != nil {
+		room.Err = err
+		return
+	}
+	v.measured = true
+	room.Holders = d.Holders()
+	m.mu.Lock()
+	var pending uint64
+	for _, b := range m.pending {
+		pending += b
+	}
+	v.loading = len(m.pending)
+	inflight := make(map[string]bool, len(m.inflight))
+	for k := range m.inflight {
+		inflight[k] = true
+	}
+	m.mu.Unlock()
+	v.free = d.Free - min(d.Free, pending)
+	room.Free = v.free
+	cands, kept := m.c.splitKept(listed, false)
+	byModel := runnerBytes(d)
+	for _, x := range cands {
+		key := NormalizeModelName(x.Model)
+		if inflight[key] {
+			kept = append(kept, KeptModel{Model: x.Model, SizeVRAM: x.SizeVRAM})
+			continue
+		}
+		b, ok := byModel[key]
+		if !ok {
+			b = uint64(max(x.SizeVRAM, 0))
+		}
+		if b > 0 {
+			v.evictable = append(v.evictable, victim{model: x.Model, bytes: b})
+		}
+	}
+	room.Kept = kept
+}
+
+// runnerBytes is the memory the device shows per runner's model, where
+// the reader names it (the truth, not Ollama's estimate).
+func runnerBytes(d *DeviceMemory) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, pr := range d.Processes {
+		if pr.Role == RoleOllamaRunner && pr.Model != "" && pr.UsedKnown {
+			out[NormalizeModelName(pr.Model)] += pr.UsedBytes
+		}
+	}
+	return out
+}
+
+// makeRoom unloads the chosen models on m, verified, and waits for the
+// device to show the room.
+func (p *pool) makeRoom(ctx context.Context, m *poolMember, evict []string, need uint64) error {
+	_, err := m.c.unloadMany(ctx, evict, unloadMode{keepLoads: true, cause: CauseBudget})
+	if err != nil {
+		return err
+	}
+	_, err = AwaitFree(ctx, m.vram, AwaitRequest{Device: m.device, Bytes: need, PollInterval: m.c.opts.VRAMPollInterval, Timeout: m.c.opts.UnloadTimeout})
+	return err
+}
+
+// placed records and reports the decision.
+func (p *pool) placed(ctx context.Context, d decision, model string, need uint64, views []memberView) (*poolMember, Placement, error) {
+	m := p.members[d.member]
+	pl := Placement{Model: model, Member: m.name, Device: m.device, Reason: d.reason, Need: need, Free: views[d.member].free, Evicted: d.evict}
+	m.mu.Lock()
+	// Until a listing of the member says otherwise, the model counts as
+	// resident there: if the member stops answering, an unload of it is
+	// not verified by its absence from a listing that predates the load.
+	if findRunning(m.last, model) == nil {
+		m.last = append(slices.Clone(m.last), api.ProcessModelResponse{Name: NormalizeModelName(model), Model: NormalizeModelName(model), ExpiresAt: time.Now().Add(24 * time.Hour)})
+	}
+	if d.reason != PlaceWarm {
+		if m.pending == nil {
+			m.pending = map[string]uint64{}
+		}
+		m.pending[NormalizeModelName(model)] = need
+	}
+	m.mu.Unlock()
+	if d.reason != PlaceWarm {
+		p.log.Info("placed", "model", model, "member", m.name, "reason", string(d.reason), "need", need, "free", pl.Free, "evicted", d.evict)
+	}
+	hookCtx(p.c, p.c.opts.Hooks.OnPlace, ctx, pl)
+	return m, pl, nil
+}
+
+func anyUp(vs []memberView) bool {
+	for _, v := range vs {
+		if v.up {
+			return true
+		}
+	}
+	return false
+}
+
+// MemberStatus is one member of a pool, as OllamaClient.Members reports it.
+type MemberStatus struct {
+	Name   string
+	Host   string
+	Device int
+	// Up is false while the member's server does not answer (it is asked
+	// again every PoolOptions.ProbeInterval).
+	Up bool
+	// Models are the models the member listed last (while it is down: the
+	// ones it listed before, and the ones placed there since), and
+	// InFlight the pool's requests on each model there now.
+	Models   []string
+	InFlight map[string]int
+}
+
+// Members reports the members of a pool client (NewPool) in their order;
+// nil for a client of one server. It reads nothing from the servers.
+func (c *OllamaClient) Members() []MemberStatus {
+	if c.pool == nil {
+		return nil
+	}
+	out := make([]MemberStatus, 0, len(c.pool.members))
+	for _, m := range c.pool.members {
+		m.mu.Lock()
+		st := MemberStatus{Name: m.name, Host: m.c.host, Device: m.device, Up: m.up, InFlight: maps.Clone(m.inflight)}
+		for _, r := range m.last {
+			st.Models = append(st.Models, NormalizeModelName(r.Model))
+		}
+		m.mu.Unlock()
+		out = append(out, st)
+	}
+	return out
+}

@@ -1,0 +1,338 @@
+package vramguard_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/vramguardtest"
+)
+
+// poolSims starts n simulators, each with its own device of total bytes,
+// and the models a (3 GiB) and b (5 GiB), and c (9 GiB).
+func poolSims(t *testing.T, totals ...uint64) []*vramguardtest.Server {
+	t.Helper()
+	var out []*vramguardtest.Server
+	for _, total := range totals {
+		out = append(out, newSim(t, vramguardtest.Config{TotalVRAM: total, StrictVRAM: true},
+			vramguardtest.ModelConfig{Name: "a", SizeVRAM: 3 * gib, LoadLatency: 20 * time.Millisecond},
+			vramguardtest.ModelConfig{Name: "b", SizeVRAM: 5 * gib, LoadLatency: 20 * time.Millisecond},
+			vramguardtest.ModelConfig{Name: "c", SizeVRAM: 9 * gib, LoadLatency: 20 * time.Millisecond}))
+	}
+	return out
+}
+
+func newTestPool(t *testing.T, sims []*vramguardtest.Server, opts vramguard.Options) *vramguard.OllamaClient {
+	t.Helper()
+	var ms []vramguard.PoolMember
+	for i, s := range sims {
+		ms = append(ms, vramguard.PoolMember{Name: []string{"gpu0", "gpu1", "gpu2"}[i], Host: s.URL().String(), VRAM: s.GPU()})
+	}
+	if opts.PollInterval == 0 {
+		opts.PollInterval = 5 * time.Millisecond
+	}
+	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, ProbeInterval: 20 * time.Millisecond}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return c
+}
+
+func poolGen(t *testing.T, c *vramguard.OllamaClient, model string) *vramguard.Generation {
+	t.Helper()
+	g, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: model, Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Placement == nil {
+		t.Fatalf("generation on %s: no placement", model)
+	}
+	return g
+}
+
+func loadOn(t *testing.T, s *vramguardtest.Server, model string) {
+	t.Helper()
+	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: &api.Duration{Duration: -1}},
+		func(api.GenerateResponse) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Placement follows the facts, in order: the warm member, then the one
+// with the most room, then making room where it costs least, then a
+// refusal that names each device's free bytes and holders.
+func TestPoolPlacement(t *testing.T) {
+	t.Run("warm first", func(t *testing.T) {
+		sims := poolSims(t, 16*gib, 24*gib)
+		loadOn(t, sims[0], "a") // another program loaded a on the smaller device
+		c := newTestPool(t, sims, vramguard.Options{})
+		g := poolGen(t, c, "a")
+		if p := g.Placement; p.Member != "gpu0" || p.Reason != vramguard.PlaceWarm || g.Loaded {
+			t.Errorf("placement %+v, loaded %v; want a reuse on gpu0, where it was warm", p, g.Loaded)
+		}
+	})
+	t.Run("most room, then warm", func(t *testing.T) {
+		sims := poolSims(t, 16*gib, 24*gib)
+		c := newTestPool(t, sims, vramguard.Options{})
+		g := poolGen(t, c, "b")
+		if p := g.Placement; p.Member != "gpu1" || p.Reason != vramguard.PlaceRoom || p.Free != 24*gib || p.Need == 0 {
+			t.Errorf("placement %+v; want gpu1 (24 GiB free) for room", p)
+		}
+		g = poolGen(t, c, "a")
+		if p := g.Placement; p.Member != "gpu1" || p.Reason != vramguard.PlaceRoom {
+			t.Errorf("a: placement %+v; want gpu1 (19 GiB free, gpu0 16)", p)
+		}
+		g = poolGen(t, c, "b")
+		if p := g.Placement; p.Member != "gpu1" || p.Reason != vramguard.PlaceWarm || g.Loaded {
+			t.Errorf("b again: placement %+v, loaded %v; want warm on gpu1", p, g.Loaded)
+		}
+		if sims[0].Loads("b") != 0 || sims[1].Loads("b") != 1 {
+			t.Errorf("b loaded %d times on gpu0 and %d on gpu1; want once, on gpu1", sims[0].Loads("b"), sims[1].Loads("b"))
+		}
+	})
+	t.Run("make room where it costs least", func(t *testing.T) {
+		sims := poolSims(t, 12*gib, 12*gib)
+		loadOn(t, sims[0], "b") // 5 GiB to reload on gpu0
+		loadOn(t, sims[1], "a") // 3 GiB on gpu1
+		if err := sims[1].Reserve("comfyui", 2*gib); err != nil {
+			t.Fatal(err)
+		}
+		c := newTestPool(t, sims, vramguard.Options{})
+		g := poolGen(t, c, "c") // 9 GiB and more: room on neither (7 GiB free on each)
+		if p := g.Placement; p.Member != "gpu1" || p.Reason != vramguard.PlaceMadeRoom || !slices.Equal(p.Evicted, []string{"a:latest"}) {
+			t.Fatalf("placement %+v; want gpu1 with a unloaded (3 GiB, not b's 5)", p)
+		}
+		if !sims[0].Listed("b") || sims[1].Listed("a") {
+			t.Errorf("b listed on gpu0 %v, a on gpu1 %v; want b kept, a gone", sims[0].Listed("b"), sims[1].Listed("a"))
+		}
+	})
+	t.Run("protected models stay; refusal names holders", func(t *testing.T) {
+		sims := poolSims(t, 10*gib, 10*gib)
+		loadOn(t, sims[0], "b")
+		loadOn(t, sims[1], "b")
+		c := newTestPool(t, sims, vramguard.Options{Protected: []string{"b"}})
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		var pe *vramguard.PlacementError
+		if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &pe) || !errors.Is(err, vramguard.ErrProtected) || !errors.Is(err, vramguard.ErrNoPlacement) {
+			t.Fatalf("GenerateStreaming = %v; want KindOutOfMemory with a *PlacementError naming the protected model", err)
+		}
+		if len(pe.Members) != 2 {
+			t.Fatalf("PlacementError members %+v; want both", pe.Members)
+		}
+		for _, m := range pe.Members {
+			if m.Free != 5*gib || len(m.Kept) != 1 || !m.Kept[0].Protected || len(m.Holders) == 0 || m.Holders[0].Name != "b:latest" {
+				t.Errorf("member %+v; want 5 GiB free, b kept as protected and named as holder", m)
+			}
+		}
+		if sims[0].Requests("c")+sims[1].Requests("c") != 0 {
+			t.Error("the refused load reached a server")
+		}
+	})
+}
+
+// A phase keeps each model on its member; UnloadAll and Close leave no
+// model on any member, verified.
+func TestPoolPhaseAndLifecycle(t *testing.T) {
+	sims := poolSims(t, 8*gib, 8*gib)
+	var placed []string
+	c := newTestPool(t, sims, vramguard.Options{Hooks: vramguard.Hooks{
+		OnPlace: func(_ context.Context, p vramguard.Placement) {
+			placed = append(placed, p.Model+"@"+p.Member+":"+string(p.Reason))
+		},
+	}})
+	p, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := p.Guard()
+	for range 3 {
+		for _, m := range []string{"b", "a"} { // 5 + 3 GiB: one per device
+			if err := g.Run(t.Context(), m, func(ctx context.Context, s *vramguard.Session) error {
+				_, err := s.Generate(ctx, &vramguard.GenerateRequest{Prompt: "x"}, nil)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := p.End(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	loads := sims[0].Loads("a") + sims[0].Loads("b") + sims[1].Loads("a") + sims[1].Loads("b")
+	if loads != 2 {
+		t.Errorf("%d loads across the pool; want 2 (each model once, kept on its member)", loads)
+	}
+	if len(placed) != 6 || placed[0] != "b@gpu0:room" || placed[1] != "a@gpu1:room" || placed[2] != "b@gpu0:warm" {
+		t.Errorf("placements %q; want b and a placed by room, then warm on the same members", placed)
+	}
+	for i, s := range sims {
+		if rs := s.Running(); len(rs) != 0 {
+			t.Errorf("gpu%d still runs %+v after Phase.End", i, rs)
+		}
+	}
+	poolGen(t, c, "a")
+	poolGen(t, c, "b")
+	reps, err := c.UnloadAll(t.Context())
+	if err != nil || len(reps) != 2 {
+		t.Fatalf("UnloadAll = %d reports, %v; want 2", len(reps), err)
+	}
+	for _, r := range reps {
+		if !r.Verified {
+			t.Errorf("%s: not verified", r.Model)
+		}
+	}
+	for i, s := range sims {
+		if rs := s.Running(); len(rs) != 0 {
+			t.Errorf("gpu%d still runs %+v after UnloadAll", i, rs)
+		}
+	}
+}
+
+// switchProxy forwards TCP to a server while up; down closes its
+// listener and cuts every connection, as a server that stopped would.
+type switchProxy struct {
+	t      *testing.T
+	addr   string
+	target string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]bool
+	wg     sync.WaitGroup
+}
+
+func newSwitchProxy(t *testing.T, target string) *switchProxy {
+	p := &switchProxy{t: t, target: target, conns: map[net.Conn]bool{}}
+	p.up()
+	t.Cleanup(func() { p.down(); p.wg.Wait() })
+	return p
+}
+
+func (p *switchProxy) up() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	addr := p.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.ln, p.addr = ln, ln.Addr().String()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[u] = true, true
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go func() { defer p.wg.Done(); _, _ = io.Copy(u, c); u.Close() }()
+			go func() { defer p.wg.Done(); _, _ = io.Copy(c, u); c.Close() }()
+		}
+	}()
+}
+
+func (p *switchProxy) down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// A member that stops answering is skipped for new work, its models count
+// as resident (an unload of one is not claimed verified), and it is used
+// again once it answers, re-learned from its listing after a restart that
+// lost its models. EnsureFree works on one member's device.
+func TestPoolMemberDownAndBack(t *testing.T) {
+	sims := poolSims(t, 24*gib, 16*gib)
+	px := newSwitchProxy(t, sims[0].URL().Host)
+	ms := []vramguard.PoolMember{
+		{Name: "gpu0", Host: "http://" + px.addr, VRAM: sims[0].GPU()},
+		{Name: "gpu1", Host: sims[1].URL().String(), VRAM: sims[1].GPU()},
+	}
+	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, ProbeInterval: 10 * time.Millisecond},
+		vramguard.Options{PollInterval: 5 * time.Millisecond, UnloadTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if p := poolGen(t, c, "a").Placement; p.Member != "gpu0" {
+		t.Fatalf("a on %s; want gpu0 (most room)", p.Member)
+	}
+	px.down()
+	if p := poolGen(t, c, "b").Placement; p.Member != "gpu1" {
+		t.Errorf("b on %s with gpu0 down; want gpu1", p.Member)
+	}
+	if st := c.Members(); st[0].Up || !slices.Contains(st[0].Models, "a:latest") || !st[1].Up {
+		t.Errorf("members %+v; want gpu0 down, still counted as holding a, and gpu1 up", st)
+	}
+	if _, err := c.UnloadModel(t.Context(), "a"); !errors.Is(err, vramguard.ErrStillResident) {
+		t.Errorf("UnloadModel of a model on a member that does not answer = %v; want ErrStillResident, not a verified unload", err)
+	}
+	sims[0].Restart() // it comes back without a
+	px.up()
+	for !c.Members()[0].Up {
+		if err := sleepCtx(t.Context(), 10*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := poolGen(t, c, "a")
+	if g.Placement.Member != "gpu0" || g.Placement.Reason != vramguard.PlaceRoom || !g.Loaded {
+		t.Errorf("a back on gpu0: %+v, loaded %v; want a load by room (its old runner is gone)", g.Placement, g.Loaded)
+	}
+	if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Member: "gpu1", Bytes: 14 * gib}); err != nil {
+		t.Fatalf("EnsureFree on gpu1: %v", err)
+	}
+	if sims[1].Listed("b") {
+		t.Error("EnsureFree on gpu1 left b")
+	}
+	if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: gib}); !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Errorf("EnsureFree on a pool without Member = %v; want KindInvalidInput", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	for i, s := range sims {
+		if rs := s.Running(); len(rs) != 0 {
+			t.Errorf("gpu%d still runs %+v after Close", i, rs)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-time.After(d):
+		return nil
+	}
+}
