@@ -9,8 +9,9 @@
 #     compiles it. It is built with CGO_ENABLED=1 and an empty GOCACHE (a
 #     temp folder), so nothing comes from an earlier build; the check fails
 #     if the build prints any line at all, or if go-nvml is among the
-#     program's packages. Only the Go module proxy is needed (GOFLAGS
-#     -mod=mod lets the go command fill in go.mod and go.sum).
+#     program's packages, or if OpenTelemetry or Prometheus code is. Only
+#     the Go module proxy is needed (GOFLAGS -mod=mod lets the go command
+#     fill in go.mod and go.sum).
 #  2. `go doc -all` of the root and of nodes is the same with CGO_ENABLED=0
 #     and 1: the same API without a C compiler (a diff otherwise).
 #
@@ -123,6 +124,13 @@ fi
 if grep -q '^github.com/NVIDIA/go-nvml' "$tmp/deps"; then
 	grep '^github.com/NVIDIA/go-nvml' "$tmp/deps"
 	echo "check-importer: FAIL: the importer compiles go-nvml"
+	exit 1
+fi
+# The metrics adapters are packages of their own (vramotel, vramprom): a
+# program that imports only the root and nodes compiles neither OTel nor
+# Prometheus (issue #27).
+if grep -E '^(go\.opentelemetry\.io/|github\.com/prometheus/)' "$tmp/deps"; then
+	echo "check-importer: FAIL: the importer compiles OpenTelemetry or Prometheus code"
 	exit 1
 fi
 cgo=$(go list -deps -f '{{if and .CgoFiles (not .Standard)}}{{.ImportPath}}{{end}}' .)
