@@ -71,7 +71,28 @@
 //
 // Every error is an [*Error] with a [Kind]: errors.Is(err, KindTimeout);
 // causes stay reachable with errors.As. Options.Logger takes a
-// *slog.Logger; Options.Hooks take one struct each.
+// *slog.Logger; Options.Hooks take one struct each. The hooks that carry
+// a context (OnCallStart and OnCallEnd, OnUnloadStart and OnUnloadEnd,
+// OnAdmission, OnVRAMWait, OnReload, OnPlace) are what the adapters are
+// built on: package vramotel (OpenTelemetry traces and metrics) and
+// package vramprom (a Prometheus collector). A program that imports
+// neither compiles no OpenTelemetry or Prometheus code; [JoinHooks] lets
+// several watch one client.
+//
+// A model that loads again soon after it left says why, in
+// Generation.Reload, Hooks.OnReload and an INFO log line: this client's
+// unload or its budget's eviction, another program's unload, the
+// keep-alive, a restart of the server, or a changed context size (see
+// [ReloadCause]). It is the answer to "why does it reload every request".
+//
+// # Several GPUs
+//
+// [NewPool] returns a client over several Ollama servers, one per GPU
+// (each started with CUDA_VISIBLE_DEVICES and its own OLLAMA_HOST). Each
+// load goes where the model is warm, else to the device with the most
+// measured room, else where making room costs least; a refusal names
+// every device's need, free bytes and holders ([PlacementError]).
+// Guards, sessions, phases and the nodes work on it unchanged.
 //
 // Each [OllamaClient] owns its state (its requests, guards, phases, its
 // poller of /api/ps). The package-level variables are the error sentinels
