@@ -33,7 +33,9 @@ func build(t *testing.T) string {
 func fake(t *testing.T) *vramguardtest.Server {
 	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "llama3.2", Size: 2 << 30,
 		LoadLatency: 20 * time.Millisecond,
-		Respond:     func(string) []vramguardtest.Chunk { return []vramguardtest.Chunk{{Text: "a castle "}, {Text: "at dawn"}} }}}})
+		Respond: func(string) []vramguardtest.Chunk {
+			return []vramguardtest.Chunk{{Text: "a castle "}, {Text: "at dawn"}}
+		}}}})
 	t.Cleanup(s.Close)
 	return s
 }
