@@ -1,7 +1,7 @@
 package vramotel
 
-// The spans and metrics of generations and chats: OnCallStart, OnCallEnd
-// and OnReload.
+// The spans and metrics of generations and chats: OnCallStart, OnCallEnd,
+// OnReload and OnPlace.
 
 import (
 	"context"
@@ -133,6 +133,26 @@ func (i *Instrumentation) reload(ctx context.Context, ev vramguard.ReloadEvent) 
 		attribute.String(AttrReloadCause, string(ev.Cause)),
 		attribute.Float64(AttrReloadSince, ev.Since.Seconds()),
 		attribute.String(AttrReloadEvidence, ev.Evidence)))
+}
+
+// place adds the event "placement" to the call's span and counts the
+// placement.
+func (i *Instrumentation) place(ctx context.Context, p vramguard.Placement) {
+	i.m.placements.Add(ctx, 1, metric.WithAttributes(
+		attribute.String(AttrPoolMember, p.Member),
+		attribute.String(AttrPlacementReason, string(p.Reason)),
+		metricModel(p.Model)))
+	span, ok := ctx.Value(callSpanKey{}).(trace.Span)
+	if !ok {
+		return
+	}
+	span.AddEvent(EventPlacement, trace.WithAttributes(
+		attribute.String(AttrPoolMember, p.Member),
+		attribute.String(AttrPlacementReason, string(p.Reason)),
+		attribute.Int(AttrDeviceIndex, p.Device),
+		attribute.Int64(AttrVRAMNeedBytes, bytes64(p.Need)),
+		attribute.Int64(AttrVRAMFreeBytes, bytes64(p.Free)),
+		attribute.StringSlice(AttrPlacementEvicted, p.Evicted)))
 }
 
 // metricModel is gen_ai.request.model in metrics: the model as /api/ps

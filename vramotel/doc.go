@@ -32,16 +32,22 @@
 //     its cause, whether it was verified, the checks, the requests sent
 //     and the /api/ps polls; a lease that kept the model adds the event
 //     "lease refusal" naming the holders;
-//   - the event "reload" on the call's span: why a model loaded again.
+//   - the event "reload" on the call's span: why a model loaded again;
+//   - the event "placement" on the call's span, for a pool client
+//     ([vramguard.NewPool]): the member the call went to, why ("warm",
+//     "room", "made room"), the need and free bytes, and the models
+//     unloaded to make room.
 //
 // # Metrics
 //
 // The GenAI client metrics (gen_ai.client.operation.duration,
 // gen_ai.client.token.usage, gen_ai.client.operation.time_to_first_chunk)
 // and vramguard's: loads, reloads and their causes, load and unload
-// durations, budget admissions, VRAM waits, and, at collection time, the
-// models a watched client's server holds ([Instrumentation.Watch]) and each
-// device's memory by holder ([Config].VRAM). The names and attribute keys
+// durations, budget admissions, VRAM waits, a pool's placements by member
+// and reason, and, at collection time, the models a watched client's
+// server holds and, for a pool client, whether each member answers
+// ([Instrumentation.Watch]), and each device's memory by holder
+// ([Config].VRAM). The names and attribute keys
 // are this package's constants: the GenAI conventions are still in
 // development, and a dashboard should not break when they move. Metrics
 // name a model as /api/ps lists it ("llama3.2:latest",

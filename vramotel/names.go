@@ -49,6 +49,10 @@ const (
 	AttrAdmissionOutcome   = "vramguard.admission.outcome" // OutcomeAdmitted, OutcomeRefused or OutcomeFailed
 	AttrAdmissionNeedBytes = "vramguard.admission.need_bytes"
 	AttrAdmissionMadeRoom  = "vramguard.admission.made_room" // bool: Budget.MakeRoom unloaded models
+
+	AttrPoolMember       = "vramguard.pool.member"            // a vramguard.PoolMember's name
+	AttrPlacementReason  = "vramguard.pool.placement.reason"  // a vramguard.PlaceReason: "warm", "room", "made room"
+	AttrPlacementEvicted = "vramguard.pool.placement.evicted" // the models a "made room" placement unloaded
 )
 
 // Attribute values.
@@ -76,6 +80,10 @@ const (
 	// EventLeaseOverride: a forced unload (ForceUnloadModel) overrode
 	// leases.
 	EventLeaseOverride = "lease override"
+	// EventPlacement: on a call's span, the pool member (vramguard.NewPool)
+	// the call went to and why: member, reason, device, need and free
+	// bytes, evicted models.
+	EventPlacement = "placement"
 )
 
 // Metric names.
@@ -92,4 +100,6 @@ const (
 	MetricModelResident       = "vramguard.model.resident"                    // gauge, {model}: 1 per listed model
 	MetricModelVRAM           = "vramguard.model.vram"                        // gauge, By: size_vram per listed model
 	MetricDeviceMemory        = "vramguard.device.memory"                     // gauge, By: per device and holder
+	MetricPoolPlacements      = "vramguard.pool.placements"                   // counter, {placement}: per member, reason and model
+	MetricPoolMemberUp        = "vramguard.pool.member.up"                    // gauge, 1: 1 while a watched pool's member answers, else 0
 )

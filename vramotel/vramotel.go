@@ -56,8 +56,9 @@ type Instrumentation struct {
 type instruments struct {
 	opDuration, tokenUsage, firstChunk     metric.Float64Histogram
 	loadDuration, unloadDuration, vramWait metric.Float64Histogram
-	loads, reloads, admissions             metric.Int64Counter
+	loads, reloads, admissions, placements metric.Int64Counter
 	resident, modelVRAM, deviceMemory      metric.Int64ObservableGauge
+	memberUp                               metric.Int64ObservableGauge
 }
 
 // New returns an Instrumentation reporting to cfg's providers. It fails
@@ -79,7 +80,7 @@ func New(cfg Config) (*Instrumentation, error) {
 	if err := i.m.make(meter); err != nil {
 		return nil, err
 	}
-	reg, err := meter.RegisterCallback(i.observe, i.m.resident, i.m.modelVRAM, i.m.deviceMemory)
+	reg, err := meter.RegisterCallback(i.observe, i.m.resident, i.m.modelVRAM, i.m.deviceMemory, i.m.memberUp)
 	if err != nil {
 		return nil, err
 	}
@@ -115,16 +116,19 @@ func (m *instruments) make(meter metric.Meter) error {
 	m.loads = counter(MetricModelLoads, "Model loads caused by this program's calls.", "{load}")
 	m.reloads = counter(MetricModelReloads, "Loads of a model used shortly before, by why it had left.", "{reload}")
 	m.admissions = counter(MetricBudgetAdmissions, "Checks of a load against the VRAM budget, by outcome.", "{admission}")
+	m.placements = counter(MetricPoolPlacements, "Members a pool chose for calls, by member, reason and model.", "{placement}")
 	m.resident = gauge(MetricModelResident, "Models the watched servers hold: 1 per model listed.", "{model}")
 	m.modelVRAM = gauge(MetricModelVRAM, "Device memory a listed model holds, as the server reports it.", "By")
 	m.deviceMemory = gauge(MetricDeviceMemory, "Device memory by holder; the holders of a device add up to its total.", "By")
+	m.memberUp = gauge(MetricPoolMemberUp, "1 while a watched pool's member answers, else 0.", "1")
 	return errors.Join(errs...)
 }
 
 // Hooks returns the hooks that report to i, for vramguard.Options.Hooks;
 // join them with a program's own through vramguard.JoinHooks. They set
 // only the hooks that carry a context (OnCallStart, OnCallEnd,
-// OnUnloadStart, OnUnloadEnd, OnAdmission, OnVRAMWait, OnReload).
+// OnUnloadStart, OnUnloadEnd, OnAdmission, OnVRAMWait, OnReload,
+// OnPlace).
 func (i *Instrumentation) Hooks() vramguard.Hooks {
 	return vramguard.Hooks{
 		OnCallStart:   i.callStart,
@@ -134,6 +138,7 @@ func (i *Instrumentation) Hooks() vramguard.Hooks {
 		OnAdmission:   i.admission,
 		OnVRAMWait:    i.vramWait,
 		OnReload:      i.reload,
+		OnPlace:       i.place,
 	}
 }
 

@@ -3,6 +3,7 @@ package vramotel_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"slices"
 	"strconv"
 	"testing"
@@ -294,7 +295,8 @@ func TestReloadAfterForeignUnload(t *testing.T) {
 }
 
 // The gauges: a watched client's loaded model is resident with its
-// size_vram, and the device's memory splits into the runner and the free
+// size_vram, under the server's address and port as the call's metrics
+// have them, and the device's memory splits into the runner and the free
 // memory, which add up to the total. A stopped watch reports nothing.
 func TestGauges(t *testing.T) {
 	const size = 3 << 30
@@ -306,11 +308,18 @@ func TestGauges(t *testing.T) {
 		t.Fatal(err)
 	}
 	rm := r.collect()
-	if ps := points(t, rm, vramotel.MetricModelResident, model("tiny:latest")); len(ps) != 1 || ps[0].Value != 1 {
-		t.Errorf("resident points %v, want one of 1", ps)
+	srv := serverAttrs(t, s)
+	if ps := points(t, rm, vramotel.MetricModelResident, append(srv, model("tiny:latest"))...); len(ps) != 1 || ps[0].Value != 1 {
+		t.Errorf("resident points %v, want one of 1 with %v", points(t, rm, vramotel.MetricModelResident), srv)
 	}
-	if n := total(t, rm, vramotel.MetricModelVRAM, model("tiny:latest")); n != size {
-		t.Errorf("model VRAM %d, want %d", n, size)
+	if n := total(t, rm, vramotel.MetricModelVRAM, append(srv, model("tiny:latest"))...); n != size {
+		t.Errorf("model VRAM %d with %v, want %d", n, srv, size)
+	}
+	if n := count(t, rm, vramotel.MetricOperationDuration, append(srv, model("tiny:latest"))...); n != 1 {
+		t.Errorf("%d operation durations with the gauges' model and server attributes, want 1", n)
+	}
+	if ps := points(t, rm, vramotel.MetricPoolMemberUp); len(ps) != 0 {
+		t.Errorf("member points for a client of one server: %v", ps)
 	}
 	dev := attribute.Int(vramotel.AttrDeviceIndex, 0)
 	runner := total(t, rm, vramotel.MetricDeviceMemory, dev, attribute.String(vramotel.AttrMemoryHolderKind, string(vramguard.HolderRunner)))
@@ -436,5 +445,115 @@ func TestZeroConfig(t *testing.T) {
 	}
 	if n := len(r.spans.GetSpans()); n != 0 {
 		t.Errorf("%d spans in another provider", n)
+	}
+}
+
+// serverAttrs are server.address and server.port of s.
+func serverAttrs(t *testing.T, s *vramguardtest.Server) []attribute.KeyValue {
+	t.Helper()
+	port, err := strconv.Atoi(s.URL().Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []attribute.KeyValue{attribute.String(vramotel.AttrServerAddress, s.URL().Hostname()), attribute.Int(vramotel.AttrServerPort, port)}
+}
+
+// A pool of two members (16 and 24 GiB): the first call is placed by room
+// on the larger, the next warm there; each call's span has the event
+// "placement" with the member, reason, need, free bytes and evictions,
+// the counter counts both by member, reason and model, both members are
+// up, and the pool's model is resident under the pool's own address.
+func TestPool(t *testing.T) {
+	const gib = 1 << 30
+	r := newRig(t, vramotel.Config{})
+	var sims []*vramguardtest.Server
+	var ms []vramguard.PoolMember
+	for i, total := range []uint64{16 * gib, 24 * gib} {
+		s := newSim(t, vramguardtest.Config{TotalVRAM: total, StrictVRAM: true}, vramguardtest.ModelConfig{Name: "tiny", Size: 2 * gib, LoadLatency: loadLatency})
+		sims = append(sims, s)
+		ms = append(ms, vramguard.PoolMember{Name: "gpu" + strconv.Itoa(i), Host: s.URL().String(), VRAM: s.GPU()})
+	}
+	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, ProbeInterval: 20 * time.Millisecond},
+		vramguard.Options{Hooks: r.inst.Hooks(), PollInterval: 5 * time.Millisecond, Leases: vramguard.LeaseOptions{Dir: r.leases}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	stop := r.inst.Watch(c)
+	defer stop()
+
+	var placed []*vramguard.Placement
+	for range 2 {
+		g, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Placement == nil {
+			t.Fatal("a pool's generation without a placement")
+		}
+		placed = append(placed, g.Placement)
+	}
+	if placed[0].Member != "gpu1" || placed[0].Reason != vramguard.PlaceRoom || placed[1].Member != "gpu1" || placed[1].Reason != vramguard.PlaceWarm || !sims[1].Listed("tiny") {
+		t.Fatalf("placements %+v, %+v; want room then warm, on gpu1", placed[0], placed[1])
+	}
+
+	calls := r.named("text_completion tiny")
+	if len(calls) != 2 {
+		t.Fatalf("%d call spans, want 2", len(calls))
+	}
+	for k, call := range calls {
+		p := placed[k]
+		var evs []sdkEvent
+		for _, e := range call.Events {
+			if e.Name == vramotel.EventPlacement {
+				evs = append(evs, e)
+			}
+		}
+		if len(evs) != 1 {
+			t.Errorf("call %d: %d placement events, want 1: %v", k, len(evs), call.Events)
+			continue
+		}
+		e := evs[0]
+		if eventAttr(e, vramotel.AttrPoolMember).AsString() != p.Member || eventAttr(e, vramotel.AttrPlacementReason).AsString() != string(p.Reason) ||
+			eventAttr(e, vramotel.AttrVRAMNeedBytes).AsInt64() != int64(p.Need) || eventAttr(e, vramotel.AttrVRAMFreeBytes).AsInt64() != int64(p.Free) ||
+			eventAttr(e, vramotel.AttrDeviceIndex).AsInt64() != 0 || eventAttr(e, vramotel.AttrPlacementEvicted).Type() != attribute.STRINGSLICE ||
+			len(eventAttr(e, vramotel.AttrPlacementEvicted).AsStringSlice()) != 0 {
+			t.Errorf("call %d: placement event %v; want %+v", k, e.Attributes, p)
+		}
+	}
+	if p := placed[0]; p.Need == 0 || p.Free != 24*gib {
+		t.Errorf("placement by room %+v; want a need and gpu1's 24 GiB free", p)
+	}
+
+	rm := r.collect()
+	member := attribute.String(vramotel.AttrPoolMember, "gpu1")
+	for _, reason := range []vramguard.PlaceReason{vramguard.PlaceRoom, vramguard.PlaceWarm} {
+		if n := total(t, rm, vramotel.MetricPoolPlacements, member, attribute.String(vramotel.AttrPlacementReason, string(reason)), model("tiny:latest")); n != 1 {
+			t.Errorf("%d placements %q on gpu1, want 1: %v", n, reason, points(t, rm, vramotel.MetricPoolPlacements))
+		}
+	}
+	if ps := points(t, rm, vramotel.MetricPoolPlacements); len(ps) != 2 {
+		t.Errorf("placement points %v, want 2", ps)
+	}
+	for _, m := range []string{"gpu0", "gpu1"} {
+		if ps := points(t, rm, vramotel.MetricPoolMemberUp, attribute.String(vramotel.AttrPoolMember, m)); len(ps) != 1 || ps[0].Value != 1 {
+			t.Errorf("%s up: %v, want one point of 1", m, ps)
+		}
+	}
+	u, err := url.Parse(c.Host())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := attribute.String(vramotel.AttrServerAddress, u.Hostname())
+	if ps := points(t, rm, vramotel.MetricModelResident, pool, model("tiny:latest")); len(ps) != 1 {
+		t.Errorf("resident points %v, want tiny:latest at %v", points(t, rm, vramotel.MetricModelResident), pool)
+	}
+	stop()
+	if ps := points(t, r.collect(), vramotel.MetricPoolMemberUp); len(ps) != 0 {
+		t.Errorf("member points after stop: %v", ps)
 	}
 }

@@ -73,10 +73,14 @@ func (w *watchList) close() {
 // report the models c's server lists (c.Running, at each collection, under
 // a timeout of 2 s shared with the other reads of the collection), until
 // stop is called. The points carry the model as /api/ps names it
-// ("llama3.2:latest"). A failed listing leaves that client's points out of
-// the collection and is returned to the SDK, which reports it through its
-// error handler; stop the watch before closing c, whose listings then
-// fail.
+// ("llama3.2:latest") and the server as c.Host() names it (server.address,
+// server.port), as the call spans and metrics of c's hooks do. For a pool
+// client (vramguard.NewPool) that server is the pool's own address, and
+// the gauge vramguard.pool.member.up reports each member (c.Members, which
+// reads no server): 1 while it answers, else 0. A failed listing leaves
+// that client's residency points out of the collection and is returned
+// to the SDK, which reports it through its error handler; stop the watch
+// before closing c, whose listings then fail.
 //
 // Watch is safe for concurrent use; stop is idempotent. After Close, or
 // for a nil client, Watch does nothing.
@@ -109,14 +113,22 @@ func (i *Instrumentation) observe(ctx context.Context, o metric.Observer) error 
 		})
 	}
 	wg.Wait()
-	for k := range clients {
+	for k, c := range clients {
+		for _, m := range c.Members() { // nil for a client of one server
+			up := int64(0)
+			if m.Up {
+				up = 1
+			}
+			o.ObserveInt64(i.m.memberUp, up, metric.WithAttributes(attribute.String(AttrPoolMember, m.Name)))
+		}
 		if errs[k] != nil {
 			continue
 		}
+		srv := i.cache.server(c.Host())
 		for _, m := range lists[k] {
-			name := metricModel(cmp.Or(m.Model, m.Name))
-			o.ObserveInt64(i.m.resident, 1, metric.WithAttributes(name))
-			o.ObserveInt64(i.m.modelVRAM, m.SizeVRAM, metric.WithAttributes(name))
+			kv := append([]attribute.KeyValue{metricModel(cmp.Or(m.Model, m.Name))}, srv...)
+			o.ObserveInt64(i.m.resident, 1, metric.WithAttributes(kv...))
+			o.ObserveInt64(i.m.modelVRAM, m.SizeVRAM, metric.WithAttributes(kv...))
 		}
 	}
 	if snap != nil {

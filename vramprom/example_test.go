@@ -84,7 +84,7 @@ func ExampleCollector_Watch() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	stop := col.Watch(client, s.URL().String())
+	stop := col.Watch(client)
 	defer stop()
 	metrics := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer metrics.Close()

@@ -1,7 +1,8 @@
 // Package vramprom exports vramguard's lifecycle as Prometheus metrics: the
 // calls, their tokens and first chunks, loads, reloads and why, verified
-// unloads, budget admissions, waits for free memory, and, at scrape time,
-// which models a server has resident and who holds each device's memory.
+// unloads, budget admissions, waits for free memory, a pool's placements,
+// and, at scrape time, which models a server has resident, which members
+// of a pool answer, and who holds each device's memory.
 //
 // It is built only on vramguard.Hooks, so a program that imports only the
 // root compiles no Prometheus code. It registers nothing itself: the
@@ -11,7 +12,7 @@
 //	reg := prometheus.NewRegistry()
 //	reg.MustRegister(col)
 //	client, err := vramguard.NewClient(vramguard.Options{Hooks: col.Hooks(), VRAM: reader})
-//	stop := col.Watch(client, host)
+//	stop := col.Watch(client)
 //	defer stop()
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
@@ -40,24 +41,31 @@
 //	vramguard_model_reloads_total             counter    model, cause
 //	vramguard_budget_admissions_total         counter    model, outcome (admitted, refused, failed)
 //	vramguard_vram_wait_duration_seconds      histogram  device, error_type
+//	vramguard_pool_placements_total           counter    member, reason, model
 //
 // An unload's outcome is "verified" (the model was seen gone), "leased" (a
 // lease kept it and nothing was sent), "failed" (the unload returned an
 // error) or "unverified" (it ended without proof or error, as for a
 // protected model UnloadAll left). Its cause is the vramguard.UnloadCause
 // ("unload", "guard", "phase end", "budget", ...); a reload's cause is the
-// vramguard.ReloadCause.
+// vramguard.ReloadCause. A placement is a pool's (vramguard.NewPool)
+// choice of the member a call goes to, counted as Hooks.OnPlace reports
+// it: member is the PoolMember's name, reason the vramguard.PlaceReason
+// ("warm", "room", "made room").
 //
 // At each scrape the Collector reads, with a bound of 5 seconds each:
 //
 //	vramguard_model_resident          gauge  model, server  1 per model the server's /api/ps lists
 //	vramguard_model_vram_bytes        gauge  model, server  its size_vram, Ollama's estimate
 //	vramguard_ollama_up               gauge  server         1 when /api/ps answered, else 0
+//	vramguard_pool_member_up          gauge  member         1 while the pool's member answers, else 0
 //	vramguard_device_memory_bytes     gauge  device, holder, kind
 //	vramguard_device_reader_up        gauge                 1 when the VRAM reader answered, else 0
 //
 // The first three are there for each client given to Collector.Watch, the
-// last two with Config.VRAM. vramguard_device_memory_bytes splits each
+// fourth for each watched pool client (one series per member, as
+// OllamaClient.Members reports it, which reads no server), the last two
+// with Config.VRAM. vramguard_device_memory_bytes splits each
 // device's memory as vramguard.DeviceMemory.Holders does: kind "runner"
 // (holder: the model), "other" (holder: the process's command), and
 // "unattributed" and "free" (holder ""); the series of a device add up to
@@ -65,8 +73,9 @@
 //
 // Labels named model hold vramguard.NormalizeModelName's form
 // ("tiny:latest"), and labels named server the host:port of the client's
-// server, so that a call's series and a residency gauge of the same model
-// on the same server match.
+// server (OllamaClient.Host, which for a pool client names the pool, not
+// a member), so that a call's series and a residency gauge of the same
+// model on the same server match.
 package vramprom
 
 import (
@@ -142,9 +151,10 @@ type Collector struct {
 	reloads        *prometheus.CounterVec
 	admissions     *prometheus.CounterVec
 	vramWait       *prometheus.HistogramVec
+	placements     *prometheus.CounterVec
 
-	resident, vramBytes, ollamaUp *prometheus.Desc
-	deviceMemory, readerUp        *prometheus.Desc
+	resident, vramBytes, ollamaUp, memberUp *prometheus.Desc
+	deviceMemory, readerUp                  *prometheus.Desc
 
 	watches watches
 }
@@ -210,6 +220,9 @@ func New(cfg Config) (*Collector, error) {
 		vramWait: hist(own("vram_wait_duration_seconds"),
 			"Waits for free device memory (EnsureFree, budgets making room, phase hand-overs).",
 			secondsBuckets, "device", "error_type"),
+		placements: counter("pool_placements_total",
+			"Members a pool chose for calls, by member, reason (warm, room, made room) and model.",
+			"member", "reason", "model"),
 
 		resident: prometheus.NewDesc(own("model_resident"),
 			"1 for each model the watched server's /api/ps lists.", []string{"model", "server"}, nil),
@@ -217,6 +230,8 @@ func New(cfg Config) (*Collector, error) {
 			"The size_vram /api/ps lists for a resident model (Ollama's estimate of its share on the GPU).", []string{"model", "server"}, nil),
 		ollamaUp: prometheus.NewDesc(own("ollama_up"),
 			"1 when the watched server's /api/ps answered at this scrape, else 0.", []string{"server"}, nil),
+		memberUp: prometheus.NewDesc(own("pool_member_up"),
+			"1 while a watched pool's member answers (the pool's own view, read at this scrape), else 0.", []string{"member"}, nil),
 		deviceMemory: prometheus.NewDesc(own("device_memory_bytes"),
 			"Device memory by holder, as the driver reports it: kind runner (holder: model), other (holder: command), unattributed, free; a device's series add up to its total.",
 			[]string{"device", "holder", "kind"}, nil),
@@ -232,7 +247,7 @@ func invalid(format string, args ...any) error {
 
 func (c *Collector) vecs() []prometheus.Collector {
 	return []prometheus.Collector{c.opDuration, c.tokenUsage, c.firstChunk, c.loads, c.loadDuration,
-		c.unloads, c.unloadDuration, c.reloads, c.admissions, c.vramWait}
+		c.unloads, c.unloadDuration, c.reloads, c.admissions, c.vramWait, c.placements}
 }
 
 // Describe sends the descriptors of every metric the Collector can
@@ -244,6 +259,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.resident
 	ch <- c.vramBytes
 	ch <- c.ollamaUp
+	ch <- c.memberUp
 	if c.vram != nil {
 		ch <- c.deviceMemory
 		ch <- c.readerUp
@@ -270,6 +286,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (c *Collector) collectServer(ctx context.Context, ch chan<- prometheus.Metric, w *watch) {
+	for _, m := range w.client.Members() { // nil for a client of one server
+		up := 0.0
+		if m.Up {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.memberUp, prometheus.GaugeValue, up, m.Name)
+	}
 	ps, err := w.client.Running(ctx)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.ollamaUp, prometheus.GaugeValue, 0, w.server)
@@ -325,16 +348,20 @@ func (c *Collector) collectDevices(ctx context.Context, ch chan<- prometheus.Met
 // Watch makes each scrape read cl's /api/ps (through cl.Running, whose
 // listing cl's other callers share) for vramguard_model_resident,
 // vramguard_model_vram_bytes and vramguard_ollama_up, labelled with
-// server: the client's Options.Host, in any form Options.Host accepts
-// ("gpu-box:11434", "http://gpu-box:11434"). The series stop when stop is
-// called (it may be called more than once) or cl is closed (up 0 then).
-// A nil cl watches nothing. While two watched clients have the same
-// server, the scrape reads only the first watched.
-func (c *Collector) Watch(cl *vramguard.OllamaClient, server string) (stop func()) {
+// server: the host:port of cl.Host(), as the call metrics of cl's hooks
+// have it ("" for a client made with Options.API and no Options.Host).
+// For a pool client (vramguard.NewPool) the scrape also reports
+// vramguard_pool_member_up per member, from cl.Members. The series stop
+// when stop is called (it may be called more than once); once cl is
+// closed its listing fails and up is 0. A nil cl watches nothing. While
+// two watched clients have the same server (every pool client names the
+// same pool address), the scrape reads only the first watched. Watch is
+// safe for concurrent use.
+func (c *Collector) Watch(cl *vramguard.OllamaClient) (stop func()) {
 	if cl == nil {
 		return func() {}
 	}
-	w := &watch{client: cl, server: serverLabel(server)}
+	w := &watch{client: cl, server: serverLabel(cl.Host())}
 	c.watches.add(w)
 	var once sync.Once
 	return func() { once.Do(func() { c.watches.remove(w) }) }
@@ -416,6 +443,7 @@ func (c *Collector) Hooks() vramguard.Hooks {
 		OnReload:    c.reload,
 		OnAdmission: c.admission,
 		OnVRAMWait:  c.vramWaited,
+		OnPlace:     c.placed,
 	}
 }
 
@@ -501,4 +529,8 @@ func (c *Collector) admission(_ context.Context, e vramguard.AdmissionEvent) {
 
 func (c *Collector) vramWaited(_ context.Context, e vramguard.VRAMWaitEvent) {
 	c.vramWait.WithLabelValues(strconv.Itoa(e.Device), errorType(e.Err)).Observe(e.Waited.Seconds())
+}
+
+func (c *Collector) placed(_ context.Context, p vramguard.Placement) {
+	c.placements.WithLabelValues(p.Member, string(p.Reason), vramguard.NormalizeModelName(p.Model)).Inc()
 }

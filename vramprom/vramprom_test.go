@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -345,7 +347,7 @@ func TestGauges(t *testing.T) {
 		t.Fatal(err)
 	}
 	col, reg, c := setup(t, s, vramprom.Config{VRAM: s.GPU()}, vramguard.Options{})
-	stop := col.Watch(c, s.URL().String())
+	stop := col.Watch(c)
 	defer stop()
 	srv := hostPort(s)
 
@@ -395,7 +397,7 @@ func TestGauges(t *testing.T) {
 func TestGaugesDown(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{})
 	col, reg, c := setup(t, s, vramprom.Config{VRAM: failingReader{}}, vramguard.Options{KeepModelsOnClose: true})
-	stop := col.Watch(c, s.URL().String())
+	stop := col.Watch(c)
 	defer stop()
 	if _, err := generate(t, c, "tiny", vramguard.KeepAliveFor(time.Hour)); err != nil {
 		t.Fatal(err)
@@ -501,10 +503,12 @@ func TestLint(t *testing.T) {
 		t.Fatal(err)
 	}
 	col, reg, c := setup(t, s, vramprom.Config{VRAM: s.GPU()}, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{}})
-	stop := col.Watch(c, s.URL().String())
+	stop := col.Watch(c)
 	defer stop()
-	// The same server watched twice, in another form: read once.
-	stop2 := col.Watch(c, "http://"+hostPort(s)+"/")
+	// The same server watched through a second client, whose Options.Host
+	// names it in another form: read once (two series of one name and
+	// labels would fail the pedantic gather).
+	stop2 := col.Watch(plainClient(t, s, "http://"+hostPort(s)+"/", col.Hooks()))
 	defer stop2()
 	_, _ = generate(t, c, "huge", vramguard.KeepAliveUnload)
 	if _, err := generate(t, c, "tiny", vramguard.KeepAliveFor(time.Hour)); err != nil {
@@ -531,7 +535,9 @@ func TestLint(t *testing.T) {
 	}
 }
 
-// Server labels are host:port whatever form Options.Host takes.
+// Server labels are the host:port of the client's Host, whatever form
+// its Options.Host took; a client made with an api.Client and no host has
+// an empty one.
 func TestServerLabel(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{})
 	col, err := vramprom.New(vramprom.Config{})
@@ -540,19 +546,134 @@ func TestServerLabel(t *testing.T) {
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)
-	c, err := vramguard.NewClient(vramguard.Options{Host: hostPort(s), Hooks: col.Hooks(), Leases: vramguard.LeaseOptions{Off: true}})
+	tests := []struct {
+		name, host, label string
+		up                float64
+	}{
+		{name: "host:port", host: hostPort(s), label: hostPort(s), up: 1},
+		{name: "URL", host: "http://" + hostPort(s), label: hostPort(s), up: 1},
+		{name: "URL with a slash", host: "http://" + hostPort(s) + "/", label: hostPort(s), up: 1},
+		{name: "no port", host: "127.0.0.1", label: "127.0.0.1:11434", up: -1}, // up: whether this machine serves 11434
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := plainClient(t, s, tt.host, col.Hooks())
+			stop := col.Watch(c)
+			defer stop()
+			got := series(t, reg)
+			k := fmt.Sprintf(`vramguard_ollama_up{server=%q}`, tt.label)
+			if v, ok := got[k]; !ok || tt.up >= 0 && v != tt.up {
+				t.Errorf("%s = %v (present %v), want %v; have:\n%s", k, v, ok, tt.up, dump(got, "vramguard_ollama_up"))
+			}
+			if n := testutil.CollectAndCount(reg, "vramguard_ollama_up"); n != 1 {
+				t.Errorf("%d up series, want 1", n)
+			}
+		})
+	}
+	t.Run("api client", func(t *testing.T) {
+		c, err := vramguard.NewClient(vramguard.Options{API: api.NewClient(s.URL(), http.DefaultClient), Leases: vramguard.LeaseOptions{Off: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		stop := col.Watch(c)
+		defer stop()
+		want(t, series(t, reg), map[string]float64{`vramguard_ollama_up{server=""}`: 1})
+	})
+	_ = col.Watch(nil) // watches nothing
+}
+
+// plainClient is a client of host (a form of s's address), with hooks
+// and no leases, closed at the end of the test.
+func plainClient(t *testing.T, s *vramguardtest.Server, host string, h vramguard.Hooks) *vramguard.OllamaClient {
+	t.Helper()
+	c, err := vramguard.NewClient(vramguard.Options{Host: host, Hooks: h, Leases: vramguard.LeaseOptions{Off: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	for _, form := range []string{hostPort(s), "http://" + hostPort(s), "http://" + hostPort(s) + "/"} {
-		stop := col.Watch(c, form)
-		got := series(t, reg)
-		want(t, got, map[string]float64{fmt.Sprintf(`vramguard_ollama_up{server=%q}`, hostPort(s)): 1})
-		stop()
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// A pool of two members (16 and 24 GiB): a first call placed by room on
+// the larger, the next warm there, each counted with its member, reason
+// and model; both members up, and the pool's listing under its own
+// server label.
+func TestPool(t *testing.T) {
+	var sims []*vramguardtest.Server
+	var ms []vramguard.PoolMember
+	for i, total := range []uint64{16 * gib, 24 * gib} {
+		s := newSim(t, vramguardtest.Config{TotalVRAM: total, StrictVRAM: true})
+		sims = append(sims, s)
+		ms = append(ms, vramguard.PoolMember{Name: fmt.Sprintf("gpu%d", i), Host: s.URL().String(), VRAM: s.GPU()})
 	}
-	stop := col.Watch(c, "localhost")
+	col, err := vramprom.New(vramprom.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, ProbeInterval: 20 * time.Millisecond},
+		vramguard.Options{Hooks: col.Hooks(), PollInterval: 5 * time.Millisecond, Leases: vramguard.LeaseOptions{Dir: filepath.Join(t.TempDir(), "leases")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	stop := col.Watch(c)
 	defer stop()
-	want(t, series(t, reg), map[string]float64{`vramguard_ollama_up{server="localhost:11434"}`: 1})
-	_ = col.Watch(nil, "x") // watches nothing
+
+	want(t, series(t, reg), map[string]float64{`vramguard_pool_member_up{member="gpu0"}`: 1, `vramguard_pool_member_up{member="gpu1"}`: 1})
+	var reasons []vramguard.PlaceReason
+	for range 2 {
+		g, err := generate(t, c, "tiny", vramguard.KeepAliveFor(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Placement == nil {
+			t.Fatal("a pool's generation without a placement")
+		}
+		reasons = append(reasons, g.Placement.Reason)
+	}
+	if !slices.Equal(reasons, []vramguard.PlaceReason{vramguard.PlaceRoom, vramguard.PlaceWarm}) || !sims[1].Listed("tiny") || sims[0].Listed("tiny") {
+		t.Fatalf("placements %q, tiny on gpu0 %v, gpu1 %v; want room then warm, on gpu1", reasons, sims[0].Listed("tiny"), sims[1].Listed("tiny"))
+	}
+	srv := serverLabelOf(t, c)
+	got := series(t, reg)
+	want(t, got, map[string]float64{
+		`vramguard_pool_placements_total{member="gpu1",model="tiny:latest",reason="room"}`:                 1,
+		`vramguard_pool_placements_total{member="gpu1",model="tiny:latest",reason="warm"}`:                 1,
+		`vramguard_pool_member_up{member="gpu0"}`:                                                          1,
+		`vramguard_pool_member_up{member="gpu1"}`:                                                          1,
+		fmt.Sprintf(`vramguard_ollama_up{server=%q}`, srv):                                                 1,
+		fmt.Sprintf(`vramguard_model_resident{model="tiny:latest",server=%q}`, srv):                        1,
+		fmt.Sprintf(`vramguard_model_loads_total{model="tiny:latest",reload_cause="none",server=%q}`, srv): 1,
+	})
+	if n := testutil.CollectAndCount(reg, "vramguard_pool_placements_total"); n != 2 {
+		t.Errorf("%d placement series, want 2:\n%s", n, dump(got, "vramguard_pool_placements_total"))
+	}
+	problems, err := testutil.CollectAndLint(col, "vramguard_pool_placements_total", "vramguard_pool_member_up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+	stop()
+	if n := testutil.CollectAndCount(reg, "vramguard_pool_member_up"); n != 0 {
+		t.Errorf("%d member series after stop", n)
+	}
+}
+
+// serverLabelOf is the server label of c: its Host's host:port.
+func serverLabelOf(t *testing.T, c *vramguard.OllamaClient) string {
+	t.Helper()
+	u, err := url.Parse(c.Host())
+	if err != nil || u.Port() == "" {
+		t.Fatalf("Host %q: %v", c.Host(), err)
+	}
+	return u.Host
 }

@@ -74,7 +74,7 @@ func newEndpoints(w *watcher) (http.Handler, func(), error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(col, newRunnerCollector(w))
-	stop := col.Watch(w.ollama, w.host)
+	stop := col.Watch(w.ollama)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /ready", w.ready)

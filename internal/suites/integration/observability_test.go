@@ -62,7 +62,7 @@ func TestPrometheusScrapes(t *testing.T) {
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(col)
 		c := newClient(t, s, vramguard.Options{Hooks: col.Hooks()})
-		stop := col.Watch(c, s.URL().String())
+		stop := col.Watch(c)
 		t.Cleanup(stop)
 		own := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		t.Cleanup(own.Close)
