@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -281,8 +282,11 @@ func (c *OllamaClient) servingServer(ctx context.Context, model string) int {
 }
 
 // connFailed reports whether err is a connection to the server that
-// failed: refused, reset, or cut mid-reply.
+// failed: refused, reset, closed before the reply (the transport's EOF),
+// or cut mid-reply.
 func connFailed(err error) bool {
 	var op *net.OpError
-	return errors.As(err, &op) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+	var ue *url.Error
+	return errors.As(err, &op) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		(errors.As(err, &ue) && errors.Is(err, io.EOF))
 }
