@@ -17,7 +17,8 @@ type PlaceReason string
 // The reasons, in the order a pool tries them.
 const (
 	// PlaceWarm: the member's server lists the model (or is loading it
-	// for this pool): no load.
+	// for this pool): no load. Of several such members, the one with the
+	// most free memory.
 	PlaceWarm PlaceReason = "warm"
 	// PlaceRoom: of the members whose device has room for the model's
 	// estimate plus PoolOptions.Headroom, the one with the most free

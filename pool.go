@@ -14,8 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,7 +38,9 @@ type PoolMember struct {
 	// a pool places loads by measured room.
 	VRAM   VRAMReader
 	Device int
-	// HTTPClient reaches the member; nil means a client of its own.
+	// HTTPClient reaches the member (its Timeout, redirects and
+	// Transport apply, as Options.HTTPClient's do for one server); nil
+	// means a client with no overall timeout on http.DefaultTransport.
 	HTTPClient *http.Client
 }
 
@@ -131,13 +135,18 @@ func newPoolMember(m PoolMember, opts Options) (*poolMember, error) {
 	}
 	hc := m.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		hc = &http.Client{}
 	}
 	// The member's own client: estimates, listings and room-making there,
-	// with the pool's protected models and lease directory.
+	// with the pool's protected models and lease directory, and the
+	// pool's unload and wait hooks, so that an eviction on a member is
+	// seen as the budget's are on one server.
+	h := opts.Hooks
 	mo := Options{Host: m.Host, HTTPClient: hc, VRAM: m.VRAM, Protected: opts.Protected, Leases: opts.Leases,
 		Logger: opts.Logger, PollInterval: opts.PollInterval, UnloadTimeout: opts.UnloadTimeout,
-		VRAMPollInterval: opts.VRAMPollInterval, KeepModelsOnClose: true}
+		VRAMPollInterval: opts.VRAMPollInterval, KeepModelsOnClose: true,
+		Hooks: Hooks{OnUnloadRequested: h.OnUnloadRequested, OnEvictionVerified: h.OnEvictionVerified,
+			OnCleanupFailed: h.OnCleanupFailed, OnVRAMWait: h.OnVRAMWait, OnUnloadStart: h.OnUnloadStart, OnUnloadEnd: h.OnUnloadEnd}}
 	mc, err := NewClient(mo)
 	if err != nil {
 		return nil, err
@@ -147,7 +156,7 @@ func newPoolMember(m PoolMember, opts Options) (*poolMember, error) {
 		return nil, invalid(op, "", "member %q has no host", m.Name)
 	}
 	return &poolMember{name: cmp.Or(m.Name, mc.host), base: mc.base, hc: hc, c: mc, vram: m.VRAM, device: m.Device,
-		up: true, inflight: map[string]int{}}, nil
+		up: true, inflight: map[string]int{}, pending: map[string]uint64{}, placed: map[string]bool{}}, nil
 }
 
 // pool is the transport of a pool client (http.RoundTripper).
@@ -177,6 +186,12 @@ type poolMember struct {
 	inflight map[string]int             // normalized model → requests through the pool
 	pending  map[string]uint64          // loads placed here and not listed yet: model → need
 	last     []api.ProcessModelResponse // the latest listing, shown while the member is down
+	// placed are the models placed here that no listing has shown yet
+	// nor ruled out: a listing rules a model out only when it was asked
+	// for after the model's requests had ended, since Ollama lists a
+	// model only once its load is over. They count as resident with
+	// the latest listing (lastListing).
+	placed map[string]bool
 }
 
 var _ http.RoundTripper = (*pool)(nil)
@@ -233,8 +248,7 @@ func (p *pool) call(req *http.Request) (*http.Response, error) {
 	if slot, ok := req.Context().Value(placementKey{}).(*placementSlot); ok {
 		slot.set(pl)
 	}
-	key := NormalizeModelName(r.Model)
-	m.begin(key)
+	key := NormalizeModelName(r.Model) // placeModel counted the call in flight on m
 	resp, err := m.forward(req, body)
 	if err != nil {
 		m.end(key)
@@ -249,32 +263,44 @@ func (p *pool) call(req *http.Request) (*http.Response, error) {
 // anywhere hears it, and the client's verification reads every listing.
 func (p *pool) unload(req *http.Request, body []byte, model string) (*http.Response, error) {
 	var (
-		first   *http.Response
+		first   *http.Response // the first success
+		refusal *http.Response // else the first member's refusal (404 for a model none has)
 		lastErr error
+		missed  bool // a member did not hear it: a refusal then says nothing of the model there
 	)
 	for _, m := range p.members {
 		if !m.isUp() {
+			missed = true
 			continue
 		}
 		resp, err := m.forward(req, body)
 		if err != nil {
 			p.failed(m, err)
-			lastErr = err
+			lastErr, missed = err, true
 			continue
 		}
-		if first == nil && resp.StatusCode < 300 {
+		switch {
+		case first == nil && resp.StatusCode < 300:
 			first = resp
-			continue
+		case refusal == nil && resp.StatusCode >= 300:
+			refusal = resp
+		default:
+			drainClose(resp.Body)
 		}
-		drainClose(resp.Body)
 	}
-	if first == nil {
-		if lastErr == nil {
-			lastErr = fmt.Errorf("unload of %s: no member of the pool answers", model)
-		}
-		return nil, lastErr
+	if refusal != nil && (first != nil || missed) {
+		drainClose(refusal.Body)
+		refusal = nil
 	}
-	return first, nil
+	switch {
+	case first != nil:
+		return first, nil
+	case refusal != nil:
+		return refusal, nil
+	case lastErr == nil:
+		lastErr = fmt.Errorf("unload of %s: no member of the pool answers", model)
+	}
+	return nil, lastErr
 }
 
 // listing merges the members' /api/ps: a member that does not answer
@@ -439,21 +465,15 @@ func (m *poolMember) isUp() bool {
 	return m.up
 }
 
-// holds reports whether the member listed the model last, or has a
-// request on it in flight through the pool.
+// holds reports whether the member listed the model last, has a request
+// on it in flight through the pool, or had one placed there since.
 func (m *poolMember) holds(key string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.inflight[key] > 0 {
+	if m.inflight[key] > 0 || m.placed[key] {
 		return true
 	}
 	return findRunning(m.last, key) != nil
-}
-
-func (m *poolMember) begin(key string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.inflight[key]++
 }
 
 func (m *poolMember) end(key string) {
@@ -471,6 +491,14 @@ func (m *poolMember) list(ctx context.Context, ask bool) ([]api.ProcessModelResp
 	if !ask {
 		return nil, fmt.Errorf("pool member %s is down", m.name)
 	}
+	m.mu.Lock()
+	ended := map[string]bool{} // placed models whose requests had ended before this listing
+	for k := range m.placed {
+		if m.inflight[k] == 0 {
+			ended[k] = true
+		}
+	}
+	m.mu.Unlock()
 	resp, err := m.c.api.ListRunning(ctx)
 	if err != nil {
 		return nil, err
@@ -483,13 +511,31 @@ func (m *poolMember) list(ctx context.Context, ask bool) ([]api.ProcessModelResp
 			delete(m.pending, k)
 		}
 	}
+	for k := range m.placed {
+		if ended[k] || findRunning(resp.Models, k) != nil {
+			delete(m.placed, k)
+		}
+	}
 	return resp.Models, nil
 }
 
+// lastListing is the latest listing, with the models placed here since
+// that it does not show (a load may have ended since): what counts as
+// resident on a member that does not answer.
 func (m *poolMember) lastListing() []api.ProcessModelResponse {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.last
+	return m.lastLocked()
+}
+
+func (m *poolMember) lastLocked() []api.ProcessModelResponse {
+	out := slices.Clone(m.last)
+	for _, k := range slices.Sorted(maps.Keys(m.placed)) {
+		if findRunning(out, k) == nil {
+			out = append(out, api.ProcessModelResponse{Name: k, Model: k, ExpiresAt: time.Now().Add(24 * time.Hour)})
+		}
+	}
+	return out
 }
 
 // forward sends req, with body, to the member's server.
@@ -505,7 +551,9 @@ func (m *poolMember) forward(req *http.Request, body []byte) (*http.Response, er
 	if body == nil {
 		out.Body, out.ContentLength = http.NoBody, 0
 	}
-	return m.hc.Transport.RoundTrip(out)
+	// Through the member's client, not its Transport alone: a client
+	// whose Transport is nil uses the default one, and its Timeout holds.
+	return m.hc.Do(out)
 }
 
 // placementKey marks, in a call's context, where the pool writes its

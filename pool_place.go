@@ -7,63 +7,30 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"slices"
 	"time"
 
 	"github.com/ollama/ollama/api"
 )
 
 // placeModel chooses the member a call on model goes to, making room there
-// when the decision says so.
+// when the decision says so. The model is estimated only when no member
+// is warm.
 func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolMember, Placement, error) {
 	const op = "place"
-	key := NormalizeModelName(model)
 	p.place.Lock()
 	defer p.place.Unlock()
-	views := make([]memberView, len(p.members))
-	rooms := make([]MemberRoom, len(p.members))
-	var need uint64
-	var estErr error
-	estimated := false
-	for i, m := range p.members {
-		rooms[i] = MemberRoom{Member: m.name, Device: m.device}
-		v := &views[i]
-		if !m.isUp() {
-			rooms[i].Down = true
-			continue
-		}
-		listed, err := m.list(ctx, true)
-		if err != nil {
-			p.failed(m, err)
-			rooms[i].Down, rooms[i].Err = connFailed(err), err
-			continue
-		}
-		v.up = true
-		v.warm = m.holds(key)
-		if v.warm {
-			continue // no estimate needed while a member is warm
-		}
-		if !estimated {
-			estimated = true
-			est, err := m.c.EstimateModel(ctx, model, numCtx)
-			if err != nil {
-				estErr = err
-			} else {
-				need = uint64(max(est.Total, 0)) + p.headroom
-			}
-		}
-		p.measure(ctx, m, listed, v, &rooms[i])
-	}
+	views, rooms := p.survey(ctx, NormalizeModelName(model))
 	if ctx.Err() != nil {
 		return nil, Placement{}, newError(op, model, KindCanceled, context.Cause(ctx))
 	}
-	d, ok := decide(views, need)
-	if ok && d.reason == PlaceWarm {
+	if d, ok := decide(views, 0); ok && d.reason == PlaceWarm {
 		return p.placed(ctx, d, model, 0, views)
 	}
-	if estErr != nil {
-		return nil, Placement{}, estErr
+	need, err := p.need(ctx, views, model, numCtx)
+	if err != nil {
+		return nil, Placement{}, err
 	}
+	d, ok := decide(views, need)
 	if ok && d.reason == PlaceMadeRoom {
 		if err := p.makeRoom(ctx, p.members[d.member], d.evict, need); err != nil {
 			return nil, Placement{}, err
@@ -78,6 +45,45 @@ func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolM
 		kind = KindUnavailable
 	}
 	return nil, Placement{}, newError(op, model, kind, perr)
+}
+
+// survey lists every member that is up and reads its device: what the
+// decision knows of each (views), and what a refusal says of it (rooms).
+func (p *pool) survey(ctx context.Context, key string) ([]memberView, []MemberRoom) {
+	views := make([]memberView, len(p.members))
+	rooms := make([]MemberRoom, len(p.members))
+	for i, m := range p.members {
+		rooms[i] = MemberRoom{Member: m.name, Device: m.device}
+		if !m.isUp() {
+			rooms[i].Down = true
+			continue
+		}
+		listed, err := m.list(ctx, true)
+		if err != nil {
+			p.failed(m, err)
+			rooms[i].Down, rooms[i].Err = connFailed(err), err
+			continue
+		}
+		views[i].up = true
+		views[i].warm = m.holds(key)
+		p.measure(ctx, m, listed, &views[i], &rooms[i])
+	}
+	return views, rooms
+}
+
+// need is the model's estimate, read from the first member that answers,
+// plus the headroom (0 when no member answers: nothing can be placed).
+func (p *pool) need(ctx context.Context, views []memberView, model string, numCtx int) (uint64, error) {
+	for i, v := range views {
+		if v.up {
+			est, err := p.members[i].c.EstimateModel(ctx, model, numCtx)
+			if err != nil {
+				return 0, err
+			}
+			return uint64(max(est.Total, 0)) + p.headroom, nil
+		}
+	}
+	return 0, nil
 }
 
 // measure fills in a member's free memory and what room-making may unload
@@ -141,9 +147,15 @@ func runnerBytes(d *DeviceMemory) map[string]uint64 {
 }
 
 // makeRoom unloads the chosen models on m, verified, and waits for the
-// device to show the room.
+// device to show the room. The pool client records the evictions as its
+// own, so that a model's next load names the cause (ReloadEvicted).
 func (p *pool) makeRoom(ctx context.Context, m *poolMember, evict []string, need uint64) error {
-	_, err := m.c.unloadMany(ctx, evict, unloadMode{keepLoads: true, cause: CauseBudget})
+	reps, err := m.c.unloadMany(ctx, evict, unloadMode{keepLoads: true, cause: CauseBudget})
+	for _, r := range reps {
+		if r.Verified && r.WasLoaded {
+			p.c.churn.unloaded(r.Model, CauseBudget, time.Now())
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -151,22 +163,23 @@ func (p *pool) makeRoom(ctx context.Context, m *poolMember, evict []string, need
 	return err
 }
 
-// placed records and reports the decision.
+// placed records and reports the decision, and counts the call in flight
+// on the member (the caller ends it) before the next placement, which
+// then finds the model warm there, not gone from a listing taken while
+// it loads.
 func (p *pool) placed(ctx context.Context, d decision, model string, need uint64, views []memberView) (*poolMember, Placement, error) {
 	m := p.members[d.member]
 	pl := Placement{Model: model, Member: m.name, Device: m.device, Reason: d.reason, Need: need, Free: views[d.member].free, Evicted: d.evict}
+	key := NormalizeModelName(model)
 	m.mu.Lock()
 	// Until a listing of the member says otherwise, the model counts as
 	// resident there: if the member stops answering, an unload of it is
-	// not verified by its absence from a listing that predates the load.
-	if findRunning(m.last, model) == nil {
-		m.last = append(slices.Clone(m.last), api.ProcessModelResponse{Name: NormalizeModelName(model), Model: NormalizeModelName(model), ExpiresAt: time.Now().Add(24 * time.Hour)})
-	}
+	// not verified by its absence from a listing that predates the load
+	// or was taken while it loaded.
+	m.placed[key] = true
+	m.inflight[key]++
 	if d.reason != PlaceWarm {
-		if m.pending == nil {
-			m.pending = map[string]uint64{}
-		}
-		m.pending[NormalizeModelName(model)] = need
+		m.pending[key] = need
 	}
 	m.mu.Unlock()
 	if d.reason != PlaceWarm {
@@ -193,9 +206,10 @@ type MemberStatus struct {
 	// Up is false while the member's server does not answer (it is asked
 	// again every PoolOptions.ProbeInterval).
 	Up bool
-	// Models are the models the member listed last (while it is down: the
-	// ones it listed before, and the ones placed there since), and
-	// InFlight the pool's requests on each model there now.
+	// Models are the models the member listed last, and the ones placed
+	// there that no listing has shown or ruled out yet (a load in flight;
+	// while the member is down, every one placed there since it last
+	// answered); InFlight the pool's requests on each model there now.
 	Models   []string
 	InFlight map[string]int
 }
@@ -210,7 +224,7 @@ func (c *OllamaClient) Members() []MemberStatus {
 	for _, m := range c.pool.members {
 		m.mu.Lock()
 		st := MemberStatus{Name: m.name, Host: m.c.host, Device: m.device, Up: m.up, InFlight: maps.Clone(m.inflight)}
-		for _, r := range m.last {
+		for _, r := range m.lastLocked() {
 			st.Models = append(st.Models, NormalizeModelName(r.Model))
 		}
 		m.mu.Unlock()

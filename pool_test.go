@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -334,5 +335,166 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return context.Cause(ctx)
 	case <-time.After(d):
 		return nil
+	}
+}
+
+// A model whose load is in flight on a member when the member stops
+// answering still counts as resident there, even when a listing of the
+// member was read during the load (Ollama lists a model only once its
+// load ends): an unload of it is not reported verified.
+func TestPoolLoadInFlightWhenMemberGoesDown(t *testing.T) {
+	slow := newSim(t, vramguardtest.Config{TotalVRAM: 24 * gib, StrictVRAM: true},
+		vramguardtest.ModelConfig{Name: "a", SizeVRAM: 3 * gib, LoadLatency: 300 * time.Millisecond},
+		vramguardtest.ModelConfig{Name: "b", SizeVRAM: 5 * gib, LoadLatency: 20 * time.Millisecond})
+	other := poolSims(t, 16*gib)[0]
+	px := newSwitchProxy(t, slow.URL().Host)
+	ms := []vramguard.PoolMember{
+		{Name: "gpu0", Host: "http://" + px.addr, VRAM: slow.GPU()},
+		{Name: "gpu1", Host: other.URL().String(), VRAM: other.GPU()},
+	}
+	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, ProbeInterval: time.Hour},
+		vramguard.Options{PollInterval: 5 * time.Millisecond, UnloadTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
+		done <- err
+	}()
+	for c.Members()[0].InFlight["a:latest"] == 0 {
+		if err := sleepCtx(t.Context(), time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Running(t.Context()); err != nil { // gpu0 lists nothing yet: a is loading
+		t.Fatal(err)
+	}
+	px.down()
+	if err := <-done; err == nil {
+		t.Fatal("the generation through a member that stopped answering succeeded")
+	}
+	if st := c.Members(); !slices.Contains(st[0].Models, "a:latest") {
+		t.Errorf("members %+v; want a counted on gpu0, where its load was in flight", st)
+	}
+	if rep, err := c.UnloadModel(t.Context(), "a"); !errors.Is(err, vramguard.ErrStillResident) {
+		t.Errorf("UnloadModel of a model loading on a member that stopped answering = %+v, %v; want ErrStillResident", rep, err)
+	}
+}
+
+// A member's own http.Client is used as a client: one without a Transport
+// (the default one then) and with a Timeout, as Options.HTTPClient may be.
+func TestPoolMemberHTTPClient(t *testing.T) {
+	sims := poolSims(t, 16*gib)
+	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: []vramguard.PoolMember{
+		{Name: "gpu0", Host: sims[0].URL().String(), VRAM: sims[0].GPU(), HTTPClient: &http.Client{Timeout: time.Minute}},
+	}}, vramguard.Options{PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if p := poolGen(t, c, "a").Placement; p.Member != "gpu0" {
+		t.Errorf("placement %+v; want gpu0", p)
+	}
+	if _, err := c.UnloadAll(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An unload of a model no member has fails with KindNotFound, as it does
+// on one server (each member answers 404), instead of passing for a
+// verified unload.
+func TestPoolUnloadUnknownModel(t *testing.T) {
+	sims := poolSims(t, 16*gib, 16*gib)
+	one := newTestClient(t, sims[0], vramguard.Options{})
+	_, want := one.UnloadModel(t.Context(), "nope")
+	c := newTestPool(t, sims, vramguard.Options{})
+	rep, err := c.UnloadModel(t.Context(), "nope")
+	if !errors.Is(want, vramguard.KindNotFound) || !errors.Is(err, vramguard.KindNotFound) {
+		t.Errorf("UnloadModel of a model no member has = %+v, %v; want KindNotFound, as one server gives (%v)", rep, err, want)
+	}
+}
+
+// Calls on one model that arrive together are placed on one member, the
+// later ones warm behind the first one's load, which the member does not
+// list yet: one load in the pool.
+func TestPoolConcurrentCallsShareAMember(t *testing.T) {
+	sims := poolSims(t, 16*gib, 16*gib)
+	c := newTestPool(t, sims, vramguard.Options{})
+	var wg sync.WaitGroup
+	members := make([]string, 4)
+	for i := range members {
+		wg.Go(func() {
+			g, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			members[i] = g.Placement.Member
+		})
+	}
+	wg.Wait()
+	if members[0] == "" || slices.ContainsFunc(members, func(m string) bool { return m != members[0] }) {
+		t.Errorf("members %q; want one member for all", members)
+	}
+	if n := sims[0].Loads("b") + sims[1].Loads("b"); n != 1 {
+		t.Errorf("%d loads of b in the pool; want 1", n)
+	}
+}
+
+// Room-making on a member is an eviction like a budget's: the pool's
+// unload hooks see it (cause budget, the member's server), and the
+// evicted model's next load names it (ReloadEvicted).
+func TestPoolEvictionReported(t *testing.T) {
+	sims := poolSims(t, 12*gib, 12*gib)
+	var mu sync.Mutex
+	var starts []vramguard.UnloadStart
+	var verified []string
+	c := newTestPool(t, sims, vramguard.Options{Hooks: vramguard.Hooks{
+		OnUnloadStart: func(ctx context.Context, u vramguard.UnloadStart) context.Context {
+			mu.Lock()
+			defer mu.Unlock()
+			starts = append(starts, u)
+			return ctx
+		},
+		OnEvictionVerified: func(r vramguard.UnloadReport) {
+			mu.Lock()
+			defer mu.Unlock()
+			verified = append(verified, r.Model)
+		},
+	}})
+	poolGen(t, c, "b") // gpu0
+	poolGen(t, c, "a") // gpu1, the most room
+	if err := sims[1].Reserve("comfyui", 2*gib); err != nil {
+		t.Fatal(err)
+	}
+	if p := poolGen(t, c, "c").Placement; p.Member != "gpu1" || !slices.Equal(p.Evicted, []string{"a:latest"}) {
+		t.Fatalf("c: %+v; want room made on gpu1 by unloading a", p)
+	}
+	mu.Lock()
+	if len(starts) != 1 || starts[0].Cause != vramguard.CauseBudget || starts[0].Server != sims[1].URL().String() || len(verified) != 1 {
+		t.Errorf("unload hooks saw %+v (verified %q); want one eviction of a with cause budget on gpu1's server", starts, verified)
+	}
+	mu.Unlock()
+	g := poolGen(t, c, "a")
+	if r := g.Reload; r == nil || r.Cause != vramguard.ReloadEvicted || r.Unload != vramguard.CauseBudget {
+		t.Errorf("a loaded again: reload %+v; want ReloadEvicted by CauseBudget", r)
+	}
+}
+
+// A model warm on two members (another program loaded it on both) is
+// used on the one with more free memory, which the placement reports.
+func TestPoolWarmOnTwoMembers(t *testing.T) {
+	sims := poolSims(t, 16*gib, 24*gib)
+	loadOn(t, sims[0], "a")
+	loadOn(t, sims[1], "a")
+	c := newTestPool(t, sims, vramguard.Options{})
+	g := poolGen(t, c, "a")
+	if p := g.Placement; p.Member != "gpu1" || p.Reason != vramguard.PlaceWarm || p.Free != 21*gib || g.Loaded {
+		t.Errorf("placement %+v, loaded %v; want a reuse on gpu1 (21 GiB free, gpu0 13)", p, g.Loaded)
+	}
+	if _, err := c.UnloadAll(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 }
