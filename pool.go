@@ -52,10 +52,17 @@ type PoolOptions struct {
 	// ProbeInterval is how often a member that stopped answering is asked
 	// again; zero means 2 s.
 	ProbeInterval time.Duration
+	// AnswerTimeout bounds a member's listing and device reading when a
+	// call is placed: a member that takes longer (a server that accepts
+	// connections and hangs) is counted down, as one that refuses them,
+	// and probed until it answers. Members are asked side by side. Zero
+	// means 5 s.
+	AnswerTimeout time.Duration
 }
 
 const (
 	defaultProbeInterval = 2 * time.Second
+	defaultAnswerTimeout = 5 * time.Second
 	// poolHost is the pool client's own server address: no server
 	// listens there; the pool's transport answers. A .localhost name, so
 	// the client checks runner processes on this machine, where the
@@ -96,10 +103,11 @@ func NewPool(p PoolOptions, opts Options) (*OllamaClient, error) {
 	if opts.Host != "" || opts.API != nil || opts.HTTPClient != nil || opts.VRAM != nil || opts.Budget != nil || opts.VerifyVRAM || opts.Fallback {
 		return nil, invalid(op, "", "Host, API, HTTPClient, VRAM, Budget, VerifyVRAM and Fallback belong to the members: leave them unset")
 	}
-	if p.ProbeInterval < 0 || p.Headroom > maxBytes {
-		return nil, invalid(op, "", "negative probe interval or headroom past %d bytes", uint64(maxBytes))
+	if p.ProbeInterval < 0 || p.AnswerTimeout < 0 || p.Headroom > maxBytes {
+		return nil, invalid(op, "", "negative probe interval or answer timeout, or headroom past %d bytes", uint64(maxBytes))
 	}
-	pl := &pool{headroom: p.Headroom, probeEvery: cmp.Or(p.ProbeInterval, defaultProbeInterval), stop: make(chan struct{})}
+	pl := &pool{headroom: p.Headroom, probeEvery: cmp.Or(p.ProbeInterval, defaultProbeInterval),
+		answerTimeout: cmp.Or(p.AnswerTimeout, defaultAnswerTimeout), stop: make(chan struct{})}
 	names := map[string]bool{}
 	for i, m := range p.Members {
 		pm, err := newPoolMember(m, opts)
@@ -166,10 +174,12 @@ type pool struct {
 	members    []*poolMember
 	headroom   uint64
 	probeEvery time.Duration
-	place      sync.Mutex // one placement at a time, as the budget admits one load at a time
-	stop       chan struct{}
-	stopOnce   sync.Once
-	wg         sync.WaitGroup
+	// answerTimeout bounds a member's answers during a placement.
+	answerTimeout time.Duration
+	place         sync.Mutex // one placement at a time, as the budget admits one load at a time
+	stop          chan struct{}
+	stopOnce      sync.Once
+	wg            sync.WaitGroup
 }
 
 // poolMember is one member's server, device and state.
@@ -407,6 +417,11 @@ func (p *pool) failed(m *poolMember, err error) {
 	if !connFailed(err) {
 		return
 	}
+	p.down(m, err)
+}
+
+// down marks a member down until a probe finds it answering.
+func (p *pool) down(m *poolMember, err error) {
 	m.mu.Lock()
 	was := m.up
 	m.up = false

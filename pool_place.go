@@ -6,7 +6,9 @@ package vramguard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/ollama/ollama/api"
@@ -52,23 +54,44 @@ func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolM
 func (p *pool) survey(ctx context.Context, key string) ([]memberView, []MemberRoom) {
 	views := make([]memberView, len(p.members))
 	rooms := make([]MemberRoom, len(p.members))
+	var wg sync.WaitGroup
 	for i, m := range p.members {
 		rooms[i] = MemberRoom{Member: m.name, Device: m.device}
 		if !m.isUp() {
 			rooms[i].Down = true
 			continue
 		}
-		listed, err := m.list(ctx, true)
-		if err != nil {
-			p.failed(m, err)
-			rooms[i].Down, rooms[i].Err = connFailed(err), err
-			continue
-		}
-		views[i].up = true
-		views[i].warm = m.holds(key)
-		p.measure(ctx, m, listed, &views[i], &rooms[i])
+		wg.Go(func() { p.surveyOne(ctx, m, key, &views[i], &rooms[i]) })
 	}
+	wg.Wait()
 	return views, rooms
+}
+
+// surveyOne lists one member and reads its device, within the pool's
+// answer timeout: a member whose server does not answer in time is down.
+func (p *pool) surveyOne(ctx context.Context, m *poolMember, key string, v *memberView, room *MemberRoom) {
+	actx, cancel := context.WithTimeoutCause(ctx, p.answerTimeout,
+		fmt.Errorf("pool member %s did not answer within %v", m.name, p.answerTimeout))
+	defer cancel()
+	listed, err := m.list(actx, true)
+	if err == nil {
+		// A device that does not answer in time leaves the member
+		// unmeasured (room.Err says why): still warm, never placed by room.
+		v.up = true
+		v.warm = m.holds(key)
+		p.measure(actx, m, listed, v, room)
+		return
+	}
+	switch {
+	case ctx.Err() != nil:
+		room.Err = context.Cause(ctx)
+	case actx.Err() != nil:
+		p.down(m, context.Cause(actx))
+		room.Down, room.Err = true, context.Cause(actx)
+	default:
+		p.failed(m, err)
+		room.Down, room.Err = connFailed(err), err
+	}
 }
 
 // need is the model's estimate, read from the first member that answers,

@@ -498,3 +498,66 @@ func TestPoolWarmOnTwoMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A member whose server accepts connections and never answers does not
+// stall the pool: after PoolOptions.AnswerTimeout it counts as down, the
+// call goes to another member, and the refusal of a call no other member
+// can take says so.
+func TestPoolHungMember(t *testing.T) {
+	sims := poolSims(t, 8*gib)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read nothing, answer nothing
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	hung := newSim(t, vramguardtest.Config{TotalVRAM: 24 * gib})
+	ms := []vramguard.PoolMember{
+		{Name: "hung", Host: "http://" + ln.Addr().String(), VRAM: hung.GPU()},
+		{Name: "gpu1", Host: sims[0].URL().String(), VRAM: sims[0].GPU()},
+	}
+	const answer = 200 * time.Millisecond
+	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, AnswerTimeout: answer, ProbeInterval: time.Hour},
+		vramguard.Options{PollInterval: 5 * time.Millisecond, UnloadTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	g := poolGen(t, c, "a")
+	if g.Placement.Member != "gpu1" {
+		t.Errorf("a on %s; want gpu1, the member that answers", g.Placement.Member)
+	}
+	if st := c.Members(); st[0].Up {
+		t.Errorf("the hung member is up: %+v", st[0])
+	}
+	_, err = c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	var pe *vramguard.PlacementError
+	if !errors.As(err, &pe) || !pe.Members[0].Down {
+		t.Errorf("c (9 GiB, room on no member that answers) = %v; want a *PlacementError naming the hung member down", err)
+	}
+	if _, err := c.UnloadModel(t.Context(), "a"); err != nil {
+		t.Errorf("UnloadModel(a) = %v", err)
+	}
+}
