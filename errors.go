@@ -3,6 +3,7 @@ package vramguard
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 )
 
@@ -124,6 +125,14 @@ func KindOf(err error) Kind {
 }
 
 func newError(op, model string, kind Kind, err error) *Error {
+	// A pool's own refusal reaches the call wrapped by net/http in a
+	// *url.Error naming the pool's made-up address: the call's error is
+	// the pool's, without it.
+	var ue *url.Error
+	var pe *Error
+	if errors.As(err, &ue) && errors.As(ue.Err, &pe) && pe.Op == poolPlaceOp {
+		return &Error{Op: op, Model: model, Kind: pe.Kind, Err: pe.Err}
+	}
 	return &Error{Op: op, Model: model, Kind: kind, Err: err}
 }
 

@@ -14,11 +14,14 @@ import (
 	"github.com/ollama/ollama/api"
 )
 
+// poolPlaceOp is the Op of a pool's placement errors.
+const poolPlaceOp = "place"
+
 // placeModel chooses the member a call on model goes to, making room there
 // when the decision says so. The model is estimated only when no member
 // is warm.
 func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolMember, Placement, error) {
-	const op = "place"
+	const op = poolPlaceOp
 	p.place.Lock()
 	defer p.place.Unlock()
 	views, rooms := p.survey(ctx, NormalizeModelName(model))

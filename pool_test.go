@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,6 +133,9 @@ func TestPoolPlacement(t *testing.T) {
 		}
 		if len(pe.Members) != 2 {
 			t.Fatalf("PlacementError members %+v; want both", pe.Members)
+		}
+		if msg := err.Error(); strings.Contains(msg, "vramguard-pool.localhost") || !strings.HasPrefix(msg, `vramguard: generate "c": out of memory: c needs`) {
+			t.Errorf("message %q: want the call's error naming the need, without the pool's made-up URL", msg)
 		}
 		for _, m := range pe.Members {
 			if m.Free != 5*gib || len(m.Kept) != 1 || !m.Kept[0].Protected || len(m.Holders) == 0 || m.Holders[0].Name != "b:latest" {
