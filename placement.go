@@ -146,6 +146,7 @@ type memberView struct {
 type victim struct {
 	model string
 	bytes uint64
+	own   bool // leased by the pool client itself (its phases, HoldModel)
 }
 
 // decision is where a model goes: member, why, and what to unload first.
@@ -181,32 +182,37 @@ func decide(views []memberView, need uint64) (d decision, ok bool) {
 	if best >= 0 {
 		return decision{member: best, reason: PlaceRoom}, true
 	}
-	var bestCost uint64
-	var bestEvict []string
-	for i, v := range views {
-		if !v.up || !v.measured {
-			continue
+	// The pool's own phases' models go last: another member's room is
+	// made first, as a phase keeps each model on its member.
+	for _, own := range []bool{false, true} {
+		var bestCost uint64
+		var bestEvict []string
+		for i, v := range views {
+			if !v.up || !v.measured {
+				continue
+			}
+			evict, cost, enough := victimsFor(v, need, own)
+			if !enough {
+				continue
+			}
+			if best < 0 || cost < bestCost || (cost == bestCost && len(evict) < len(bestEvict)) {
+				best, bestCost, bestEvict = i, cost, evict
+			}
 		}
-		evict, cost, enough := victimsFor(v, need)
-		if !enough {
-			continue
+		if best >= 0 {
+			return decision{member: best, reason: PlaceMadeRoom, evict: bestEvict}, true
 		}
-		if best < 0 || cost < bestCost || (cost == bestCost && len(evict) < len(bestEvict)) {
-			best, bestCost, bestEvict = i, cost, evict
-		}
-	}
-	if best >= 0 {
-		return decision{member: best, reason: PlaceMadeRoom, evict: bestEvict}, true
 	}
 	return decision{}, false
 }
 
-// victimsFor picks, from the member's evictable runners, the set whose
-// bytes reach what is missing at the least cost: the smallest single
-// runner that is enough alone, else the largest first until enough.
-func victimsFor(v memberView, need uint64) (evict []string, cost uint64, enough bool) {
+// victimsFor picks, from the member's evictable runners (the pool's own
+// leased ones only with own), the set whose bytes reach what is missing at
+// the least cost: the smallest single runner that is enough alone, else
+// the largest first until enough.
+func victimsFor(v memberView, need uint64, own bool) (evict []string, cost uint64, enough bool) {
 	missing := need - min(need, v.free)
-	vs := slices.Clone(v.evictable)
+	vs := slices.DeleteFunc(slices.Clone(v.evictable), func(x victim) bool { return x.own && !own })
 	slices.SortFunc(vs, func(a, b victim) int { return cmp.Or(cmp.Compare(a.bytes, b.bytes), cmp.Compare(a.model, b.model)) })
 	for _, x := range vs {
 		if x.bytes >= missing {

@@ -142,6 +142,7 @@ func (p *pool) measure(ctx context.Context, m *poolMember, listed []api.ProcessM
 	v.free = d.Free - min(d.Free, pending)
 	room.Free = v.free
 	cands, kept := m.c.splitKept(listed, false)
+	own := p.c.ownLeased()
 	byModel := runnerBytes(d)
 	for _, x := range cands {
 		key := NormalizeModelName(x.Model)
@@ -154,7 +155,7 @@ func (p *pool) measure(ctx context.Context, m *poolMember, listed []api.ProcessM
 			b = uint64(max(x.SizeVRAM, 0))
 		}
 		if b > 0 {
-			v.evictable = append(v.evictable, victim{model: x.Model, bytes: b})
+			v.evictable = append(v.evictable, victim{model: x.Model, bytes: b, own: own[key]})
 		}
 	}
 	room.Kept = kept
@@ -255,6 +256,18 @@ func (c *OllamaClient) Members() []MemberStatus {
 		}
 		m.mu.Unlock()
 		out = append(out, st)
+	}
+	return out
+}
+
+// ownLeased is the set of models (normalized) this client holds leases on:
+// its phases' and HoldModel's.
+func (c *OllamaClient) ownLeased() map[string]bool {
+	c.leases.mu.Lock()
+	defer c.leases.mu.Unlock()
+	out := make(map[string]bool, len(c.leases.held))
+	for l := range c.leases.held {
+		out[NormalizeModelName(l.info.Model)] = true
 	}
 	return out
 }

@@ -565,3 +565,38 @@ func TestPoolHungMember(t *testing.T) {
 		t.Errorf("UnloadModel(a) = %v", err)
 	}
 }
+
+// Room-making spares the pool's own phase's models while another member's
+// room can be made: the phase's model stays warm on its member, even when
+// unloading it would cost fewer bytes.
+func TestPoolRoomSparesOwnPhase(t *testing.T) {
+	sims := poolSims(t, 12*gib, 12*gib)
+	loadOn(t, sims[1], "b") // another program's 5 GiB on gpu1
+	c := newTestPool(t, sims, vramguard.Options{})
+	p, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := p.Guard()
+	run := func() {
+		t.Helper()
+		if err := g.Run(t.Context(), "a", func(ctx context.Context, s *vramguard.Session) error {
+			_, err := s.Generate(ctx, &vramguard.GenerateRequest{Prompt: "x"}, nil)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run() // a (3 GiB) on gpu0, the roomier
+	gen := poolGen(t, c, "c")
+	if pl := gen.Placement; pl.Member != "gpu1" || pl.Reason != vramguard.PlaceMadeRoom || !slices.Equal(pl.Evicted, []string{"b:latest"}) {
+		t.Errorf("c: placement %+v; want room made on gpu1 (b, 5 GiB), not on gpu0 by unloading the phase's a (3 GiB)", pl)
+	}
+	run()
+	if n := sims[0].Loads("a"); n != 1 {
+		t.Errorf("a loaded %d times on gpu0; want once: the phase kept it", n)
+	}
+	if _, err := p.End(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
