@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vramguard/vramguard/internal/testkit/readmecheck"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -122,20 +123,4 @@ func TestObserveListen(t *testing.T) {
 }
 
 // TestObserveInREADME: the README shows this program as it is.
-func TestObserveInREADME(t *testing.T) {
-	prog, err := os.ReadFile("main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, body, ok := strings.Cut(string(prog), "package main\n")
-	if !ok {
-		t.Fatal("no package line")
-	}
-	if !strings.Contains(string(readme), "```go\npackage main\n"+body+"```\n") {
-		t.Error("README.md does not show examples/observe/main.go as it is (from its package line)")
-	}
-}
+func TestObserveInREADME(t *testing.T) { readmecheck.Program(t, "../../README.md", "main.go") }

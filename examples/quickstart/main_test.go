@@ -5,9 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
+	"github.com/vramguard/vramguard/internal/testkit/readmecheck"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -52,21 +52,4 @@ func TestQuickstart(t *testing.T) {
 }
 
 // TestQuickstartInREADME: the README shows this program as it is.
-func TestQuickstartInREADME(t *testing.T) {
-	prog, err := os.ReadFile("main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The README shows the program from its package line on.
-	_, body, ok := strings.Cut(string(prog), "package main\n")
-	if !ok {
-		t.Fatal("no package line")
-	}
-	if !strings.Contains(string(readme), "```go\npackage main\n"+body+"```\n") {
-		t.Error("README.md does not show examples/quickstart/main.go as it is (from its package line)")
-	}
-}
+func TestQuickstartInREADME(t *testing.T) { readmecheck.Program(t, "../../README.md", "main.go") }
