@@ -5,7 +5,6 @@ package vramguard_test
 // internal/suites/benchreal.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -22,87 +21,30 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/internal/testkit/benchstream"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
-// streamChunks is the number of text chunks of the benchmark stream; the
-// done line makes streamChunks+1 callbacks per generation.
-const streamChunks = 10_000
+// streamChunks is the number of text chunks of the benchmark stream
+// (benchstream's fixture, BENCHMARKS.md §1); the done line makes
+// streamChunks+1 callbacks per generation.
+const streamChunks = benchstream.Chunks
 
-// streamBody renders an Ollama /api/generate reply of n text chunks and a
-// final done line, as the server writes it.
-func streamBody(n int) []byte {
-	return renderStream(n, `{"model":"bench","created_at":%q,"response":" %s","done":false}`,
-		`{"model":"bench","created_at":%q,"response":"","done":true,"done_reason":"stop",`+
-			`"context":[1,2,3,4,5,6,7,8],"total_duration":2000000000,"load_duration":1000000,`+
-			`"prompt_eval_count":8,"prompt_eval_duration":1000000,"eval_count":%d,"eval_duration":1500000000}`)
-}
-
-// chatBody renders an Ollama /api/chat reply of n text chunks and a final
-// done line: the same words as streamBody, in message.content.
-func chatBody(n int) []byte {
-	return renderStream(n, `{"model":"bench","created_at":%q,"message":{"role":"assistant","content":" %s"},"done":false}`,
-		`{"model":"bench","created_at":%q,"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop",`+
-			`"total_duration":2000000000,"load_duration":1000000,`+
-			`"prompt_eval_count":8,"prompt_eval_duration":1000000,"eval_count":%d,"eval_duration":1500000000}`)
-}
-
-// renderStream writes n lines of chunk (formatted with the creation time
-// and a word) and the done line (with the time and n).
-func renderStream(n int, chunk, done string) []byte {
-	const created = "2025-11-29T16:49:16.123456789Z"
-	words := strings.Fields("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa")
-	var buf bytes.Buffer
-	for i := range n {
-		fmt.Fprintf(&buf, chunk+"\n", created, words[i%len(words)])
-	}
-	fmt.Fprintf(&buf, done+"\n", created, n)
-	return buf.Bytes()
-}
-
-// streamServer starts a local HTTP server that answers every
+// streamServer starts benchstream's server, which answers every
 // /api/generate (and /api/chat) with the same pre-rendered stream, so that
-// a benchmark measures client cost only. It returns the server's URL and an HTTP
-// client with its own transport; both are closed at the end of b.
+// a benchmark measures client cost only. It returns the server's URL and an
+// HTTP client with its own transport; both are closed at the end of b.
 func streamServer(b *testing.B) (*url.URL, *http.Client) {
 	b.Helper()
-	bodies := map[string][]byte{"/api/generate": streamBody(streamChunks), "/api/chat": chatBody(streamChunks)}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		body, ok := bodies[r.URL.Path]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "application/x-ndjson")
-		_, _ = w.Write(body)
-	}))
+	u := benchstream.Server(b)
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	b.Cleanup(srv.Close)
-	b.Cleanup(tr.CloseIdleConnections) // runs before srv.Close
-	u, err := url.Parse(srv.URL)
-	if err != nil {
-		b.Fatal(err)
-	}
+	b.Cleanup(tr.CloseIdleConnections) // runs before the server's close
 	return u, &http.Client{Transport: tr}
 }
 
 // streamVramguard is one generation through GenerateStreaming with a
-// callback that counts the chunks.
-func streamVramguard(b *testing.B, c *vramguard.OllamaClient) {
-	req := &vramguard.GenerateRequest{Model: "bench", Prompt: "a castle at dawn"}
-	n := 0
-	gen, err := c.GenerateStreaming(context.Background(), req, vramguard.KeepAliveUnload, func(vramguard.Chunk) error {
-		n++
-		return nil
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if n != streamChunks+1 || gen.Chunks != n || len(gen.Text) == 0 {
-		b.Fatalf("%d callbacks, %d chunks, %d bytes", n, gen.Chunks, len(gen.Text))
-	}
-}
+// callback that counts the chunks (benchstream.Generate).
+func streamVramguard(b *testing.B, c *vramguard.OllamaClient) { benchstream.Generate(b, c) }
 
 // streamRaw is what a correct user of api.Client does without vramguard:
 // count, accumulate the text and check that done arrived (a stream that
@@ -166,31 +108,15 @@ func BenchmarkRawAPIGenerate(b *testing.B) {
 
 // BenchmarkStreamingPaired runs both generations in every iteration, in
 // alternating order, so that drift and noisy neighbours hit both alike; it
-// reports each side's time and their ratio (vramguard/raw). ns/op is the
-// pair. Each side starts after a GC (untimed), so that both start from the
-// same heap and the collections a generation triggers are its own.
+// reports each side's time (raw-ns/op, vramguard-ns/op), their ratio
+// (vramguard/raw) and the other metrics of benchstream.Paired (allocations
+// per side, median-ratio). ns/op is the pair. Each side starts after a GC
+// (untimed), so that both start from the same heap and the collections a
+// generation triggers are its own.
 func BenchmarkStreamingPaired(b *testing.B) {
 	b.Run(fmt.Sprintf("chunks=%d", streamChunks), func(b *testing.B) {
 		c, client := newStreamClients(b)
-		var vg, raw time.Duration
-		timed := func(f func()) time.Duration {
-			runtime.GC()
-			start := time.Now()
-			f()
-			return time.Since(start)
-		}
-		for i := 0; i < b.N; i++ {
-			if i%2 == 0 {
-				raw += timed(func() { streamRaw(b, client) })
-				vg += timed(func() { streamVramguard(b, c) })
-			} else {
-				vg += timed(func() { streamVramguard(b, c) })
-				raw += timed(func() { streamRaw(b, client) })
-			}
-		}
-		b.ReportMetric(float64(raw.Nanoseconds())/float64(b.N), "raw-ns/op")
-		b.ReportMetric(float64(vg.Nanoseconds())/float64(b.N), "vramguard-ns/op")
-		b.ReportMetric(float64(vg)/float64(raw), "ratio")
+		benchstream.PairedAs(b, "raw", "vramguard", func() { streamRaw(b, client) }, func() { streamVramguard(b, c) })
 	})
 }
 
@@ -376,8 +302,8 @@ func BenchmarkUnloadRequest(b *testing.B) {
 // with KeepAliveUnload (the guard's) looks for leases on its model before
 // it goes out; with no lease present that is one read of an empty lease
 // directory. Both clients stream the same fixture in every iteration, in
-// alternating order, one with leases off (the library before #26), one
-// with its own empty lease directory; ratio is on/off.
+// alternating order (benchstream.Paired), one with leases off (the library
+// before #26), one with its own empty lease directory; ratio is on/off.
 func BenchmarkLeaseCheckPaired(b *testing.B) {
 	b.Run(fmt.Sprintf("chunks=%d", streamChunks), func(b *testing.B) {
 		u, hc := streamServer(b)
@@ -391,24 +317,6 @@ func BenchmarkLeaseCheckPaired(b *testing.B) {
 		}
 		off := client(vramguard.LeaseOptions{Off: true})
 		on := client(vramguard.LeaseOptions{Dir: filepath.Join(b.TempDir(), "leases")})
-		var tOff, tOn time.Duration
-		timed := func(c *vramguard.OllamaClient) time.Duration {
-			runtime.GC()
-			start := time.Now()
-			streamVramguard(b, c)
-			return time.Since(start)
-		}
-		for i := 0; i < b.N; i++ {
-			if i%2 == 0 {
-				tOff += timed(off)
-				tOn += timed(on)
-			} else {
-				tOn += timed(on)
-				tOff += timed(off)
-			}
-		}
-		b.ReportMetric(float64(tOff.Nanoseconds())/float64(b.N), "off-ns/op")
-		b.ReportMetric(float64(tOn.Nanoseconds())/float64(b.N), "on-ns/op")
-		b.ReportMetric(float64(tOn)/float64(tOff), "ratio")
+		benchstream.Paired(b, func() { streamVramguard(b, off) }, func() { streamVramguard(b, on) })
 	})
 }
