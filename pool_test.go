@@ -600,3 +600,47 @@ func TestPoolRoomSparesOwnPhase(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// NewPool refuses, typed and without leaking a member's client, what it
+// cannot honour: no members, a member without a device reader or with a
+// negative device, two members of one name, options that belong to the
+// members, negative durations. A client of one server has no members and
+// refuses EnsureRequest.Member.
+func TestPoolRefusesBadInput(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{})
+	ok := vramguard.PoolMember{Name: "gpu0", Host: s.URL().String(), VRAM: s.GPU()}
+	for _, tc := range []struct {
+		name string
+		p    vramguard.PoolOptions
+		o    vramguard.Options
+	}{
+		{"no members", vramguard.PoolOptions{}, vramguard.Options{}},
+		{"no reader", vramguard.PoolOptions{Members: []vramguard.PoolMember{{Host: s.URL().String()}}}, vramguard.Options{}},
+		{"negative device", vramguard.PoolOptions{Members: []vramguard.PoolMember{{Host: s.URL().String(), VRAM: s.GPU(), Device: -1}}}, vramguard.Options{}},
+		{"one name twice", vramguard.PoolOptions{Members: []vramguard.PoolMember{ok, ok}}, vramguard.Options{}},
+		{"a host of its own", vramguard.PoolOptions{Members: []vramguard.PoolMember{ok}}, vramguard.Options{Host: s.URL().String()}},
+		{"a budget", vramguard.PoolOptions{Members: []vramguard.PoolMember{ok}}, vramguard.Options{Budget: &vramguard.Budget{}}},
+		{"the fallback", vramguard.PoolOptions{Members: []vramguard.PoolMember{ok}}, vramguard.Options{Fallback: true}},
+		{"negative probe interval", vramguard.PoolOptions{Members: []vramguard.PoolMember{ok}, ProbeInterval: -time.Second}, vramguard.Options{}},
+		{"negative answer timeout", vramguard.PoolOptions{Members: []vramguard.PoolMember{ok}, AnswerTimeout: -time.Second}, vramguard.Options{}},
+		{"a bad member host", vramguard.PoolOptions{Members: []vramguard.PoolMember{{Host: "ftp://x", VRAM: s.GPU()}}}, vramguard.Options{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := vramguard.NewPool(tc.p, tc.o)
+			if !errors.Is(err, vramguard.KindInvalidInput) || c != nil {
+				t.Errorf("NewPool = %v, %v; want KindInvalidInput and no client", c, err)
+			}
+		})
+	}
+	one := newTestClient(t, s, vramguard.Options{})
+	if one.Members() != nil {
+		t.Errorf("Members of a client of one server = %+v; want nil", one.Members())
+	}
+	if _, err := one.EnsureFree(t.Context(), vramguard.EnsureRequest{Member: "gpu0", AllModels: true}); !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Errorf("EnsureFree with a Member on a client of one server = %v; want KindInvalidInput", err)
+	}
+	p := newTestPool(t, []*vramguardtest.Server{s}, vramguard.Options{})
+	if _, err := p.EnsureFree(t.Context(), vramguard.EnsureRequest{Member: "nope", Bytes: 1}); !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Errorf("EnsureFree on an unknown member = %v; want KindInvalidInput", err)
+	}
+}
