@@ -196,12 +196,7 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 			hookCtx(c, c.opts.Hooks.OnAdmission, ctx, ev)
 		}
 	}()
-	numCtx := 0
-	if v, ok := options["num_ctx"]; ok {
-		if n, ok := optionInt(v); ok && n > 0 {
-			numCtx = n
-		}
-	}
+	numCtx := numCtxOf(options)
 	est, err := c.EstimateModel(ctx, model, numCtx)
 	if err != nil {
 		return nil, err

@@ -84,3 +84,12 @@ func hook[E any](c *OllamaClient, h func(E), ev E) {
 
 // sleepCtx sleeps for d or until ctx is done, returning context.Cause(ctx).
 func sleepCtx(ctx context.Context, d time.Duration) error { return sleep.Ctx(ctx, d) }
+
+// numCtxOf is the num_ctx a request's options ask for; 0 for the
+// server's default.
+func numCtxOf(options map[string]any) int {
+	if n, ok := optionInt(options["num_ctx"]); ok && n > 0 {
+		return n
+	}
+	return 0
+}

@@ -38,7 +38,11 @@ const (
 	// a runner of another `ollama serve` process serves it now (a local
 	// server), or a connection to the server failed in between (refused,
 	// reset or cut mid-reply: a restart, a crash of the server, or a proxy
-	// that dropped it; Evidence says which was seen).
+	// that dropped it; Evidence says which was seen). A keep-alive this
+	// client sent that ran out before the load is reported first, as
+	// ReloadExpired. A pool (NewPool) does not report restarts: its
+	// members are servers of their own, and a member that went away is
+	// told apart from another program's unload by no record of its own.
 	ReloadRestarted ReloadCause = "server restarted"
 	// ReloadExpired: the model's keep-alive ran out before the load
 	// (ReloadEvent.KeepAlive says which one); a keep-alive of 0
@@ -194,21 +198,34 @@ func (ch *churn) loadedAgain(model string, ka KeepAlive, numCtx, server int, sta
 	case prev.server != 0 && server != 0 && prev.server != server:
 		ev.Cause = ReloadRestarted
 		ev.Evidence = fmt.Sprintf("its runner's server was pid %d, now pid %d", prev.server, server)
+	default:
+		ch.leftIdle(ev, prev, downAt, start)
+	}
+	return ev
+}
+
+// leftIdle names the cause of a model that left while this client did not
+// use it: a keep-alive this client sent and that ran out is certain; a
+// failed connection since the last use comes next; then the keep-alive
+// the server had (seen or assumed), else another program.
+func (ch *churn) leftIdle(ev *ReloadEvent, prev churnModel, downAt, start time.Time) {
+	d, how := keepAliveOf(prev)
+	expired := d >= 0 && !start.Before(prev.lastUse.Add(d))
+	_, sent := prev.keepAlive.Duration()
+	switch {
+	case expired && sent:
+		ev.Cause, ev.KeepAlive = ReloadExpired, d
+		ev.Evidence = how + "; expired before this request"
 	case !prev.lastUse.IsZero() && downAt.After(prev.lastUse):
 		ev.Cause = ReloadRestarted
 		ev.Evidence = fmt.Sprintf("the connection to the server failed %v after the last use", downAt.Sub(prev.lastUse).Round(time.Millisecond))
+	case expired:
+		ev.Cause, ev.KeepAlive = ReloadExpired, d
+		ev.Evidence = how + "; expired before this request"
 	default:
-		d, how := keepAliveOf(prev)
-		ev.KeepAlive = d
-		if d >= 0 && !start.Before(prev.lastUse.Add(d)) {
-			ev.Cause = ReloadExpired
-			ev.Evidence = how + "; expired before this request"
-		} else {
-			ev.Cause = ReloadForeign
-			ev.Evidence = how + "; still running when the model left"
-		}
+		ev.Cause, ev.KeepAlive = ReloadForeign, d
+		ev.Evidence = how + "; still running when the model left"
 	}
-	return ev
 }
 
 // keepAliveOf is the keep-alive a model was left with (-1: forever) and
@@ -238,13 +255,12 @@ func (c *OllamaClient) noteLoad(ctx context.Context, gen *Generation, ka KeepAli
 		c.churn.used(gen.Model, ka, end)
 		return
 	}
-	numCtx := 0
-	if v, ok := options["num_ctx"]; ok {
-		if n, ok := optionInt(v); ok && n > 0 {
-			numCtx = n
-		}
+	numCtx := numCtxOf(options)
+	server := 0
+	if c.pool == nil { // a pool's members are servers of their own: a pid that changes says nothing
+		server = c.servingServer(ctx, gen.Model)
 	}
-	ev := c.churn.loadedAgain(gen.Model, ka, numCtx, c.servingServer(ctx, gen.Model), start, end, c.opts.ReloadWindow)
+	ev := c.churn.loadedAgain(gen.Model, ka, numCtx, server, start, end, c.opts.ReloadWindow)
 	if ev == nil {
 		return
 	}

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
+	"net/http"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,5 +217,48 @@ func waitUnlisted(t *testing.T, s *vramguardtest.Server, model string) {
 	t.Helper()
 	if err := s.WaitFor(t.Context(), func() bool { return !s.Listed(model) }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// failOnce resets the next /api/generate request it is armed for.
+type failOnce struct {
+	rt   http.RoundTripper
+	fail atomic.Bool
+}
+
+func (f *failOnce) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path == "/api/generate" && f.fail.CompareAndSwap(true, false) {
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	}
+	return f.rt.RoundTrip(r)
+}
+
+// A keep-alive this client sent that ran out is the cause, even when a
+// connection failed in between (a failure of another model's request is
+// no restart of this one's server).
+func TestReloadExpiryBeatsAFailedConnection(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: 20 * time.Millisecond},
+		vramguardtest.ModelConfig{Name: "other", LoadLatency: 20 * time.Millisecond})
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	fl := &failOnce{rt: tr}
+	c := newTestClient(t, s, vramguard.Options{HTTPClient: &http.Client{Transport: fl}})
+	gen := func(m string) (*vramguard.Generation, error) {
+		return c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: m, Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	}
+	if _, err := gen("tiny"); err != nil {
+		t.Fatal(err)
+	}
+	waitUnlisted(t, s, "tiny")
+	fl.fail.Store(true)
+	if _, err := gen("other"); err == nil {
+		t.Fatal("the reset request succeeded")
+	}
+	g, err := gen("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Reload == nil || g.Reload.Cause != vramguard.ReloadExpired {
+		t.Errorf("reload %+v; want ReloadExpired (keep-alive 0 sent)", g.Reload)
 	}
 }

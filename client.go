@@ -404,29 +404,43 @@ type piece struct {
 	metrics        api.Metrics
 }
 
+// errCallPanicked is OnCallEnd's Err for a call whose ChunkFunc panicked.
+var errCallPanicked = errors.New("the call panicked (its chunk function, or a hook)")
+
 // run is the path every generation and chat takes: checks, admission,
 // the book's accounting, the stream, the offload check and the fallback.
-func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
+// The call hooks see it whole: OnCallEnd runs also when fn panics (with
+// the panic as Err, before the panic goes on), and a pool's placement is
+// on the Generation by then.
+func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (gen *Generation, err error) {
+	var slot *placementSlot
 	if c.pool != nil {
-		slot := &placementSlot{}
-		gen, err := c.runHooked(context.WithValue(ctx, placementKey{}, slot), cl, keepAlive, fn)
-		if gen != nil {
+		slot = &placementSlot{}
+		ctx = context.WithValue(ctx, placementKey{}, slot)
+	}
+	h := &c.opts.Hooks
+	if h.OnCallStart != nil || h.OnCallEnd != nil {
+		cs := CallStart{Op: cl.op, Model: cl.model, Server: c.host, Start: time.Now()}
+		ctx = hookStart(c, h.OnCallStart, ctx, cs)
+		ended := false
+		defer func() {
+			end := CallEnd{CallStart: cs, Elapsed: time.Since(cs.Start), Generation: gen, Err: err}
+			if !ended { // a panic, which goes on with its own value and stack
+				end.Generation, end.Err = nil, newError(cl.op, cl.model, KindInternal, errCallPanicked)
+			}
+			hookCtx(c, h.OnCallEnd, ctx, end)
+		}()
+		gen, err = c.runCall(ctx, cl, keepAlive, fn)
+		if gen != nil && slot != nil {
 			gen.Placement = slot.get()
 		}
+		ended = true
 		return gen, err
 	}
-	return c.runHooked(ctx, cl, keepAlive, fn)
-}
-
-func (c *OllamaClient) runHooked(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
-	h := &c.opts.Hooks
-	if h.OnCallStart == nil && h.OnCallEnd == nil {
-		return c.runCall(ctx, cl, keepAlive, fn)
+	gen, err = c.runCall(ctx, cl, keepAlive, fn)
+	if gen != nil && slot != nil {
+		gen.Placement = slot.get()
 	}
-	cs := CallStart{Op: cl.op, Model: cl.model, Server: c.host, Start: time.Now()}
-	ctx = hookStart(c, h.OnCallStart, ctx, cs)
-	gen, err := c.runCall(ctx, cl, keepAlive, fn)
-	hookCtx(c, h.OnCallEnd, ctx, CallEnd{CallStart: cs, Elapsed: time.Since(cs.Start), Generation: gen, Err: err})
 	return gen, err
 }
 
@@ -483,7 +497,9 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 		c.book.unsent(f)
 	}
 	if err != nil {
-		c.churn.connLost(err, time.Now())
+		if c.pool == nil { // a pool's failures are its members', each a server of its own
+			c.churn.connLost(err, time.Now())
+		}
 	}
 	if err == nil {
 		c.succeeded(ctx, cl, gen, st, keepAlive, start)

@@ -293,3 +293,38 @@ func TestJoinHooksPanickingSide(t *testing.T) {
 		})
 	}
 }
+
+// OnCallEnd runs once for a call whose ChunkFunc panics, with a
+// KindInternal error, and the panic goes on with its own value.
+func TestCallEndOnPanic(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
+	var ends []vramguard.CallEnd
+	c := newTestClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{
+		OnCallEnd: func(_ context.Context, e vramguard.CallEnd) { ends = append(ends, e) },
+	}})
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		_, _ = c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"},
+			vramguard.KeepAliveUnload, func(vramguard.Chunk) error { panic("boom") })
+	}()
+	if got != "boom" {
+		t.Errorf("recovered %v; want the ChunkFunc's own panic value", got)
+	}
+	if len(ends) != 1 || ends[0].Generation != nil || !errors.Is(ends[0].Err, vramguard.KindInternal) {
+		t.Errorf("OnCallEnd saw %+v; want one end with a KindInternal error", ends)
+	}
+}
+
+// On a pool, OnCallEnd sees the call's placement on its Generation.
+func TestCallEndSeesPlacement(t *testing.T) {
+	sims := poolSims(t, 16*gib)
+	var seen []*vramguard.Placement
+	c := newTestPool(t, sims, vramguard.Options{Hooks: vramguard.Hooks{
+		OnCallEnd: func(_ context.Context, e vramguard.CallEnd) { seen = append(seen, e.Generation.Placement) },
+	}})
+	poolGen(t, c, "a")
+	if len(seen) != 1 || seen[0] == nil || seen[0].Member != "gpu0" {
+		t.Errorf("OnCallEnd saw placements %+v; want gpu0's", seen)
+	}
+}

@@ -26,7 +26,9 @@ const (
 	PlaceRoom PlaceReason = "room"
 	// PlaceMadeRoom: no device had room; models were unloaded, verified,
 	// on the member where that cost least (the fewest bytes to load
-	// again), never a protected or leased model, nor one in use.
+	// again): never a protected model, one leased by another program or
+	// one in use, and the pool's own leased models (its phases') only when
+	// no member's room can be made without them.
 	PlaceMadeRoom PlaceReason = "made room"
 )
 

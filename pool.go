@@ -68,6 +68,9 @@ const (
 	// the client checks runner processes on this machine, where the
 	// members run.
 	poolHost = "http://vramguard-pool.localhost"
+	// poolHostRemote is the pool's address when a member is on another
+	// machine: not a local name, so no runner process is looked for here.
+	poolHostRemote = "http://vramguard-pool.invalid"
 )
 
 // NewPool returns a client whose generations, chats, guards, sessions,
@@ -76,25 +79,33 @@ const (
 // order (see PlaceReason): a member where the model is resident; else the
 // one whose device has the most measured room for the model's estimate
 // plus the headroom; else the member where making room costs least,
-// never unloading protected or leased models or ones in use; else the
-// call fails with KindOutOfMemory and a *PlacementError naming, per
+// never unloading protected models, models leased by another program
+// (another pool's included) or ones in use, and the pool's own leased
+// models (its phases') only when no other member's room can be made; else
+// the call fails with KindOutOfMemory and a *PlacementError naming, per
 // device, the need, the free bytes and the holders. A model resident on a
 // member stays there, so a phase keeps each model on the member it was
 // placed on. Each decision is Generation.Placement, Hooks.OnPlace and an
-// INFO log line.
+// INFO log line. One placement runs at a time; a caller waiting for its
+// turn gives up when its ctx ends.
 //
-// An unload goes to every member and is verified across them. A member
-// whose server stops answering is skipped for new work (calls in flight
-// there fail with their own kind), asked again every ProbeInterval, and
-// used again once it answers; its models count as resident until it
-// does, so an unload of one of them is not reported verified. UnloadAll,
-// Close and Shutdown cover every member; EnsureFree works on one member's
-// device (EnsureRequest.Member).
+// An unload goes to every member and is verified across them; while a
+// member is down, against its last listing and the models placed there
+// since. A member whose server stops answering (or takes longer than
+// AnswerTimeout) is skipped for new work (calls in flight there fail with
+// their own kind), asked again every ProbeInterval, and used again once
+// it answers; its models count as resident until it does, so an unload of
+// one of them is not reported verified. UnloadAll, Close and Shutdown
+// cover every member; EnsureFree works on one member's device
+// (EnsureRequest.Member). Close (or Shutdown) also stops the pool's
+// prober: call it, as for any client.
 //
 // opts are the client's options; Host, API, HTTPClient, VRAM, Budget,
 // VerifyVRAM and Fallback must be unset (the members have them, the pool
 // admits loads itself). Leases name the pool's own address, so another
-// program sees a pool's leases only through a pool of the same members.
+// program sees a pool's leases only through a pool. Runner processes are
+// checked on this machine only when every member is local. The reload
+// report tells no server restart on a pool (see ReloadRestarted).
 func NewPool(p PoolOptions, opts Options) (*OllamaClient, error) {
 	const op = "new pool"
 	if len(p.Members) == 0 {
@@ -107,7 +118,7 @@ func NewPool(p PoolOptions, opts Options) (*OllamaClient, error) {
 		return nil, invalid(op, "", "negative probe interval or answer timeout, or headroom past %d bytes", uint64(maxBytes))
 	}
 	pl := &pool{headroom: p.Headroom, probeEvery: cmp.Or(p.ProbeInterval, defaultProbeInterval),
-		answerTimeout: cmp.Or(p.AnswerTimeout, defaultAnswerTimeout), stop: make(chan struct{})}
+		answerTimeout: cmp.Or(p.AnswerTimeout, defaultAnswerTimeout), stop: make(chan struct{}), place: make(chan struct{}, 1)}
 	names := map[string]bool{}
 	for i, m := range p.Members {
 		pm, err := newPoolMember(m, opts)
@@ -123,6 +134,13 @@ func NewPool(p PoolOptions, opts Options) (*OllamaClient, error) {
 		pl.members = append(pl.members, pm)
 	}
 	opts.Host = poolHost
+	for _, m := range pl.members {
+		if !isLocalHost(m.c.host) {
+			// A remote member's runners cannot be seen from here: the
+			// client checks none (its reports say "remote server").
+			opts.Host = poolHostRemote
+		}
+	}
 	opts.HTTPClient = &http.Client{Transport: pl}
 	c, err := NewClient(opts)
 	if err != nil {
@@ -131,6 +149,9 @@ func NewPool(p PoolOptions, opts Options) (*OllamaClient, error) {
 	}
 	pl.c, pl.log = c, c.log
 	c.pool = pl
+	// The merged listing shows made-up expiries for a member that is
+	// down: the reload report does not read it (see ReloadEvent).
+	c.ps.seen = nil
 	pl.wg.Add(1)
 	go pl.probe()
 	return c, nil
@@ -176,7 +197,7 @@ type pool struct {
 	probeEvery time.Duration
 	// answerTimeout bounds a member's answers during a placement.
 	answerTimeout time.Duration
-	place         sync.Mutex // one placement at a time, as the budget admits one load at a time
+	place         chan struct{} // held by the placement in progress: one at a time, as the budget admits one load at a time
 	stop          chan struct{}
 	stopOnce      sync.Once
 	wg            sync.WaitGroup
@@ -247,11 +268,7 @@ func (p *pool) call(req *http.Request) (*http.Response, error) {
 	if r.KeepAlive != nil && r.KeepAlive.Duration == 0 && r.Prompt == "" && len(r.Images) == 0 && len(r.Messages) == 0 && len(r.Input) == 0 {
 		return p.unload(req, body, r.Model)
 	}
-	numCtx := 0
-	if n, ok := optionInt(r.Options["num_ctx"]); ok && n > 0 {
-		numCtx = n
-	}
-	m, pl, err := p.placeModel(req.Context(), r.Model, numCtx)
+	m, pl, err := p.placeModel(req.Context(), r.Model, numCtxOf(r.Options))
 	if err != nil {
 		return nil, err
 	}
@@ -308,7 +325,7 @@ func (p *pool) unload(req *http.Request, body []byte, model string) (*http.Respo
 	case refusal != nil:
 		return refusal, nil
 	case lastErr == nil:
-		lastErr = fmt.Errorf("unload of %s: no member of the pool answers", model)
+		lastErr = fmt.Errorf("unload of %s: the members that answer do not have it, and the others do not answer", model)
 	}
 	return nil, lastErr
 }

@@ -22,8 +22,12 @@ const poolPlaceOp = "place"
 // is warm.
 func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolMember, Placement, error) {
 	const op = poolPlaceOp
-	p.place.Lock()
-	defer p.place.Unlock()
+	select {
+	case p.place <- struct{}{}:
+	case <-ctx.Done():
+		return nil, Placement{}, newError(op, model, KindCanceled, context.Cause(ctx))
+	}
+	defer func() { <-p.place }()
 	views, rooms := p.survey(ctx, NormalizeModelName(model))
 	if ctx.Err() != nil {
 		return nil, Placement{}, newError(op, model, KindCanceled, context.Cause(ctx))
@@ -142,6 +146,7 @@ func (p *pool) measure(ctx context.Context, m *poolMember, listed []api.ProcessM
 	v.free = d.Free - min(d.Free, pending)
 	room.Free = v.free
 	cands, kept := m.c.splitKept(listed, false)
+	cands, kept = p.keptByOtherPools(cands, kept)
 	own := p.c.ownLeased()
 	byModel := runnerBytes(d)
 	for _, x := range cands {
@@ -177,6 +182,11 @@ func runnerBytes(d *DeviceMemory) map[string]uint64 {
 // device to show the room. The pool client records the evictions as its
 // own, so that a model's next load names the cause (ReloadEvicted).
 func (p *pool) makeRoom(ctx context.Context, m *poolMember, evict []string, need uint64) error {
+	m.mu.Lock()
+	for _, b := range m.pending { // loads placed here and not on the device yet
+		need += b
+	}
+	m.mu.Unlock()
 	reps, err := m.c.unloadMany(ctx, evict, unloadMode{keepLoads: true, cause: CauseBudget})
 	for _, r := range reps {
 		if r.Verified && r.WasLoaded {
@@ -186,7 +196,15 @@ func (p *pool) makeRoom(ctx context.Context, m *poolMember, evict []string, need
 	if err != nil {
 		return err
 	}
-	_, err = AwaitFree(ctx, m.vram, AwaitRequest{Device: m.device, Bytes: need, PollInterval: m.c.opts.VRAMPollInterval, Timeout: m.c.opts.UnloadTimeout})
+	start := time.Now()
+	snap, err := AwaitFree(ctx, m.vram, AwaitRequest{Device: m.device, Bytes: need, PollInterval: m.c.opts.VRAMPollInterval, Timeout: m.c.opts.UnloadTimeout})
+	ev := VRAMWaitEvent{Device: m.device, Need: need, Waited: time.Since(start), Err: err}
+	if snap != nil {
+		if d := snap.Device(m.device); d != nil {
+			ev.Free = d.Free
+		}
+	}
+	hookCtx(p.c, p.c.opts.Hooks.OnVRAMWait, ctx, ev)
 	return err
 }
 
@@ -270,4 +288,32 @@ func (c *OllamaClient) ownLeased() map[string]bool {
 		out[NormalizeModelName(l.info.Model)] = true
 	}
 	return out
+}
+
+// keptByOtherPools moves to kept the candidates that another program's
+// pool leases: its leases name the pool's address, not the member's, so
+// the member's client does not see them.
+func (p *pool) keptByOtherPools(cands []api.ProcessModelResponse, kept []KeptModel) ([]api.ProcessModelResponse, []KeptModel) {
+	if len(cands) == 0 {
+		return cands, kept
+	}
+	ls := p.c.heldLeases("")
+	if len(ls) == 0 {
+		return cands, kept
+	}
+	out := cands[:0:0]
+	for _, x := range cands {
+		k := KeptModel{Model: x.Model, SizeVRAM: x.SizeVRAM}
+		for _, l := range ls {
+			if l.Model == NormalizeModelName(x.Model) {
+				k.Leases = append(k.Leases, l)
+			}
+		}
+		if len(k.Leases) > 0 {
+			kept = append(kept, k)
+		} else {
+			out = append(out, x)
+		}
+	}
+	return out, kept
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -642,5 +643,114 @@ func TestPoolRefusesBadInput(t *testing.T) {
 	p := newTestPool(t, []*vramguardtest.Server{s}, vramguard.Options{})
 	if _, err := p.EnsureFree(t.Context(), vramguard.EnsureRequest{Member: "nope", Bytes: 1}); !errors.Is(err, vramguard.KindInvalidInput) {
 		t.Errorf("EnsureFree on an unknown member = %v; want KindInvalidInput", err)
+	}
+}
+
+// Room-making honours another program's pool's leases: they name the
+// pool's address, not the member's.
+func TestPoolKeepsOtherPoolsLease(t *testing.T) {
+	sims := poolSims(t, 12*gib, 12*gib)
+	dir := filepath.Join(t.TempDir(), "leases")
+	p1 := newTestPool(t, sims, vramguard.Options{Leases: vramguard.LeaseOptions{Dir: dir}})
+	if pl := poolGen(t, p1, "a").Placement; pl.Member != "gpu0" {
+		t.Fatalf("a on %s; want gpu0", pl.Member)
+	}
+	l, err := p1.HoldModel(t.Context(), "a", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	loadOn(t, sims[1], "b")
+	p2 := newTestPool(t, sims, vramguard.Options{Leases: vramguard.LeaseOptions{Dir: dir}})
+	pl := poolGen(t, p2, "c")
+	if slices.Contains(pl.Placement.Evicted, "a:latest") || !sims[0].Listed("a") {
+		t.Errorf("placement %+v: unloaded a, which another program's pool leases", pl.Placement)
+	}
+}
+
+// A caller waiting behind another call's placement gives up when its own
+// context ends.
+func TestPoolPlacementWaitHonoursContext(t *testing.T) {
+	sims := poolSims(t, 16*gib, 16*gib)
+	release := make(chan struct{})
+	hung := hungGPU{VRAMReader: sims[1].GPU(), release: release}
+	ms := []vramguard.PoolMember{{Name: "gpu0", Host: sims[0].URL().String(), VRAM: sims[0].GPU()},
+		{Name: "gpu1", Host: sims[1].URL().String(), VRAM: hung}}
+	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, AnswerTimeout: time.Hour}, vramguard.Options{PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		first <- err
+	}()
+	<-hung.reading() // the first placement is in progress, its survey blocked
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, vramguard.KeepAliveUnload, nil); !errors.Is(err, vramguard.KindCanceled) {
+		t.Errorf("a call canceled while waiting for a placement = %v; want KindCanceled", err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Errorf("the first call: %v", err)
+	}
+}
+
+// hungGPU blocks every snapshot until release is closed; reading reports
+// the first snapshot begun.
+type hungGPU struct {
+	vramguard.VRAMReader
+	release chan struct{}
+}
+
+var hungReads sync.Map // release channel → chan struct{} closed at the first read
+
+func (h hungGPU) reading() chan struct{} {
+	ch, _ := hungReads.LoadOrStore(h.release, make(chan struct{}))
+	return ch.(chan struct{})
+}
+
+func (h hungGPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	ch := h.reading()
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+	select {
+	case <-h.release:
+		return h.VRAMReader.Snapshot(ctx)
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// A pool with a member on another machine checks no runner process here:
+// its unload reports say so, as a remote server's do.
+func TestPoolRemoteMemberChecksNoRunners(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"})
+	// A name that is not local to the library, dialled to the simulator.
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, s.URL().Host)
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	far := vramguard.PoolMember{Name: "far", Host: "http://gpu-box.example:11434", VRAM: s.GPU(), HTTPClient: &http.Client{Transport: tr}}
+	rp, err := vramguard.NewPool(vramguard.PoolOptions{Members: []vramguard.PoolMember{far}},
+		vramguard.Options{PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rp.Close()
+	if _, err := rp.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := rp.UnloadModel(t.Context(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.NoRunnerCheck != "remote server" || rep.Checked&vramguard.CheckRunnerProcesses != 0 {
+		t.Errorf("report %+v; want no runner check, for a remote server", rep)
 	}
 }

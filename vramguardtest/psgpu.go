@@ -49,22 +49,42 @@ var _ vramguard.VRAMReader = (*PSGPU)(nil)
 
 // Reserve adds bytes held by owner, another program on the device (an
 // image pipeline's text encoder, say); repeated calls add up. It fails when
-// fewer than bytes are free at the latest listing.
+// fewer than bytes are free at a fresh listing (concurrent reservations
+// are counted against each other).
 func (g *PSGPU) Reserve(ctx context.Context, owner string, bytes uint64) error {
-	snap, err := g.Snapshot(ctx)
+	models, err := g.list(ctx)
 	if err != nil {
 		return err
 	}
-	if free := snap.Devices[0].Free; bytes > free {
-		return &VRAMError{Owner: owner, Requested: bytes, Free: free}
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	used := models
+	for _, b := range g.reserved {
+		used += b
+	}
+	if free := g.Total - min(used, g.Total); bytes > free {
+		return &VRAMError{Owner: owner, Requested: bytes, Free: free}
+	}
 	if g.reserved == nil {
 		g.reserved = make(map[string]uint64)
 	}
 	g.reserved[owner] += bytes
 	return nil
+}
+
+// list is the bytes the server's listed models hold.
+func (g *PSGPU) list(ctx context.Context) (uint64, error) {
+	snap, err := g.Snapshot(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, p := range snap.Devices[0].Processes {
+		if p.Role == vramguard.RoleOllamaRunner {
+			n += p.UsedBytes
+		}
+	}
+	return n, nil
 }
 
 // Release frees what owner reserved; an unknown owner is ignored.

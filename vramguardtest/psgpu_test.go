@@ -2,6 +2,9 @@ package vramguardtest_test
 
 import (
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,5 +63,25 @@ func TestPSGPUFollowsListing(t *testing.T) {
 	s.Close()
 	if _, err := g.Snapshot(t.Context()); !errors.Is(err, vramguard.KindUnavailable) {
 		t.Errorf("Snapshot of a stopped server = %v; want KindUnavailable", err)
+	}
+}
+
+// Concurrent reservations are counted against each other: of ten 1 GiB
+// reservations on a 4 GiB device, four succeed.
+func TestPSGPUReserveConcurrent(t *testing.T) {
+	_, c := start(t, vramguardtest.Config{})
+	g := &vramguardtest.PSGPU{Client: c, Total: 4 * gib}
+	var wg sync.WaitGroup
+	var ok atomic.Int32
+	for i := range 10 {
+		wg.Go(func() {
+			if g.Reserve(t.Context(), fmt.Sprintf("p%d", i), gib) == nil {
+				ok.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 4 {
+		t.Errorf("%d reservations of 1 GiB succeeded on a 4 GiB device; want 4", ok.Load())
 	}
 }
