@@ -292,26 +292,7 @@ func buildVramwatch(t *testing.T) string {
 func startVramwatch(t *testing.T, bin string, s *ollamatest.Server) *vramwatch {
 	t.Helper()
 	cmd := exec.Command(bin, "-listen", "127.0.0.1:0", "-host", s.URL().String(), "-gpu=false")
-	out := &lineBuffer{first: make(chan string, 1)}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("vramwatch after SIGTERM: %v\n%s", err, out)
-			}
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Errorf("vramwatch still running 10s after SIGTERM:\n%s", out)
-		}
-	})
+	out, exited := startStopped(t, cmd, "vramwatch", true)
 	var line string
 	select {
 	case line = <-out.first:
@@ -411,21 +392,8 @@ func startPrometheus(t *testing.T, bin string, jobs map[string]string) *promServ
 	addr := freeAddr(t)
 	cmd := exec.Command(bin, "--config.file="+path, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
-	out := &lineBuffer{first: make(chan string, 1)}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	out, exited := startStopped(t, cmd, "prometheus", false)
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
 		if t.Failed() {
 			t.Logf("prometheus.yml:\n%s\nprometheus output:\n%s", cfg, out)
 		}
@@ -524,4 +492,40 @@ func (p *promServer) await(t *testing.T, q, what string, ok func([]sample) bool)
 // value is an await condition on a result of one series.
 func value(ok func(float64) bool) func([]sample) bool {
 	return func(v []sample) bool { return len(v) == 1 && ok(v[0].Value) }
+}
+
+// startStopped starts cmd with its output in a lineBuffer and stops it at
+// the end of the test: SIGTERM, then SIGKILL after 10 s. With strict, the
+// program must end with status 0 within those 10 s. exited receives cmd's
+// end once (the cleanup waits for it).
+func startStopped(t *testing.T, cmd *exec.Cmd, name string, strict bool) (*lineBuffer, <-chan error) {
+	t.Helper()
+	out := &lineBuffer{first: make(chan string, 1)}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	exited := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		done <- err
+		exited <- err
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-done:
+			if strict && err != nil {
+				t.Errorf("%s after SIGTERM: %v\n%s", name, err, out)
+			}
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			if strict {
+				t.Errorf("%s still running 10s after SIGTERM:\n%s", name, out)
+			}
+		}
+	})
+	return out, exited
 }
