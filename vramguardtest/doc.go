@@ -104,7 +104,8 @@
 // A ledger stands in for the GPU: a loading or loaded model holds its
 // SizeVRAM, and [Server.Reserve] lets a test play another process that
 // allocates memory on the same GPU. [Server.Memory] and [Server.Holders] are
-// what an NVML query would report. With [Config.StrictVRAM] a load that
+// what an NVML query would report; [MultiGPU] splits the same ledger over
+// several devices, as one server spanning several GPUs. With [Config.StrictVRAM] a load that
 // does not fit fails with Ollama's out-of-memory error, or, with
 // [Config.Offload], holds only what is free and runs the rest on the CPU
 // (/api/ps size_vram below size).
