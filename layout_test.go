@@ -56,3 +56,76 @@ func TestFunctionLength(t *testing.T) {
 	}
 	t.Logf("%d functions; the longest, %s, has %d lines", n, longestName, longest)
 }
+
+// TestAPIBudget pins the root's exported API (issue #35, item 8): the
+// exported identifiers (types, funcs, methods on exported types, consts,
+// vars; scripts/api-count.sh counts the same) and, of them, the types,
+// funcs and methods. A change that adds one fails here and says so in its
+// diff; one that removes some lowers the pins.
+func TestAPIBudget(t *testing.T) {
+	const (
+		maxIdents = 214 // 221 at c60ae07; #34 made four "no room" errors one
+		maxDecls  = 139 // types + funcs + methods; 146 at c60ae07
+	)
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{} // identifier -> category
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if !d.Name.IsExported() {
+					continue
+				}
+				if d.Recv == nil {
+					seen[d.Name.Name] = "func"
+					continue
+				}
+				recv := d.Recv.List[0].Type
+				if s, ok := recv.(*ast.StarExpr); ok {
+					recv = s.X
+				}
+				if id, ok := recv.(*ast.Ident); ok && id.IsExported() {
+					seen[id.Name+"."+d.Name.Name] = "method"
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					switch s := s.(type) {
+					case *ast.TypeSpec:
+						if s.Name.IsExported() {
+							seen[s.Name.Name] = "type"
+						}
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							if n.IsExported() {
+								seen[n.Name] = d.Tok.String()
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	decls := 0
+	for _, c := range seen {
+		if c == "type" || c == "func" || c == "method" {
+			decls++
+		}
+	}
+	if len(seen) > maxIdents || decls > maxDecls {
+		t.Errorf("the root exports %d identifiers (budget %d), %d types+funcs+methods (budget %d): a feature that can live in its own package does", len(seen), maxIdents, decls, maxDecls)
+	}
+	if len(seen) < maxIdents || decls < maxDecls {
+		t.Errorf("the root exports %d identifiers and %d types+funcs+methods, fewer than pinned (%d, %d): lower the pins", len(seen), decls, maxIdents, maxDecls)
+	}
+}
