@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // ErrOverBudget: a load would break Options.Budget. The error is an
-// *Error of KindOutOfMemory whose cause is a *BudgetError.
+// *Error of KindOutOfMemory whose cause is a *RoomError with Budget set.
 var ErrOverBudget = errors.New("load would break the VRAM budget")
 
 // Budget is what the Ollama models may take of one device, checked before
@@ -29,10 +27,15 @@ type Budget struct {
 	// for other programs (a desktop, a diffusion model loaded later);
 	// zero: the load must only fit.
 	Headroom uint64
-	// MakeRoom makes a load that would break the budget first call
-	// EnsureFree, which unloads the largest Ollama models (verified; this
-	// client's generations on them are waited for, not cut) and waits for
+	// MakeRoom makes a load that would break the budget first make room
+	// on Device as EnsureFree does (arithmetic first: nothing is unloaded
+	// when the room cannot be made; then tenants marked First, the
+	// fewest bytes of Ollama's models on that device, never protected,
+	// leased or in-use ones, the other tenants), verified, and wait for
 	// the driver to give the memory back, instead of failing at once.
+	// Every wait counts against the generation's Timeouts (FirstChunk
+	// covers the admission): one that ends refuses the load with the
+	// *RoomError naming the holders.
 	MakeRoom bool
 	// OffWithoutGPU lets one program carry the same Options to a GPU box
 	// and to a machine without a GPU: where the budget cannot be measured
@@ -45,65 +48,10 @@ type Budget struct {
 	// reader and a load fails when the device is missing. BudgetOff says
 	// whether it happened.
 	OffWithoutGPU bool
-	// WaitForLeases makes MakeRoom wait, under the generation's ctx, for
-	// the leases that keep it from making room (EnsureRequest.WaitForLeases)
-	// instead of refusing the load at once.
+	// WaitForLeases makes MakeRoom wait, within the generation's
+	// timeouts, for the leases that keep it from making room
+	// (EnsureRequest.WaitForLeases) instead of refusing the load at once.
 	WaitForLeases bool
-}
-
-// BudgetError says why a load was refused: what the model needs (its
-// estimate), what the device had, and who held it.
-type BudgetError struct {
-	Model    string
-	Budget   Budget
-	Estimate *ModelEstimate
-	Free     uint64 // free bytes on the device at the last reading
-	Held     uint64 // bytes Ollama runners held on the device
-	// Holders are the device's processes at the last reading, largest
-	// first; nil when the reader cannot list them.
-	Holders []GPUProcess
-	// Kept are the models MakeRoom could not evict (Options.Protected, or
-	// leased), and RetryAfter the time until the first of those leases
-	// ends (zero: none has an end); see RoomError.
-	Kept       []KeptModel
-	RetryAfter time.Duration
-}
-
-func (e *BudgetError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s needs %s on device %d", e.Model, vramFormatBytes(uint64(e.Estimate.Total)), e.Budget.Device)
-	if e.Budget.Headroom > 0 {
-		fmt.Fprintf(&b, " plus %s headroom", vramFormatBytes(e.Budget.Headroom))
-	}
-	fmt.Fprintf(&b, "; %s free", vramFormatBytes(e.Free))
-	if e.Budget.MaxBytes > 0 {
-		fmt.Fprintf(&b, ", Ollama holds %s of a %s cap", vramFormatBytes(e.Held), vramFormatBytes(e.Budget.MaxBytes))
-	}
-	if len(e.Holders) > 0 {
-		vramWriteHolders(&b, e.Holders)
-	}
-	for _, k := range e.Kept {
-		if k.Protected {
-			fmt.Fprintf(&b, "; %s is protected", k.Model)
-		}
-		for _, l := range k.Leases {
-			fmt.Fprintf(&b, "; %s is leased by %s", k.Model, l)
-		}
-	}
-	if e.RetryAfter > 0 {
-		fmt.Fprintf(&b, "; retry after %v", e.RetryAfter.Round(time.Millisecond))
-	}
-	return b.String()
-}
-
-// Unwrap returns ErrOverBudget, and ErrLeased and ErrProtected when kept
-// models stood in the way.
-func (e *BudgetError) Unwrap() []error {
-	errs := []error{ErrOverBudget}
-	if len(e.Kept) > 0 {
-		errs = append(errs, (&RoomError{Kept: e.Kept}).Unwrap()...)
-	}
-	return errs
 }
 
 // admission serializes a client's budget checks and counts the loads it
@@ -156,6 +104,28 @@ func (c *OllamaClient) budgetOff(why string) {
 // a budget. It is safe for concurrent use.
 func (c *OllamaClient) BudgetOff() bool { return c.admission.off.Load() }
 
+// admitBounded is admit within the call's first-chunk and total timeouts
+// (less spent, which it raises by the admission's time): a wait for room
+// that ends there is the *RoomError of KindOutOfMemory, and anything else
+// the admission was doing is KindTimeout with the timeout as its cause.
+func (c *OllamaClient) admitBounded(ctx context.Context, cl *call, spent *time.Duration) (func(), error) {
+	if c.opts.Budget == nil || c.admission.off.Load() {
+		return func() {}, nil
+	}
+	start := time.Now()
+	t := cl.timeouts.or(c.opts.Timeouts)
+	fctx, cancelFirst := context.WithTimeoutCause(ctx, t.FirstChunk-*spent, ErrFirstChunkTimeout)
+	defer cancelFirst()
+	actx, cancelTotal := context.WithTimeoutCause(fctx, t.Total-*spent, ErrTotalTimeout)
+	defer cancelTotal()
+	done, err := c.admit(actx, cl.op, cl.model, cl.options)
+	*spent += time.Since(start)
+	if err != nil && ctx.Err() == nil && actx.Err() != nil && KindOf(err) == KindCanceled {
+		return nil, newError(cl.op, cl.model, KindTimeout, context.Cause(actx))
+	}
+	return done, err
+}
+
 // admit checks the budget before a generation on model (options are the
 // request's, for num_ctx); done must be called when the generation ends.
 // Without a budget, or for a model the server lists, it does nothing.
@@ -206,7 +176,7 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	}
 	need := uint64(est.Total)
 	ev.Need = need
-	berr, err := c.checkBudget(ctx, b, model, est, need+pending)
+	berr, err := c.checkBudget(ctx, b, model, need+pending)
 	if errors.Is(err, errBudgetOff) {
 		checked = false
 		return func() {}, nil
@@ -215,7 +185,7 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		return nil, err
 	}
 	if berr != nil && b.MakeRoom {
-		if berr, ev.MadeRoom, err = c.makeRoom(ctx, b, model, est, need+pending, berr); err != nil {
+		if berr, ev.MadeRoom, err = c.budgetRoom(ctx, op, b, model, need+pending, berr); err != nil {
 			return nil, err
 		}
 	}
@@ -237,9 +207,9 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	}, nil
 }
 
-// checkBudget reads the device and returns a *BudgetError when a load of
+// checkBudget reads the device and returns a *RoomError when a load of
 // need bytes would break b, or nil when it fits.
-func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string, est *ModelEstimate, need uint64) (*BudgetError, error) {
+func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string, need uint64) (*RoomError, error) {
 	const op = "budget"
 	snap, err := c.opts.VRAM.Snapshot(ctx)
 	if err != nil {
@@ -253,7 +223,8 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 	if d == nil {
 		return nil, invalid(op, model, "device %d is not among the %d the VRAM reader reports", b.Device, len(snap.Devices))
 	}
-	e := &BudgetError{Model: model, Budget: *b, Estimate: est, Free: d.Free}
+	bc := *b
+	e := &RoomError{Model: model, Device: b.Device, Need: need + b.Headroom, Free: d.Free, Total: d.Total, Budget: &bc}
 	for _, p := range d.Processes {
 		if p.Role == RoleOllamaRunner {
 			e.Held += p.UsedBytes
@@ -266,15 +237,17 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 	if !over {
 		return nil, nil
 	}
-	e.Holders = slices.Clone(d.Processes)
-	vramSortHolders(e.Holders)
+	if d.ProcessesKnown {
+		e.Holders = d.Holders()
+	}
 	return e, nil
 }
 
-// makeRoom runs Budget.MakeRoom for a load of need bytes that berr
+// budgetRoom runs Budget.MakeRoom for a load of need bytes that berr
 // refused, and checks the budget again; madeRoom says whether a model was
-// unloaded, verified.
-func (c *OllamaClient) makeRoom(ctx context.Context, b *Budget, model string, est *ModelEstimate, need uint64, berr *BudgetError) (_ *BudgetError, madeRoom bool, err error) {
+// unloaded, verified. A room-making that refused or whose wait ended
+// refuses the load with its *RoomError (Budget set).
+func (c *OllamaClient) budgetRoom(ctx context.Context, op string, b *Budget, model string, need uint64, berr *RoomError) (_ *RoomError, madeRoom bool, err error) {
 	target := need
 	if b.MaxBytes > 0 && berr.Held+need > b.MaxBytes {
 		// Unloading Ollama models lowers what they hold as much as it
@@ -284,20 +257,25 @@ func (c *OllamaClient) makeRoom(ctx context.Context, b *Budget, model string, es
 	c.log.Debug("making room for a load", "model", model, "need", need, "target", target)
 	erep, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom, WaitForLeases: b.WaitForLeases},
 		unloadMode{keepLoads: true, cause: CauseBudget})
-	if eerr != nil {
-		c.log.Debug("making room failed", "model", model, "err", eerr)
-	}
 	if erep != nil {
 		for _, r := range erep.Evicted {
 			madeRoom = madeRoom || r.Verified
 		}
 	}
-	if berr, err = c.checkBudget(ctx, b, model, est, need); err != nil {
-		return nil, madeRoom, err
-	}
 	var re *RoomError
-	if berr != nil && errors.As(eerr, &re) {
-		berr.Kept, berr.RetryAfter = re.Kept, re.RetryAfter
+	if errors.As(eerr, &re) {
+		c.log.Debug("making room failed", "model", model, "err", eerr)
+		re.Model, re.Budget, re.Held = model, berr.Budget, berr.Held
+		return re, madeRoom, nil
+	}
+	if eerr != nil {
+		c.log.Debug("making room failed", "model", model, "err", eerr)
+		if KindOf(eerr) == KindCanceled || ctx.Err() != nil {
+			return nil, madeRoom, eerr
+		}
+	}
+	if berr, err = c.checkBudget(ctx, b, model, need); err != nil {
+		return nil, madeRoom, err
 	}
 	return berr, madeRoom, nil
 }

@@ -145,6 +145,20 @@ func (b *book) inFlight(model string) (n int, begun uint64) {
 	return len(b.inflight[key]), b.begun[key]
 }
 
+// inFlightModels returns the models (normalized) on which this client
+// has a generation in flight: room-making leaves them (KeptModel.InUse).
+func (b *book) inFlightModels() map[string]bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string]bool, len(b.inflight))
+	for k, fs := range b.inflight {
+		if len(fs) > 0 {
+			out[k] = true
+		}
+	}
+	return out
+}
+
 // loadingModels returns the models on which this client has a generation
 // with no chunk yet (which /api/ps does not list while it loads).
 func (b *book) loadingModels() []string {

@@ -49,6 +49,7 @@ type OllamaClient struct {
 	book      *book       // models in flight, in use, warm; phases; closed (book.go)
 	tasks     tasks       // background work and its joining (tasks.go)
 	releases  releaseList // ReleaseVRAM's functions (cleanup.go)
+	tenants   tenants     // room-making's other tenants (room.go)
 	ps        *poller     // the /api/ps requests unloads share (poller.go)
 	admission admission   // Options.Budget's checks (admission.go)
 	churn     churn       // why models loaded again (churn.go)
@@ -468,8 +469,9 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 		c.log.Debug("leased model: keep-alive left as the server has it", "model", cl.model)
 		keepAlive = KeepAliveServerDefault
 	}
-	// Options.Budget: a load is admitted before the request goes out.
-	admitted, err := c.admit(ctx, op, cl.model, cl.options)
+	// Options.Budget: a load is admitted before the request goes out,
+	// within the call's timeouts (FirstChunk covers queueing and load).
+	admitted, err := c.admitBounded(ctx, cl, &spent)
 	if err != nil {
 		return nil, err
 	}

@@ -31,7 +31,8 @@
 //
 // "Cuts": the call cancels this client's own generations on the model that
 // have no chunk yet ([ErrUnloadedWhileLoading]); "waits": it lets them, and
-// other programs' requests, end first. Every unload is verified. "Leased"
+// other programs' requests, end first; "kept": it does not evict a model
+// this client has a generation on (EnsureFree takes such models last). Every unload is verified. "Leased"
 // is what the call does with a model another client's lease keeps
 // ([OllamaClient.HoldModel], or a phase of any other vramguard client on
 // the host, in any process): "left" (the report's
@@ -45,8 +46,8 @@
 //	ForceUnloadModel   the model                                cuts    waits            overridden
 //	UnloadAll          every model listed or this client loads  cuts    waits            left (protected too)
 //	Cleanup(Async)     Models; with AllModels as UnloadAll      cuts    waits            left
-//	EnsureFree         largest Ollama models first, as needed   cuts    waits            kept (protected too)
-//	Budget.MakeRoom    as EnsureFree, before a load             waits   waits            kept (protected too)
+//	EnsureFree         fewest bytes on the device, as needed    cuts    waits            kept (protected too)
+//	Budget.MakeRoom    as EnsureFree, before a load             kept    waits            kept (protected too)
 //	Guard, after use   its model, if a request went out         waits   ErrHeldByOthers  left
 //	Phase.End          every model the phase used               waits   waits            left (its own released)
 //	Shutdown, Close    models left warm by this client          waits   waits            left (its own released)
@@ -66,6 +67,25 @@
 // its model), or your own. [AwaitFree] waits for room;
 // [OllamaClient.EnsureFree] makes it and names who holds the memory when
 // it cannot. This package needs no cgo: only package gpu links NVML.
+//
+// # Room-making
+//
+// EnsureFree, Budget.MakeRoom, Phase.End's hand-over and a pool's
+// placement make room through one owner with one victim policy. A model
+// counts for the device its runner's memory is on, by the reader's
+// attribution; a reader of several devices that cannot say keeps the
+// model ([ErrUnattributed]) rather than evict blind. Arithmetic comes
+// first: when free memory plus everything that may go cannot reach the
+// need, nothing is unloaded and the call fails at once. Otherwise, in
+// this order and only while the room is missing: tenants registered with
+// First ([OllamaClient.RegisterTenant]: a diffusion server's cache, say),
+// the fewest bytes of idle Ollama models, this client's own leased
+// models, the other tenants; never a protected, leased or in-use model.
+// Every step is verified and every wait for the driver is bounded by the
+// call's own timeouts. Whichever call refused, the error is one
+// [RoomError] naming the need, the free bytes, the holders, the kept
+// models and when to retry; EnsureRequest.DryRun answers "can I load
+// this?" without unloading anything.
 //
 // # Errors and observability
 //
@@ -90,8 +110,8 @@
 // [NewPool] returns a client over several Ollama servers, one per GPU
 // (each started with CUDA_VISIBLE_DEVICES and its own OLLAMA_HOST). Each
 // load goes where the model is warm, else to the device with the most
-// measured room, else where making room costs least; a refusal names
-// every device's need, free bytes and holders ([PlacementError]).
+// measured room, else where making room costs least; a refusal is a
+// [RoomError] with each device's free bytes and holders (RoomError.Devices).
 // Guards, sessions, phases and the nodes work on it unchanged.
 //
 // Each [OllamaClient] owns its state (its requests, guards, phases, its

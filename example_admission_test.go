@@ -51,9 +51,9 @@ func ExampleBudget() {
 	defer c.Close()
 
 	_, err = c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: "qwen3:8b", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
-	var be *vramguard.BudgetError
-	if errors.As(err, &be) {
-		fmt.Println(errors.Is(err, vramguard.KindOutOfMemory), be.Holders[0].Command, s.Requests("qwen3:8b"))
+	var re *vramguard.RoomError
+	if errors.As(err, &re) {
+		fmt.Println(errors.Is(err, vramguard.KindOutOfMemory), re.Holders[0].Name, s.Requests("qwen3:8b"))
 	}
 	// Output: true comfyui 0
 }

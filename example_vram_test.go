@@ -62,7 +62,7 @@ func ExampleAwaitFree() {
 		PollInterval: time.Hour,
 		Timeout:      time.Millisecond,
 	})
-	var short *vramguard.InsufficientVRAMError
+	var short *vramguard.RoomError
 	if errors.As(err, &short) {
 		fmt.Println(vramguard.KindOf(err))
 		fmt.Println(short)
@@ -70,5 +70,5 @@ func ExampleAwaitFree() {
 	// Output:
 	// 10 GiB free
 	// timeout
-	// device 0 has 0 B free of 24.0 GiB, needs 20.0 GiB; held by pid 4242 "/usr/local/bin/ollama runner --port 40000" (ollama runner) 24.0 GiB
+	// device 0 has 0 B free of 24.0 GiB, needs 20.0 GiB; held by ollama runner (pid 4242) 24.0 GiB; stopped waiting: its timeout passed
 }

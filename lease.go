@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ollama/ollama/api"
-
 	"github.com/vramguard/vramguard/internal/lease"
 )
 
@@ -92,74 +90,6 @@ func (e *LeasedError) Error() string {
 
 // Unwrap returns ErrLeased.
 func (e *LeasedError) Unwrap() error { return ErrLeased }
-
-// KeptModel is a listed model that room-making left: protected by
-// Options.Protected, or leased.
-type KeptModel struct {
-	Model     string
-	SizeVRAM  int64 // as /api/ps lists it
-	Protected bool
-	Leases    []LeaseInfo
-}
-
-// RoomError is the cause of a room-making call that could not proceed
-// because the models that would have to go are kept (protected or
-// leased): nothing was unloaded. RetryAfter is the time until the earliest
-// of the leases ends, zero when none has an end (held until released, or
-// only protected models).
-type RoomError struct {
-	Device     int
-	Need, Free uint64 // bytes needed, and free at the last reading
-	Kept       []KeptModel
-	RetryAfter time.Duration
-}
-
-func (e *RoomError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "device %d needs %s, has %s free; kept:", e.Device, vramFormatBytes(e.Need), vramFormatBytes(e.Free))
-	for _, k := range e.Kept {
-		fmt.Fprintf(&b, " %s (%s", k.Model, vramFormatBytes(uint64(max(k.SizeVRAM, 0))))
-		if k.Protected {
-			b.WriteString(", protected")
-		}
-		for _, l := range k.Leases {
-			b.WriteString(", leased by " + l.String())
-		}
-		b.WriteString(")")
-	}
-	if e.RetryAfter > 0 {
-		fmt.Fprintf(&b, "; retry after %v", e.RetryAfter.Round(time.Millisecond))
-	}
-	return b.String()
-}
-
-// Unwrap returns ErrLeased and ErrProtected, as they apply.
-func (e *RoomError) Unwrap() []error {
-	var errs []error
-	if slices.ContainsFunc(e.Kept, func(k KeptModel) bool { return len(k.Leases) > 0 }) {
-		errs = append(errs, ErrLeased)
-	}
-	if slices.ContainsFunc(e.Kept, func(k KeptModel) bool { return k.Protected }) {
-		errs = append(errs, ErrProtected)
-	}
-	return errs
-}
-
-// retryAfter is the time from now until the earliest lease end among kept.
-func retryAfter(kept []KeptModel, now time.Time) time.Duration {
-	var first time.Time
-	for _, k := range kept {
-		for _, l := range k.Leases {
-			if !l.Until.IsZero() && (first.IsZero() || l.Until.Before(first)) {
-				first = l.Until
-			}
-		}
-	}
-	if first.IsZero() {
-		return 0
-	}
-	return max(first.Sub(now), 0)
-}
 
 // leases is a client's view of the host's leases: the directory, opened
 // once, and the leases this client holds, released by Close.
@@ -376,82 +306,4 @@ func (c *OllamaClient) leftLeased(model string, mode unloadMode) (rep *UnloadRep
 		return rep, newError("unload", model, KindRefused, &LeasedError{Model: model, Leases: ls}), true
 	}
 	return rep, nil, true
-}
-
-// splitKept divides listed models into those room-making may unload and
-// those it keeps (protected, or leased unless force).
-func (c *OllamaClient) splitKept(ms []api.ProcessModelResponse, force bool) (free []api.ProcessModelResponse, kept []KeptModel) {
-	var all []LeaseInfo // every model's, in one read of the directory
-	if !force && len(ms) > 0 {
-		all = c.heldLeases("")
-	}
-	for _, m := range ms {
-		k := KeptModel{Model: m.Model, SizeVRAM: m.SizeVRAM, Protected: c.isProtected(m.Model)}
-		key := NormalizeModelName(m.Model)
-		for _, l := range all {
-			if l.Model == key {
-				k.Leases = append(k.Leases, l)
-			}
-		}
-		if k.Protected || len(k.Leases) > 0 {
-			kept = append(kept, k)
-			continue
-		}
-		free = append(free, m)
-	}
-	return free, kept
-}
-
-// roomToMake lists the models room-making may unload: every listed model
-// but those it keeps (rep.Kept). When the free memory and what the others
-// hold cannot reach need, it refuses with a *RoomError before anything is
-// unloaded, or, with req.WaitForLeases and a lease among the reasons,
-// looks again every interval, under ctx, until a lease ends.
-func (c *OllamaClient) roomToMake(ctx context.Context, req EnsureRequest, mode unloadMode, rep *EnsureReport, need uint64, interval time.Duration) ([]api.ProcessModelResponse, error) {
-	const op = "ensure free"
-	free := rep.FreeBefore
-	var last *RoomError // set once it waits
-	for {
-		running, err := c.running(ctx)
-		if err != nil && (last == nil || ctx.Err() != nil) {
-			return nil, err
-		}
-		if err != nil {
-			// A listing that fails while it waits (v0.17.4 answers 500
-			// during an unload) is looked at again at the next poll.
-			c.log.Debug("room-making: listing failed while waiting for leases", "err", err)
-			if err := sleepCtx(ctx, interval); err != nil {
-				return nil, newError(op, "", KindCanceled, errors.Join(err, last))
-			}
-			continue
-		}
-		cands, kept := c.splitKept(running, mode.force)
-		rep.Kept = kept
-		if len(kept) == 0 || c.opts.VRAM == nil || enoughRoom(cands, free, need) {
-			return cands, nil
-		}
-		re := &RoomError{Device: req.Device, Need: need, Free: free, Kept: kept, RetryAfter: retryAfter(kept, time.Now())}
-		if !req.WaitForLeases || !errors.Is(re, ErrLeased) {
-			return nil, newError(op, "", KindOutOfMemory, re)
-		}
-		last = re
-		c.log.Debug("room-making waits for leases", "device", req.Device, "need", need, "kept", len(kept))
-		if err := sleepCtx(ctx, interval); err != nil {
-			return nil, newError(op, "", KindCanceled, errors.Join(err, re))
-		}
-		if snap, err := c.opts.VRAM.Snapshot(ctx); err == nil {
-			if d := snap.Device(req.Device); d != nil {
-				free = d.Free
-			}
-		}
-	}
-}
-
-// enoughRoom reports whether free bytes plus what the candidates hold on
-// the GPU (Ollama's size_vram) reach need.
-func enoughRoom(cands []api.ProcessModelResponse, free, need uint64) bool {
-	for _, m := range cands {
-		free += uint64(max(m.SizeVRAM, 0))
-	}
-	return free >= need
 }

@@ -245,9 +245,9 @@ func TestBudgetWaitsForLeases(t *testing.T) {
 	}
 	b := leaseClient(t, s, dir, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{MakeRoom: true}, VRAMPollInterval: 20 * time.Millisecond})
 	_, err = b.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
-	var be *vramguard.BudgetError
-	if !errors.As(err, &be) || !errors.Is(err, vramguard.ErrLeased) || len(be.Kept) != 1 || be.RetryAfter <= 0 || !s.Listed("big") {
-		t.Fatalf("budget blocked by a lease: %v, want a BudgetError naming it", err)
+	var be *vramguard.RoomError
+	if !errors.As(err, &be) || be.Budget == nil || !errors.Is(err, vramguard.ErrLeased) || len(be.Kept) != 1 || be.RetryAfter <= 0 || !s.Listed("big") {
+		t.Fatalf("budget blocked by a lease: %v, want a budget's RoomError naming it", err)
 	}
 	w := leaseClient(t, s, dir, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{MakeRoom: true, WaitForLeases: true}, VRAMPollInterval: 20 * time.Millisecond})
 	done := make(chan error, 1)

@@ -48,7 +48,7 @@ type UnloadEnd struct {
 // AdmissionEvent is what Hooks.OnAdmission is told: Options.Budget checked
 // a load against the device's memory (a model already listed, or a budget
 // that is off, is no check). Err is nil when the load was admitted, else
-// an *Error of KindOutOfMemory wrapping the *BudgetError, or the failure
+// an *Error of KindOutOfMemory wrapping the *RoomError, or the failure
 // that stopped the check.
 type AdmissionEvent struct {
 	Model  string

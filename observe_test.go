@@ -161,7 +161,7 @@ func TestCallEndSeesFailures(t *testing.T) {
 }
 
 // OnAdmission is told of each budget check: a refusal with the
-// *BudgetError, an admission after making room with MadeRoom; OnVRAMWait
+// *RoomError, an admission after making room with MadeRoom; OnVRAMWait
 // gets the context of the EnsureFree that waited.
 func TestAdmissionAndWaitHooks(t *testing.T) {
 	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
@@ -181,8 +181,8 @@ func TestAdmissionAndWaitHooks(t *testing.T) {
 	opts.Budget = &vramguard.Budget{}
 	refusing := newTestClient(t, s, opts)
 	_, err := refusing.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
-	var be *vramguard.BudgetError
-	if !errors.As(err, &be) {
+	var be *vramguard.RoomError
+	if !errors.As(err, &be) || be.Budget == nil {
 		t.Fatalf("GenerateStreaming = %v; want a budget refusal", err)
 	}
 	opts.Budget = &vramguard.Budget{MakeRoom: true}
@@ -200,7 +200,7 @@ func TestAdmissionAndWaitHooks(t *testing.T) {
 		t.Fatalf("OnAdmission ran %d times, want 2: %+v", len(evs), evs)
 	}
 	if r := evs[0]; r.Model != "mid" || r.Need != need || r.MadeRoom || !errors.As(r.Err, &be) || !errors.Is(r.Err, vramguard.KindOutOfMemory) {
-		t.Errorf("refusal event %+v; want mid, its estimate and the BudgetError", r)
+		t.Errorf("refusal event %+v; want mid, its estimate and the RoomError", r)
 	}
 	if a := evs[1]; a.Err != nil || !a.MadeRoom || a.Need != need {
 		t.Errorf("admission event %+v; want admitted after making room", a)

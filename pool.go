@@ -82,8 +82,10 @@ const (
 // never unloading protected models, models leased by another program
 // (another pool's included) or ones in use, and the pool's own leased
 // models (its phases') only when no other member's room can be made; else
-// the call fails with KindOutOfMemory and a *PlacementError naming, per
-// device, the need, the free bytes and the holders. A model resident on a
+// the call fails with KindOutOfMemory and a *RoomError naming the need
+// and, per device (RoomError.Devices), the free bytes and the holders.
+// Room-making on a member is the one of one server (EnsureFree's), with
+// the pool's rules for what is kept. A model resident on a
 // member stays there, so a phase keeps each model on the member it was
 // placed on. Each decision is Generation.Placement, Hooks.OnPlace and an
 // INFO log line. One placement runs at a time; a caller waiting for its

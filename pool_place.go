@@ -41,14 +41,16 @@ func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolM
 	}
 	d, ok := decide(views, need)
 	if ok && d.reason == PlaceMadeRoom {
-		if err := p.makeRoom(ctx, p.members[d.member], d.evict, need); err != nil {
+		evicted, err := p.makeRoom(ctx, p.members[d.member], need)
+		if err != nil {
 			return nil, Placement{}, err
 		}
+		d.evict = evicted
 	}
 	if ok {
 		return p.placed(ctx, d, model, need, views)
 	}
-	perr := &PlacementError{Model: model, Need: need, Members: rooms}
+	perr := &RoomError{Model: model, Need: need, Devices: rooms}
 	kind := KindOutOfMemory
 	if !anyUp(views) {
 		kind = KindUnavailable
@@ -58,14 +60,14 @@ func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolM
 
 // survey lists every member that is up and reads its device: what the
 // decision knows of each (views), and what a refusal says of it (rooms).
-func (p *pool) survey(ctx context.Context, key string) ([]memberView, []MemberRoom) {
+func (p *pool) survey(ctx context.Context, key string) ([]memberView, []RoomError) {
 	views := make([]memberView, len(p.members))
-	rooms := make([]MemberRoom, len(p.members))
+	rooms := make([]RoomError, len(p.members))
 	var wg sync.WaitGroup
 	for i, m := range p.members {
-		rooms[i] = MemberRoom{Member: m.name, Device: m.device}
+		rooms[i] = RoomError{Member: m.name, Device: m.device}
 		if !m.isUp() {
-			rooms[i].Down = true
+			rooms[i].Err = newError(poolPlaceOp, "", KindUnavailable, errors.New("down: it did not answer, and has not answered a probe since"))
 			continue
 		}
 		wg.Go(func() { p.surveyOne(ctx, m, key, &views[i], &rooms[i]) })
@@ -76,7 +78,7 @@ func (p *pool) survey(ctx context.Context, key string) ([]memberView, []MemberRo
 
 // surveyOne lists one member and reads its device, within the pool's
 // answer timeout: a member whose server does not answer in time is down.
-func (p *pool) surveyOne(ctx context.Context, m *poolMember, key string, v *memberView, room *MemberRoom) {
+func (p *pool) surveyOne(ctx context.Context, m *poolMember, key string, v *memberView, room *RoomError) {
 	actx, cancel := context.WithTimeoutCause(ctx, p.answerTimeout,
 		fmt.Errorf("pool member %s did not answer within %v", m.name, p.answerTimeout))
 	defer cancel()
@@ -94,10 +96,13 @@ func (p *pool) surveyOne(ctx context.Context, m *poolMember, key string, v *memb
 		room.Err = context.Cause(ctx)
 	case actx.Err() != nil:
 		p.down(m, context.Cause(actx))
-		room.Down, room.Err = true, context.Cause(actx)
+		room.Err = newError(poolPlaceOp, "", KindUnavailable, context.Cause(actx))
 	default:
 		p.failed(m, err)
-		room.Down, room.Err = connFailed(err), err
+		room.Err = err
+		if connFailed(err) {
+			room.Err = newError(poolPlaceOp, "", KindUnavailable, err)
+		}
 	}
 }
 
@@ -116,9 +121,10 @@ func (p *pool) need(ctx context.Context, views []memberView, model string, numCt
 	return 0, nil
 }
 
-// measure fills in a member's free memory and what room-making may unload
-// there, from its device and its listing.
-func (p *pool) measure(ctx context.Context, m *poolMember, listed []api.ProcessModelResponse, v *memberView, room *MemberRoom) {
+// measure fills in a member's device as room-making sees it (free
+// memory less the loads placed and not listed yet, what may be unloaded
+// there and what is kept), from its device and its listing.
+func (p *pool) measure(ctx context.Context, m *poolMember, listed []api.ProcessModelResponse, v *memberView, room *RoomError) {
 	snap, err := m.vram.Snapshot(ctx)
 	var d *DeviceMemory
 	if err == nil {
@@ -131,81 +137,64 @@ func (p *pool) measure(ctx context.Context, m *poolMember, listed []api.ProcessM
 		return
 	}
 	v.measured = true
-	room.Holders = d.Holders()
 	m.mu.Lock()
 	var pending uint64
 	for _, b := range m.pending {
 		pending += b
 	}
 	v.loading = len(m.pending)
-	inflight := make(map[string]bool, len(m.inflight))
-	for k := range m.inflight {
-		inflight[k] = true
-	}
 	m.mu.Unlock()
-	v.free = d.Free - min(d.Free, pending)
-	room.Free = v.free
-	cands, kept := m.c.splitKept(listed, false)
-	cands, kept = p.keptByOtherPools(cands, kept)
-	own := p.c.ownLeased()
-	byModel := runnerBytes(d)
-	for _, x := range cands {
-		key := NormalizeModelName(x.Model)
-		if inflight[key] {
-			kept = append(kept, KeptModel{Model: x.Model, SizeVRAM: x.SizeVRAM})
-			continue
-		}
-		b, ok := byModel[key]
-		if !ok {
-			b = uint64(max(x.SizeVRAM, 0))
-		}
-		if b > 0 {
-			v.evictable = append(v.evictable, victim{model: x.Model, bytes: b, own: own[key]})
-		}
-	}
-	room.Kept = kept
+	v.room = buildRoomView(snap, d, listed, p.rulesFor(m)(), nil)
+	v.room.free -= min(v.room.free, pending)
+	room.Free, room.Total, room.Holders, room.Kept = v.room.free, d.Total, v.room.holders, v.room.kept
 }
 
-// runnerBytes is the memory the device shows per runner's model, where
-// the reader names it (the truth, not Ollama's estimate).
-func runnerBytes(d *DeviceMemory) map[string]uint64 {
-	out := map[string]uint64{}
-	for _, pr := range d.Processes {
-		if pr.Role == RoleOllamaRunner && pr.Model != "" && pr.UsedKnown {
-			out[NormalizeModelName(pr.Model)] += pr.UsedBytes
+// rulesFor are what keeps a model on member m from room-making: the
+// pool's protected models, leases of other programs (other pools',
+// whose leases name their pool's address, included), the pool's
+// requests in flight there; the pool's own leases go last.
+func (p *pool) rulesFor(m *poolMember) func() roomRules {
+	return func() roomRules {
+		m.mu.Lock()
+		inUse := make(map[string]bool, len(m.inflight))
+		for k, n := range m.inflight {
+			inUse[k] = n > 0
 		}
+		m.mu.Unlock()
+		return roomRules{protected: m.c.isProtected, inUse: inUse, own: p.c.ownLeased(),
+			leases: append(m.c.heldLeases(""), p.c.heldLeases("")...)}
 	}
-	return out
 }
 
-// makeRoom unloads the chosen models on m, verified, and waits for the
-// device to show the room. The pool client records the evictions as its
-// own, so that a model's next load names the cause (ReloadEvicted).
-func (p *pool) makeRoom(ctx context.Context, m *poolMember, evict []string, need uint64) error {
+// makeRoom makes room for need bytes (plus the loads placed on m and not
+// on the device yet) on m's device through room-making (room.go), with
+// the pool's rules, and returns the models it unloaded. The pool client
+// records the evictions as its own, so that a model's next load names
+// the cause (ReloadEvicted).
+func (p *pool) makeRoom(ctx context.Context, m *poolMember, need uint64) ([]string, error) {
 	m.mu.Lock()
-	for _, b := range m.pending { // loads placed here and not on the device yet
+	for _, b := range m.pending {
 		need += b
 	}
 	m.mu.Unlock()
-	reps, err := m.c.unloadMany(ctx, evict, unloadMode{keepLoads: true, cause: CauseBudget})
-	for _, r := range reps {
-		if r.Verified && r.WasLoaded {
-			p.c.churn.unloaded(r.Model, CauseBudget, time.Now())
+	rep, err := m.c.ensureFreeRules(ctx, EnsureRequest{Device: m.device, Bytes: need},
+		unloadMode{keepLoads: true, cause: CauseBudget}, p.rulesFor(m), false)
+	var evicted []string
+	if rep != nil {
+		for _, r := range rep.Evicted {
+			if r.Verified && r.WasLoaded {
+				p.c.churn.unloaded(r.Model, CauseBudget, time.Now())
+			}
+			if r.Verified {
+				evicted = append(evicted, r.Model)
+			}
 		}
 	}
-	if err != nil {
-		return err
+	var re *RoomError
+	if errors.As(err, &re) {
+		re.Member = m.name
 	}
-	start := time.Now()
-	snap, err := AwaitFree(ctx, m.vram, AwaitRequest{Device: m.device, Bytes: need, PollInterval: m.c.opts.VRAMPollInterval, Timeout: m.c.opts.UnloadTimeout})
-	ev := VRAMWaitEvent{Device: m.device, Need: need, Waited: time.Since(start), Err: err}
-	if snap != nil {
-		if d := snap.Device(m.device); d != nil {
-			ev.Free = d.Free
-		}
-	}
-	hookCtx(p.c, p.c.opts.Hooks.OnVRAMWait, ctx, ev)
-	return err
+	return evicted, err
 }
 
 // placed records and reports the decision, and counts the call in flight
@@ -214,7 +203,7 @@ func (p *pool) makeRoom(ctx context.Context, m *poolMember, evict []string, need
 // it loads.
 func (p *pool) placed(ctx context.Context, d decision, model string, need uint64, views []memberView) (*poolMember, Placement, error) {
 	m := p.members[d.member]
-	pl := Placement{Model: model, Member: m.name, Device: m.device, Reason: d.reason, Need: need, Free: views[d.member].free, Evicted: d.evict}
+	pl := Placement{Model: model, Member: m.name, Device: m.device, Reason: d.reason, Need: need, Free: views[d.member].room.free, Evicted: d.evict}
 	key := NormalizeModelName(model)
 	m.mu.Lock()
 	// Until a listing of the member says otherwise, the model counts as
@@ -288,32 +277,4 @@ func (c *OllamaClient) ownLeased() map[string]bool {
 		out[NormalizeModelName(l.info.Model)] = true
 	}
 	return out
-}
-
-// keptByOtherPools moves to kept the candidates that another program's
-// pool leases: its leases name the pool's address, not the member's, so
-// the member's client does not see them.
-func (p *pool) keptByOtherPools(cands []api.ProcessModelResponse, kept []KeptModel) ([]api.ProcessModelResponse, []KeptModel) {
-	if len(cands) == 0 {
-		return cands, kept
-	}
-	ls := p.c.heldLeases("")
-	if len(ls) == 0 {
-		return cands, kept
-	}
-	out := cands[:0:0]
-	for _, x := range cands {
-		k := KeptModel{Model: x.Model, SizeVRAM: x.SizeVRAM}
-		for _, l := range ls {
-			if l.Model == NormalizeModelName(x.Model) {
-				k.Leases = append(k.Leases, l)
-			}
-		}
-		if len(k.Leases) > 0 {
-			kept = append(kept, k)
-		} else {
-			out = append(out, x)
-		}
-	}
-	return out, kept
 }

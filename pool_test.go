@@ -128,17 +128,17 @@ func TestPoolPlacement(t *testing.T) {
 		loadOn(t, sims[1], "b")
 		c := newTestPool(t, sims, vramguard.Options{Protected: []string{"b"}})
 		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
-		var pe *vramguard.PlacementError
-		if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &pe) || !errors.Is(err, vramguard.ErrProtected) || !errors.Is(err, vramguard.ErrNoPlacement) {
-			t.Fatalf("GenerateStreaming = %v; want KindOutOfMemory with a *PlacementError naming the protected model", err)
+		var pe *vramguard.RoomError
+		if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &pe) || !errors.Is(err, vramguard.ErrProtected) {
+			t.Fatalf("GenerateStreaming = %v; want KindOutOfMemory with a *RoomError naming the protected model", err)
 		}
-		if len(pe.Members) != 2 {
-			t.Fatalf("PlacementError members %+v; want both", pe.Members)
+		if len(pe.Devices) != 2 || pe.Devices[0].Member != "gpu0" || pe.Devices[1].Member != "gpu1" {
+			t.Fatalf("RoomError devices %+v; want both members", pe.Devices)
 		}
 		if msg := err.Error(); strings.Contains(msg, "vramguard-pool.localhost") || !strings.HasPrefix(msg, `vramguard: generate "c": out of memory: c needs`) {
 			t.Errorf("message %q: want the call's error naming the need, without the pool's made-up URL", msg)
 		}
-		for _, m := range pe.Members {
+		for _, m := range pe.Devices {
 			if m.Free != 5*gib || len(m.Kept) != 1 || !m.Kept[0].Protected || len(m.Holders) == 0 || m.Holders[0].Name != "b:latest" {
 				t.Errorf("member %+v; want 5 GiB free, b kept as protected and named as holder", m)
 			}
@@ -558,9 +558,9 @@ func TestPoolHungMember(t *testing.T) {
 		t.Errorf("the hung member is up: %+v", st[0])
 	}
 	_, err = c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
-	var pe *vramguard.PlacementError
-	if !errors.As(err, &pe) || !pe.Members[0].Down {
-		t.Errorf("c (9 GiB, room on no member that answers) = %v; want a *PlacementError naming the hung member down", err)
+	var pe *vramguard.RoomError
+	if !errors.As(err, &pe) || len(pe.Devices) != 2 || !errors.Is(pe.Devices[0].Err, vramguard.KindUnavailable) {
+		t.Errorf("c (9 GiB, room on no member that answers) = %v; want a *RoomError naming the hung member unavailable", err)
 	}
 	if _, err := c.UnloadModel(t.Context(), "a"); err != nil {
 		t.Errorf("UnloadModel(a) = %v", err)

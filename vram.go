@@ -149,6 +149,8 @@ type MemoryHolder struct {
 	Name  string
 	PID   uint32
 	Bytes uint64
+	// Orphaned: a runner whose `ollama serve` is gone (GPUProcess.Orphaned).
+	Orphaned bool
 }
 
 // Holders splits the device's memory by holder, for metrics and answers
@@ -167,7 +169,7 @@ func (d DeviceMemory) Holders() []MemoryHolder {
 			continue
 		}
 		known += p.UsedBytes
-		h := MemoryHolder{Kind: HolderOther, Name: p.Command, PID: p.PID, Bytes: p.UsedBytes}
+		h := MemoryHolder{Kind: HolderOther, Name: p.Command, PID: p.PID, Bytes: p.UsedBytes, Orphaned: p.Orphaned}
 		if p.Role == RoleOllamaRunner {
 			h.Kind, h.Name = HolderRunner, cmp.Or(p.Model, p.Blob)
 		}

@@ -6,17 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
-	"unicode"
 )
 
 // vramHoldersShown bounds how many holders an error message names.
 const vramHoldersShown = 5
 
 // errAwaitTimeout is the cause of a wait that ran out of AwaitRequest.Timeout.
-var errAwaitTimeout = errors.New("await timeout passed")
+var errAwaitTimeout = errors.New("its timeout passed")
 
 // AwaitRequest asks AwaitFree for free memory on one device.
 //
@@ -35,107 +32,6 @@ type AwaitRequest struct {
 	Timeout time.Duration
 }
 
-// InsufficientVRAMError says that a device did not get the free memory a
-// caller waited for, and who holds it. AwaitFree returns it wrapped in an
-// *Error, so errors.As finds either.
-type InsufficientVRAMError struct {
-	Device int
-	Need   uint64 // Bytes + Reserve
-	Free   uint64 // free bytes in the last snapshot
-	Total  uint64 // the device's memory
-	// Snapshot is the last snapshot that listed the device.
-	Snapshot *VRAMSnapshot
-	// Holders are the device's processes in that snapshot, largest first
-	// (unknown figures last); nil when the source cannot list processes.
-	Holders []GPUProcess
-	// Err is why the wait ended: context.Cause of the caller's ctx, or the
-	// timeout. LastErr is the reader's error when the last poll failed.
-	Err, LastErr error
-}
-
-func (e *InsufficientVRAMError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "device %d has %s free of %s, needs %s", e.Device,
-		vramFormatBytes(e.Free), vramFormatBytes(e.Total), vramFormatBytes(e.Need))
-	var d *DeviceMemory
-	if e.Snapshot != nil {
-		d = e.Snapshot.Device(e.Device)
-	}
-	switch {
-	case d != nil && !d.ProcessesKnown:
-		b.WriteString("; processes unknown")
-	case len(e.Holders) == 0:
-		b.WriteString("; no process listed (the memory is held by the driver or by processes it does not show)")
-	default:
-		vramWriteHolders(&b, e.Holders)
-	}
-	if e.LastErr != nil {
-		fmt.Fprintf(&b, "; last reading failed: %v", e.LastErr)
-	}
-	return b.String()
-}
-
-// vramWriteHolders writes "; held by " and the first vramHoldersShown
-// holders, largest first as given.
-func vramWriteHolders(b *strings.Builder, holders []GPUProcess) {
-	b.WriteString("; held by ")
-	for i, p := range holders {
-		if i == vramHoldersShown {
-			fmt.Fprintf(b, " and %d more", len(holders)-i)
-			break
-		}
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(vramDescribeHolder(p))
-	}
-}
-
-// Unwrap returns Err and LastErr, so that errors.Is sees the context's
-// cause and the reader's error.
-func (e *InsufficientVRAMError) Unwrap() []error {
-	var errs []error
-	for _, err := range []error{e.Err, e.LastErr} {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errs
-}
-
-// vramDescribeHolder formats a process for a message, naming the model a
-// runner serves when known:
-// `pid 4242 "/usr/lib/ollama/llama-server --model /ro..." (ollama runner, model tiny-a) 5.2 GiB`.
-func vramDescribeHolder(p GPUProcess) string {
-	const maxCmd = 60
-	var b strings.Builder
-	fmt.Fprintf(&b, "pid %d", p.PID)
-	if p.Command != "" {
-		cmd := p.Command
-		if len(cmd) > maxCmd {
-			cmd = cmd[:maxCmd] + "..."
-		}
-		fmt.Fprintf(&b, " %q", cmd)
-	}
-	fmt.Fprintf(&b, " (%s", p.Role)
-	if m := p.Model; m != "" {
-		if strings.ContainsFunc(m, func(r rune) bool { return r == ' ' || !unicode.IsPrint(r) }) {
-			m = strconv.Quote(m) // a name from some process's argv
-		}
-		fmt.Fprintf(&b, ", model %s", m)
-	}
-	if p.Orphaned {
-		b.WriteString(", orphaned")
-	}
-	b.WriteString(") ")
-	if p.UsedKnown {
-		b.WriteString(vramFormatBytes(p.UsedBytes))
-	} else {
-		b.WriteString("memory unknown")
-	}
-	return b.String()
-}
-
 // AwaitFree polls r until device req.Device has at least req.Bytes +
 // req.Reserve bytes free, and returns the snapshot that showed it.
 //
@@ -146,8 +42,8 @@ func vramDescribeHolder(p GPUProcess) string {
 // A reader error is retried at the next poll until the wait ends; AwaitFree
 // logs nothing. The wait ends with an *Error of KindTimeout when
 // req.Timeout passes, or KindCanceled (holding context.Cause(ctx)) when
-// ctx is done; its cause is an *InsufficientVRAMError naming the holders
-// from the last snapshot, or, if no snapshot ever succeeded, the last
+// ctx is done; its cause is a *RoomError naming the holders from
+// the last snapshot (its Err the wait's cause), or, if no snapshot ever succeeded, the last
 // reader error. A device that is missing from a successful snapshot gives
 // KindNotFound, one with less memory in total than needed KindInvalidInput,
 // one whose source reports no figures (Total 0) KindUnavailable; these are
@@ -243,13 +139,9 @@ func vramAwaitEnded(op string, parent, ctx context.Context, device int, need uin
 		return newError(op, "", kind, fmt.Errorf("no reading of device %d: %w", device, cause))
 	}
 	d := last.Device(device)
-	e := &InsufficientVRAMError{
-		Device: device, Need: need, Free: d.Free, Total: d.Total,
-		Snapshot: last, Err: cause, LastErr: lastErr,
-	}
+	e := &RoomError{Device: device, Need: need, Free: d.Free, Total: d.Total, Err: cause, LastErr: lastErr}
 	if d.ProcessesKnown {
-		e.Holders = append([]GPUProcess{}, d.Processes...)
-		vramSortHolders(e.Holders)
+		e.Holders = d.Holders()
 	}
 	return newError(op, "", kind, e)
 }

@@ -5,10 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
-
-	"github.com/ollama/ollama/api"
 )
 
 // ErrNoVRAMReader: EnsureFree had no Options.VRAM to measure with and no
@@ -21,17 +18,26 @@ type EnsureRequest struct {
 	Bytes   uint64 // bytes the next load needs
 	Reserve uint64 // extra headroom on top of Bytes
 	// AllModels unloads every model the server lists, other programs'
-	// included, instead of as few as needed. Without Options.VRAM it is
+	// included and whatever their device, but protected, leased and
+	// in-use ones, instead of as few as needed. Without Options.VRAM it is
 	// the only way: EnsureFree cannot measure, and fails with
 	// ErrNoVRAMReader.
 	AllModels bool
+	// DryRun plans and does nothing: the report's Plan says which models
+	// would be unloaded and which tenants asked, Kept which models are
+	// kept and by whom, RetryAfter when the first lease ends; the error
+	// is the *RoomError the call would fail with at once. A plan that
+	// rests on a tenant of unknown size is no refusal: only the device
+	// can tell.
+	DryRun bool
 	// PollInterval is the time between VRAM snapshots while waiting;
-	// zero means Options.VRAMPollInterval. Timeout bounds the wait; zero
-	// means only ctx bounds it. Both are passed to AwaitFree.
+	// zero means Options.VRAMPollInterval. Timeout bounds each wait of the
+	// call (for the device to show what a step freed, for leases); zero
+	// means Options.UnloadTimeout. ctx bounds the whole call.
 	PollInterval time.Duration
 	Timeout      time.Duration
 	// WaitForLeases makes a call that leases keep from making room wait,
-	// under ctx, until they end (looking again every PollInterval),
+	// within Timeout, until they end (looking again every PollInterval),
 	// instead of failing at once with a *RoomError.
 	WaitForLeases bool
 	// Member is, on a pool (NewPool), the member whose device is made
@@ -43,8 +49,16 @@ type EnsureRequest struct {
 // EnsureReport says what EnsureFree did.
 type EnsureReport struct {
 	Evicted []UnloadReport // models unloaded, verified
-	// Kept are the listed models it left: Options.Protected, or leased.
-	Kept       []KeptModel
+	// Plan is what the plan asked, in order: the models to unload and the
+	// tenants (Tenant.Name) to ask; for a dry run, what it would ask.
+	Plan []string
+	// Kept are the listed models it left: protected, leased, in use, or
+	// on a device the reader does not name (KeptModel says which).
+	Kept []KeptModel
+	// RetryAfter is the time until the first lease among Kept ends; zero
+	// when none has an end.
+	RetryAfter time.Duration
+	Tenants    []TenantRelease // the tenants asked, in order
 	Release    *ReleaseReport
 	FreeBefore uint64 // free bytes on the device before (0 without a reader)
 	FreeAfter  uint64
@@ -63,25 +77,33 @@ func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeB
 // req.Device. This is the call an orchestrator makes right before loading a
 // diffusion model or a text encoder.
 //
-// If the device already has the room, it does nothing. Otherwise it unloads
-// Ollama models, verified, largest first and as few as Ollama's size_vram
-// says are needed (or all, with AllModels), runs ReleaseVRAM, and waits with
-// AwaitFree, polling every req.PollInterval (Options.VRAMPollInterval by
-// default), until the GPU itself reports the room. On failure the error is
-// that of AwaitFree (an *InsufficientVRAMError names who holds the memory)
-// or of the unloads.
-//
-// It never unloads a model Options.Protected names or a lease keeps (any
-// vramguard client's on the host): EnsureReport.Kept lists them. When the
-// room cannot be made without them it unloads nothing and fails with
-// KindOutOfMemory wrapping a *RoomError (ErrLeased, ErrProtected) that
-// names them, their holders and, for leases with an end, when to retry;
-// with req.WaitForLeases it waits for the leases instead.
+// If the device already has the room, it does nothing. Otherwise it plans
+// first (arithmetic before any unload): a model counts for the device its
+// runner's memory is on, by the reader's attribution; when the free memory
+// plus all that may be evicted there cannot reach the need, it unloads
+// nothing and fails at once with KindOutOfMemory wrapping a *RoomError
+// that names the holders (other programs included) and the models it
+// kept. Otherwise it asks the registered tenants marked First
+// (RegisterTenant), unloads Ollama models on that device, verified, the
+// fewest bytes that make the room (never a model Options.Protected names,
+// one a lease keeps, any vramguard client's on the host, or one this
+// client has a generation on; this client's own leased models last),
+// asks the other tenants if the room is still missing, runs ReleaseVRAM,
+// and waits with AwaitFree, polling every req.PollInterval, until the GPU
+// itself reports the room. Each wait is bounded by req.Timeout; one that
+// ends is KindOutOfMemory with the *RoomError of the last reading, its
+// cause kept (errors.Is sees ctx's). With req.WaitForLeases it waits for
+// leases that keep it from making room instead of refusing. A reader that
+// lists several devices but does not say which a model is on keeps that
+// model (ErrUnattributed) rather than evict it blind. A runner the device
+// shows and the server does not list is leaving or loading: when its
+// memory would make the room, the call waits for it once, within
+// req.Timeout, before it refuses.
 //
 // Without a VRAM reader it cannot measure. With req.AllModels it unloads
-// every listed model, other programs' included, runs ReleaseVRAM and
-// reports Source SourceNone; without AllModels it fails with an *Error of
-// KindInvalidInput wrapping ErrNoVRAMReader, and sends nothing.
+// every listed model not kept, other programs' included, runs ReleaseVRAM
+// and reports Source SourceNone; without AllModels it fails with an *Error
+// of KindInvalidInput wrapping ErrNoVRAMReader, and sends nothing.
 //
 // On a closed client it fails with ErrClosed and sends nothing.
 func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
@@ -95,7 +117,8 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 }
 
 // ensureFreeOn is EnsureFree on one member of a pool, made by the
-// member's own client (verified there as on one server).
+// member's own client (verified there as on one server), with the pool's
+// rules for what is kept.
 func (c *OllamaClient) ensureFreeOn(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
 	const op = "ensure free"
 	if c.pool == nil {
@@ -104,19 +127,21 @@ func (c *OllamaClient) ensureFreeOn(ctx context.Context, req EnsureRequest) (*En
 	for _, m := range c.pool.members {
 		if m.name == req.Member {
 			req.Member, req.Device = "", m.device
-			return m.c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree})
+			return m.c.ensureFreeRules(ctx, req, unloadMode{cause: CauseEnsureFree}, c.pool.rulesFor(m), false)
 		}
 	}
 	return nil, invalid(op, "", "the pool has no member %q (EnsureRequest.Member)", req.Member)
 }
 
-// ensureFree is EnsureFree for the library's own calls (Phase.End, which
-// Close makes too).
-// mode is the unloads' (the library's own calls do not cut the client's
-// generations: unloadMode{keepLoads: true}).
+// ensureFree is EnsureFree for the library's own calls too (Phase.End,
+// which Close makes too, and Budget.MakeRoom). mode is the unloads' (the
+// library's own calls do not cut the client's generations: unloadMode{keepLoads: true}).
 func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode unloadMode) (*EnsureReport, error) {
+	return c.ensureFreeRules(ctx, req, mode, nil, true)
+}
+
+func (c *OllamaClient) ensureFreeRules(ctx context.Context, req EnsureRequest, mode unloadMode, rules func() roomRules, tenants bool) (*EnsureReport, error) {
 	const op = "ensure free"
-	start := time.Now()
 	if req.Bytes > maxBytes || req.Reserve > maxBytes {
 		return nil, invalid(op, "", "%d bytes (+%d reserve) is more than %d", req.Bytes, req.Reserve, uint64(maxBytes))
 	}
@@ -127,98 +152,13 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 		return nil, newError(op, "", KindInvalidInput,
 			fmt.Errorf("%w; set AllModels to unload every model the server lists, other programs' included", ErrNoVRAMReader))
 	}
-	interval := req.PollInterval
-	if interval == 0 {
-		interval = c.opts.VRAMPollInterval
-	}
-	rep := &EnsureReport{Source: SourceNone}
-	need := req.Bytes + req.Reserve
-
-	var free uint64
-	if c.opts.VRAM != nil {
-		snap, err := c.opts.VRAM.Snapshot(ctx)
-		if err != nil {
-			return rep, readerError(ctx, op, "", err)
-		}
-		d := snap.Device(req.Device)
-		if d == nil {
-			return rep, newError(op, "", KindNotFound, errors.New("no such device"))
-		}
-		if need > d.Total {
-			return rep, invalid(op, "", "need %d bytes but device %d has %d in total", need, req.Device, d.Total)
-		}
-		free = d.Free
-		rep.FreeBefore, rep.FreeAfter, rep.Snapshot, rep.Source = free, free, snap, snap.Source
-		if free >= need && !req.AllModels {
-			rep.Elapsed = time.Since(start)
-			return rep, nil
-		}
-	}
-
-	running, err := c.roomToMake(ctx, req, mode, rep, need, interval)
-	if err != nil {
-		return rep, err
-	}
-	victims := pickVictims(running, need, free, req.AllModels)
-	var errs []error
-	if len(victims) > 0 {
-		reps, err := c.unloadMany(ctx, victims, mode)
-		rep.Evicted = reps
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	rr, err := c.releaseVRAM(ctx)
-	rep.Release = rr
-	if err != nil {
-		errs = append(errs, err)
-	}
-	if c.opts.VRAM != nil {
-		waitStart := time.Now()
-		snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{
-			Device:       req.Device,
-			Bytes:        req.Bytes,
-			Reserve:      req.Reserve,
-			PollInterval: interval,
-			Timeout:      req.Timeout,
-		})
-		ev := VRAMWaitEvent{Device: req.Device, Need: need, Waited: time.Since(waitStart), Err: err}
-		if snap != nil {
-			rep.Snapshot = snap
-			if d := snap.Device(req.Device); d != nil {
-				rep.FreeAfter, ev.Free = d.Free, d.Free
-			}
-		}
-		hookCtx(c, c.opts.Hooks.OnVRAMWait, ctx, ev)
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	rep.Elapsed = time.Since(start)
-	return rep, errors.Join(errs...)
-}
-
-// pickVictims chooses models to unload: all of them when all is set,
-// otherwise the largest first until Ollama's size_vram figures say the
-// device would have need bytes free. If even all of them would not do, it
-// returns all of them (the rest is someone else's, and AwaitFree will say
-// whose).
-func pickVictims(running []api.ProcessModelResponse, need, free uint64, all bool) []string {
-	ms := slices.Clone(running)
-	slices.SortFunc(ms, func(a, b api.ProcessModelResponse) int {
-		return cmp.Or(cmp.Compare(b.SizeVRAM, a.SizeVRAM), cmp.Compare(b.Size, a.Size), cmp.Compare(a.Model, b.Model))
+	return c.makeRoom(ctx, roomRequest{
+		op: op, device: req.Device, need: req.Bytes + req.Reserve,
+		interval:   cmp.Or(req.PollInterval, c.opts.VRAMPollInterval),
+		timeout:    cmp.Or(req.Timeout, c.opts.UnloadTimeout),
+		waitLeases: req.WaitForLeases, dryRun: req.DryRun, all: req.AllModels,
+		mode: mode, rules: rules, tenants: tenants,
 	})
-	var out []string
-	for _, m := range ms {
-		if !all && free >= need {
-			break
-		}
-		out = append(out, m.Model)
-		if m.SizeVRAM > 0 {
-			free += uint64(m.SizeVRAM)
-		}
-	}
-	return out
 }
 
 // readerError types a VRAM reader's failure: KindCanceled when ctx is

@@ -78,11 +78,18 @@ func TestEnsureFree(t *testing.T) {
 		errHolder string // named in the error
 	}{
 		{name: "already free", need: 6 * gib, evicted: nil, resident: []string{"big", "mid", "small"}},
-		{name: "largest first, as few as needed", need: need, evicted: []string{"big:latest"}, resident: []string{"mid", "small"}},
-		{name: "two needed", need: need, reserve: 6 * gib, evicted: []string{"big:latest", "mid:latest"}, resident: []string{"small"}},
+		// 8 GiB free, 2.4 GiB missing: mid (6 GiB) is the fewest bytes
+		// that make the room (it was big, the largest, before #34).
+		{name: "fewest bytes that make the room", need: need, evicted: []string{"mid:latest"}, resident: []string{"big", "small"}},
+		// 2 GiB free, 8.4 GiB missing: big and small (10 GiB), not big
+		// and mid (14 GiB).
+		{name: "two needed", need: need, reserve: 6 * gib, evicted: []string{"big:latest", "small:latest"}, resident: []string{"mid"}},
 		{name: "all on request", need: need, all: true, evicted: []string{"big:latest", "mid:latest", "small:latest"}},
-		{name: "someone else holds it", need: 20 * gib, reserve: 7 * gib, evicted: []string{"big:latest", "mid:latest", "small:latest"},
-			wantErr: vramguard.KindTimeout, errHolder: "comfyui"},
+		// 1 GiB free and 16 GiB of models cannot reach 20 GiB: nothing is
+		// unloaded, the refusal is at once and names comfyui (before #34
+		// all three were unloaded and the wait timed out).
+		{name: "someone else holds it", need: 20 * gib, reserve: 7 * gib, evicted: nil, resident: []string{"big", "mid", "small"},
+			wantErr: vramguard.KindOutOfMemory, errHolder: "comfyui"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -97,7 +104,7 @@ func TestEnsureFree(t *testing.T) {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("got %v, want %v", err, tt.wantErr)
 				}
-				var ie *vramguard.InsufficientVRAMError
+				var ie *vramguard.RoomError
 				if !errors.As(err, &ie) || !strings.Contains(err.Error(), tt.errHolder) {
 					t.Fatalf("error %v does not name %s", err, tt.errHolder)
 				}

@@ -3,10 +3,12 @@ package vramguardtest_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"time"
 
 	"github.com/ollama/ollama/api"
 
+	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -145,4 +147,32 @@ func ExamplePSGPU() {
 	// ollama runner (tiny:latest): 2 GiB
 	// comfyui: 4 GiB
 	// free: 2 GiB
+}
+
+// MultiGPU plays one server that spans two GPUs: room asked for on
+// device 1 costs the model there, not the one on device 0.
+func ExampleMultiGPU() {
+	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 48 << 30, Models: []vramguardtest.ModelConfig{
+		{Name: "big", SizeVRAM: 6 << 30}, {Name: "small", SizeVRAM: 4 << 30}}})
+	defer s.Close()
+	gpus := &vramguardtest.MultiGPU{Server: s, Totals: []uint64{24 << 30, 24 << 30}, On: map[string]int{"small": 1, "comfyui": 1}}
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: gpus})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	for _, m := range []string{"big", "small"} {
+		if _, err := c.GenerateStreaming(context.Background(), &vramguard.GenerateRequest{Model: m, Prompt: "x"}, vramguard.KeepAliveForever, nil); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if err := s.Reserve("comfyui", 18<<30); err != nil { // device 1: 2 GiB free
+		log.Fatal(err)
+	}
+	rep, err := c.EnsureFree(context.Background(), vramguard.EnsureRequest{Device: 1, Bytes: 5 << 30})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(rep.Evicted[0].Model, rep.FreeAfter>>30, s.Listed("big"))
+	// Output: small:latest 6 true
 }

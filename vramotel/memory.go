@@ -72,11 +72,11 @@ func (i *Instrumentation) unloadEnd(ctx context.Context, ue vramguard.UnloadEnd)
 // admissionOutcome is vramguard.admission.outcome for an admission's
 // error.
 func admissionOutcome(err error) string {
-	var be *vramguard.BudgetError
+	var be *vramguard.RoomError
 	switch {
 	case err == nil:
 		return OutcomeAdmitted
-	case errors.Is(err, vramguard.KindOutOfMemory) && errors.As(err, &be):
+	case errors.Is(err, vramguard.KindOutOfMemory) && errors.As(err, &be) && be.Budget != nil:
 		return OutcomeRefused
 	default:
 		return OutcomeFailed

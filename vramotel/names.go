@@ -69,7 +69,7 @@ const (
 	ReloadCauseNone = "none"
 
 	OutcomeAdmitted = "admitted"
-	OutcomeRefused  = "refused" // over the budget: KindOutOfMemory with a *vramguard.BudgetError
+	OutcomeRefused  = "refused" // over the budget: KindOutOfMemory with a *vramguard.RoomError (Budget set)
 	OutcomeFailed   = "failed"  // the check itself failed (an estimate, a snapshot)
 )
 

@@ -325,14 +325,22 @@ func TestUnloadLeased(t *testing.T) {
 
 // A wait for free memory that cannot succeed is observed with its kind.
 func TestVRAMWait(t *testing.T) {
-	s := newSim(t, vramguardtest.Config{TotalVRAM: 4 * gib})
-	if err := s.Reserve("comfyui", 3*gib); err != nil {
+	// Another program's tiny (2 GiB) is unloaded to make the room, but the
+	// driver keeps its memory for an hour: the wait for it ends at its
+	// timeout. (A device another program fills is refused at once, with
+	// no wait, since #34: nothing there could make the room.)
+	s := newSim(t, vramguardtest.Config{TotalVRAM: 4 * gib, ReleaseLag: time.Hour})
+	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "x", KeepAlive: &api.Duration{Duration: -1}},
+		func(api.GenerateResponse) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reserve("comfyui", gib); err != nil {
 		t.Fatal(err)
 	}
 	_, reg, c := setup(t, s, vramprom.Config{}, vramguard.Options{VRAM: s.GPU()})
 	_, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 2 * gib, Timeout: 50 * time.Millisecond, PollInterval: 10 * time.Millisecond})
-	if err == nil {
-		t.Fatal("EnsureFree succeeded on a device another program fills")
+	if !errors.Is(err, vramguard.KindOutOfMemory) || s.Listed("tiny") {
+		t.Fatalf("EnsureFree = %v, tiny listed %v; want tiny unloaded and the wait for its memory ended", err, s.Listed("tiny"))
 	}
 	want(t, series(t, reg), map[string]float64{
 		fmt.Sprintf(`vramguard_vram_wait_duration_seconds{device="0",error_type=%q}`, vramguard.KindOf(err)): 1,

@@ -35,7 +35,7 @@ func main() {
 	defer c.Close() // unloads, verified, on every member
 	gen, err := c.GenerateStreaming(ctx, req, vramguard.KeepAliveFor(time.Minute), nil)
 	if err != nil {
-		log.Fatal(err) // a *PlacementError names each device's need, free bytes and holders
+		log.Fatal(err) // a *vramguard.RoomError names each device's free bytes and holders
 	}
 	fmt.Printf("%s on %s (%s)\n", gen.Model, gen.Placement.Member, gen.Placement.Reason)
 	// README: to here

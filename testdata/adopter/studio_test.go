@@ -157,11 +157,11 @@ func TestBudgetRefusalNamesHolder(t *testing.T) {
 	if !errors.Is(err, vramguard.ErrOverBudget) {
 		t.Errorf("%v does not wrap ErrOverBudget", err)
 	}
-	var be *vramguard.BudgetError
-	if !errors.As(err, &be) {
-		t.Fatalf("%v holds no *vramguard.BudgetError", err)
+	var be *vramguard.RoomError
+	if !errors.As(err, &be) || be.Budget == nil {
+		t.Fatalf("%v holds no budget's *vramguard.RoomError", err)
 	}
-	if len(be.Holders) == 0 || be.Holders[0].Command != "comfyui" || be.Holders[0].UsedBytes != 14<<30 {
+	if len(be.Holders) == 0 || be.Holders[0].Name != "comfyui" || be.Holders[0].Bytes != 14<<30 {
 		t.Errorf("holders %+v, want comfyui with 14 GiB first", be.Holders)
 	}
 	if vramguard.NormalizeModelName(be.Model) != "llama3.2:latest" || be.Free != 10<<30 {

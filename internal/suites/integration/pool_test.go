@@ -370,30 +370,30 @@ func TestPoolPlacementOnRealServers(t *testing.T) {
 // three members of TestPoolPlacementOnRealServers at its last step.
 func checkRefusal(t *testing.T, err error, need uint64) {
 	t.Helper()
-	var pe *vramguard.PlacementError
-	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &pe) || !errors.Is(err, vramguard.ErrNoPlacement) ||
+	var pe *vramguard.RoomError
+	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &pe) ||
 		!errors.Is(err, vramguard.ErrProtected) || !errors.Is(err, vramguard.ErrLeased) {
-		t.Fatalf("the load that fits nowhere: %v (kind %v); want KindOutOfMemory, a *PlacementError, ErrProtected and ErrLeased", err, vramguard.KindOf(err))
+		t.Fatalf("the load that fits nowhere: %v (kind %v); want KindOutOfMemory, a *RoomError, ErrProtected and ErrLeased", err, vramguard.KindOf(err))
 	}
 	t.Logf("refused: %v", err)
-	if pe.Need != need || len(pe.Members) != 3 {
-		t.Fatalf("PlacementError need %d, %d members; want %d and 3", pe.Need, len(pe.Members), need)
+	if pe.Need != need || len(pe.Devices) != 3 {
+		t.Fatalf("RoomError need %d, %d devices; want %d and 3", pe.Need, len(pe.Devices), need)
 	}
-	held := func(m vramguard.MemberRoom, name string) bool {
+	held := func(m vramguard.RoomError, name string) bool {
 		return slices.ContainsFunc(m.Holders, func(h vramguard.MemoryHolder) bool { return h.Name == name && h.Bytes > 0 })
 	}
-	for i, m := range pe.Members {
-		if m.Member != fmt.Sprintf("gpu%d", i) || m.Down || m.Err != nil || m.Free > need/2 {
+	for i, m := range pe.Devices {
+		if m.Member != fmt.Sprintf("gpu%d", i) || m.Err != nil || m.Free > need/2 {
 			t.Errorf("member %d: %+v; want at most %d bytes free", i, m, need/2)
 		}
 	}
-	if m := pe.Members[0]; len(m.Kept) != 0 || !held(m, "comfyui") {
+	if m := pe.Devices[0]; len(m.Kept) != 0 || !held(m, "comfyui") {
 		t.Errorf("gpu0: kept %+v, holders %+v; want nothing kept (no model there) and comfyui named as the holder", m.Kept, m.Holders)
 	}
-	if m := pe.Members[1]; len(m.Kept) != 1 || !m.Kept[0].Protected || !held(m, names(modelB)[0]) {
+	if m := pe.Devices[1]; len(m.Kept) != 1 || !m.Kept[0].Protected || !held(m, names(modelB)[0]) {
 		t.Errorf("gpu1: kept %+v, holders %+v; want %s kept as protected and named as a holder", m.Kept, m.Holders, modelB)
 	}
-	if m := pe.Members[2]; len(m.Kept) != 1 || len(m.Kept[0].Leases) != 1 || !held(m, names(modelC)[0]) {
+	if m := pe.Devices[2]; len(m.Kept) != 1 || len(m.Kept[0].Leases) != 1 || !held(m, names(modelC)[0]) {
 		t.Errorf("gpu2: kept %+v, holders %+v; want %s kept by its lease and named as a holder", m.Kept, m.Holders, modelC)
 	}
 	for _, want := range []string{"comfyui", "protected", "leased by"} {

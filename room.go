@@ -1,0 +1,1003 @@
+package vramguard
+
+// Room-making has one owner, this file. EnsureFree, the budget's MakeRoom,
+// Phase.End's hand-over and a pool's placement all ask it: what a device
+// holds (roomView, from one snapshot and one listing), the one victim
+// policy (planRoom, a pure function), the steps that carry a plan out
+// (tenants' releases and verified unloads, each followed by a bounded wait
+// for the device to show the memory), and the one "no room" error
+// (RoomError).
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/ollama/ollama/api"
+)
+
+// ErrUnattributed: the VRAM reader lists several devices but does not say
+// which one a model's runner is on (it names no runner's model, or lists
+// no processes). Room-making does not guess: such a model is kept
+// (KeptModel.Unattributed), and a room that cannot be made without it is
+// refused with a *RoomError wrapping ErrUnattributed. On a server with one
+// device every model is on it, and Ollama's size_vram stands in for a
+// runner the reader does not name. EnsureRequest.AllModels unloads such
+// models too.
+var ErrUnattributed = errors.New("the VRAM reader does not say which device the model is on")
+
+// KeptModel is a listed model that room-making left, and why.
+type KeptModel struct {
+	Model     string
+	SizeVRAM  int64 // as /api/ps lists it
+	Protected bool  // named in Options.Protected
+	Leases    []LeaseInfo
+	// InUse: a generation of this client (of the pool, on a pool) runs
+	// on it; evicting it would cut the generation or wait for its end.
+	InUse bool
+	// Unattributed: the reader cannot say which device it is on (see
+	// ErrUnattributed).
+	Unattributed bool
+}
+
+func (k KeptModel) why() string {
+	var ws []string
+	if k.Protected {
+		ws = append(ws, "protected")
+	}
+	for _, l := range k.Leases {
+		ws = append(ws, "leased by "+l.String())
+	}
+	if k.InUse {
+		ws = append(ws, "in use")
+	}
+	if k.Unattributed {
+		ws = append(ws, "on a device the reader does not name")
+	}
+	return strings.Join(ws, ", ")
+}
+
+// RoomError is the one "no room" error: every call that did not get the
+// free memory it needed on a device says so with it, whichever refused
+// (EnsureFree, Budget, Budget.MakeRoom, Phase.End's hand-over, a pool's
+// placement, AwaitFree), so one errors.As finds it. It names what was
+// needed, what was free, who holds the rest, the models room-making kept
+// and when to try again.
+//
+// Err is nil when the room was refused by arithmetic, before anything was
+// unloaded (free memory plus everything that may be evicted cannot reach
+// Need); otherwise it is why the wait for the device to show the room
+// ended: the call's ctx's cause, or its timeout (ErrFirstChunkTimeout,
+// ErrTotalTimeout, or a timeout of EnsureRequest.Timeout), so errors.Is
+// sees it.
+type RoomError struct {
+	// Model is the model whose load was refused; "" for EnsureFree,
+	// AwaitFree and a phase's hand-over.
+	Model  string
+	Device int
+	// Member is, on a side of a pool's refusal, the member whose device
+	// it is (PoolMember.Name).
+	Member string
+	Need   uint64 // bytes needed free: the request or estimate, plus headroom
+	Free   uint64 // free bytes at the last reading
+	Total  uint64 // the device's memory
+	// Held is what Ollama's runners held on the device; set when a
+	// Budget with MaxBytes refused.
+	Held uint64
+	// Holders is the device's memory by holder at the last reading
+	// (DeviceMemory.Holders: runners by model, other programs, what no
+	// process accounts for, the free share); nil when the reader lists
+	// no processes.
+	Holders []MemoryHolder
+	// Kept are the models room-making could not unload.
+	Kept []KeptModel
+	// RetryAfter is the time until the first lease among Kept ends; zero
+	// when none has an end.
+	RetryAfter time.Duration
+	// Budget is the budget that refused the load; nil when none did.
+	Budget *Budget
+	// Devices are, for a pool's refusal, each member's side (Member,
+	// Device, Free, Holders, Kept; Err when it could not be measured: its
+	// server did not answer, or its device could not be read).
+	Devices []RoomError
+	// Err: see the type's doc. LastErr is the reader's error when the
+	// last reading failed.
+	Err, LastErr error
+}
+
+func (e *RoomError) Error() string {
+	var b strings.Builder
+	switch {
+	case len(e.Devices) > 0:
+		fmt.Fprintf(&b, "%s needs %s", cmp.Or(e.Model, "the load"), vramFormatBytes(e.Need))
+		for _, d := range e.Devices {
+			fmt.Fprintf(&b, "; %s (device %d): ", d.Member, d.Device)
+			if d.Err != nil {
+				fmt.Fprintf(&b, "not measured: %v", d.Err)
+				continue
+			}
+			fmt.Fprintf(&b, "%s free of %s", vramFormatBytes(d.Free), vramFormatBytes(d.Total))
+			d.writeRest(&b)
+		}
+		return b.String()
+	case e.Model != "":
+		fmt.Fprintf(&b, "%s needs %s on device %d", e.Model, vramFormatBytes(e.Need), e.Device)
+		if e.Budget != nil && e.Budget.Headroom > 0 {
+			fmt.Fprintf(&b, " (with %s headroom)", vramFormatBytes(e.Budget.Headroom))
+		}
+		fmt.Fprintf(&b, "; %s free of %s", vramFormatBytes(e.Free), vramFormatBytes(e.Total))
+	default:
+		fmt.Fprintf(&b, "device %d has %s free of %s, needs %s", e.Device, vramFormatBytes(e.Free), vramFormatBytes(e.Total), vramFormatBytes(e.Need))
+	}
+	if e.Budget != nil && e.Budget.MaxBytes > 0 {
+		fmt.Fprintf(&b, "; Ollama holds %s of a %s cap", vramFormatBytes(e.Held), vramFormatBytes(e.Budget.MaxBytes))
+	}
+	e.writeRest(&b)
+	if e.Err != nil {
+		fmt.Fprintf(&b, "; stopped waiting: %v", e.Err)
+	}
+	if e.LastErr != nil {
+		fmt.Fprintf(&b, "; last reading failed: %v", e.LastErr)
+	}
+	return b.String()
+}
+
+// writeRest writes the holders, the kept models and the retry-after.
+func (e *RoomError) writeRest(b *strings.Builder) {
+	if e.Holders == nil && e.Total > 0 {
+		b.WriteString("; processes unknown")
+	}
+	writeHolders(b, e.Holders)
+	for _, k := range e.Kept {
+		fmt.Fprintf(b, "; %s kept (%s)", k.Model, k.why())
+	}
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(b, "; retry after %v", e.RetryAfter.Round(time.Millisecond))
+	}
+}
+
+// writeHolders writes "; held by " and the first vramHoldersShown holders
+// of device memory (the free share left out).
+func writeHolders(b *strings.Builder, hs []MemoryHolder) {
+	n := 0
+	for _, h := range hs {
+		if h.Kind == HolderFree || h.Bytes == 0 {
+			continue
+		}
+		switch {
+		case n == 0:
+			b.WriteString("; held by ")
+		case n == vramHoldersShown:
+			b.WriteString(" and more")
+			return
+		default:
+			b.WriteString(", ")
+		}
+		n++
+		b.WriteString(describeHolder(h))
+	}
+}
+
+// describeHolder formats a share for a message:
+// `tiny:latest (ollama runner, pid 101) 4.0 GiB`,
+// `"python main.py" (pid 900) 18.0 GiB`, `unattributed 1.0 GiB`.
+func describeHolder(h MemoryHolder) string {
+	const maxName = 60
+	name := h.Name
+	if len(name) > maxName {
+		name = name[:maxName] + "..."
+	}
+	orphan := ""
+	if h.Orphaned {
+		orphan = ", orphaned"
+	}
+	pid := fmt.Sprintf("pid %d", h.PID)
+	switch {
+	case h.Kind == HolderRunner && name == pid:
+		return fmt.Sprintf("ollama runner (%s%s) %s", pid, orphan, vramFormatBytes(h.Bytes))
+	case h.Kind == HolderRunner:
+		return fmt.Sprintf("%s (ollama runner, %s%s) %s", quoteOdd(name), pid, orphan, vramFormatBytes(h.Bytes))
+	case h.Kind == HolderOther && name == pid:
+		return fmt.Sprintf("%s %s", pid, vramFormatBytes(h.Bytes))
+	case h.Kind == HolderOther:
+		return fmt.Sprintf("%q (%s) %s", name, pid, vramFormatBytes(h.Bytes))
+	default:
+		return fmt.Sprintf("%s %s (held by the driver or by processes it does not list with their memory)", h.Kind, vramFormatBytes(h.Bytes))
+	}
+}
+
+// Unwrap returns ErrOverBudget when a budget refused, ErrLeased,
+// ErrProtected and ErrUnattributed as the kept models (a pool's sides'
+// included) apply, and Err and LastErr.
+func (e *RoomError) Unwrap() []error {
+	var errs []error
+	if e.Budget != nil {
+		errs = append(errs, ErrOverBudget)
+	}
+	kept := slices.Clone(e.Kept)
+	for _, d := range e.Devices {
+		kept = append(kept, d.Kept...)
+	}
+	if slices.ContainsFunc(kept, func(k KeptModel) bool { return len(k.Leases) > 0 }) {
+		errs = append(errs, ErrLeased)
+	}
+	if slices.ContainsFunc(kept, func(k KeptModel) bool { return k.Protected }) {
+		errs = append(errs, ErrProtected)
+	}
+	if slices.ContainsFunc(kept, func(k KeptModel) bool { return k.Unattributed }) {
+		errs = append(errs, ErrUnattributed)
+	}
+	for _, err := range []error{e.Err, e.LastErr} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// retryAfter is the time from now until the earliest lease end among kept.
+func retryAfter(kept []KeptModel, now time.Time) time.Duration {
+	var first time.Time
+	for _, k := range kept {
+		for _, l := range k.Leases {
+			if !l.Until.IsZero() && (first.IsZero() || l.Until.Before(first)) {
+				first = l.Until
+			}
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return max(first.Sub(now), 0)
+}
+
+// Tenant is another holder of device memory that can give some back when
+// asked: a diffusion server's model cache, an allocator's pool. Registered
+// with RegisterTenant, it is one more way room-making (EnsureFree,
+// Budget.MakeRoom, Phase.End's hand-over) makes room on its device.
+//
+// The order is fixed: first the tenants with First set, then Ollama's
+// models (the fewest bytes that make the room, never a protected, leased
+// or in-use model; this client's own leased models last), then the other
+// tenants, each step only while the room is still missing. A tenant's
+// release counts as verified when the device shows, within the call's
+// wait, Bytes more free than before it ran (for a tenant whose size is
+// not known: any rise); EnsureReport.Tenants says what each gave back.
+type Tenant struct {
+	// Name names the tenant in reports and logs.
+	Name string
+	// Device is the device it frees memory on.
+	Device int
+	// Bytes is what it can give back, when known. Zero: the memory the
+	// device shows for PID, when set and listed; else unknown, and
+	// room-making cannot count on it before it runs (a room that only
+	// such a tenant might make is tried, not refused at once).
+	Bytes uint64
+	// PID is its process, when known: room-making reads what it holds
+	// on the device from the reader.
+	PID uint32
+	// First makes room-making ask it before unloading Ollama's models.
+	First bool
+	// Release gives the memory back. It should return once the tenant
+	// has let go as far as it can tell; room-making then waits for the
+	// device. It must honour ctx; a panic is recovered and reported.
+	Release ReleaseFunc
+}
+
+// TenantRelease says what one tenant's release gave back.
+type TenantRelease struct {
+	Name                  string
+	FreeBefore, FreeAfter uint64 // the device's free bytes around the release and its wait
+	// Verified: the device showed the memory back (see Tenant).
+	Verified bool
+	Err      error // the release's own failure
+	Elapsed  time.Duration
+}
+
+// tenants holds a client's registered tenants, in registration order.
+type tenants struct {
+	mu     sync.Mutex
+	nextID int
+	list   []tenantEntry
+}
+
+type tenantEntry struct {
+	id int
+	t  Tenant
+}
+
+// RegisterTenant adds t to the ways room-making frees memory on
+// t.Device. The returned func removes it; calling it twice is harmless.
+// A tenant without a Release or with a negative Device is refused with
+// KindInvalidInput. It is safe for concurrent use.
+func (c *OllamaClient) RegisterTenant(t Tenant) (unregister func(), err error) {
+	if t.Release == nil || t.Device < 0 || t.Bytes > maxBytes {
+		return nil, invalid("register tenant", "", "tenant %q needs a Release, a device index of 0 or more and at most %d bytes", t.Name, uint64(maxBytes))
+	}
+	ts := &c.tenants
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.nextID++
+	id := ts.nextID
+	ts.list = append(ts.list, tenantEntry{id: id, t: t})
+	return func() {
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		ts.list = slices.DeleteFunc(ts.list, func(e tenantEntry) bool { return e.id == id })
+	}, nil
+}
+
+func (ts *tenants) on(device int) []tenantEntry {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	var out []tenantEntry
+	for _, e := range ts.list {
+		if e.t.Device == device {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// roomTier orders the ways of making room.
+type roomTier uint8
+
+const (
+	tierTenantFirst roomTier = iota // tenants with First
+	tierModel                       // Ollama's models
+	tierOwnModel                    // models this client leases itself (its phases', HoldModel's)
+	tierBusyModel                   // models with a generation of this client in flight (waited for)
+	tierTenantLast                  // the other tenants
+)
+
+// roomCand is one way of making room on a device: a model to unload or a
+// tenant to ask.
+type roomCand struct {
+	name   string
+	bytes  uint64 // what it holds on the device
+	known  bool   // bytes is known (always for a model)
+	tier   roomTier
+	tenant int // the tenant's id, for tenant tiers
+}
+
+// roomRules are what keeps a model from room-making, gathered by the
+// caller (a client for itself, a pool for a member).
+type roomRules struct {
+	protected func(model string) bool
+	leases    []LeaseInfo     // other holders' live leases on the server
+	inUse     map[string]bool // normalized: generations in flight
+	// busyLast makes in-use models the last models to go (their
+	// generations are waited for) instead of kept: for a caller that
+	// demands the memory itself (EnsureFree, Phase.End's hand-over), not
+	// for a load that would evict another's model (a budget, a pool).
+	busyLast bool
+	own      map[string]bool // normalized: the caller's own leases
+}
+
+// roomView is what one device holds, as room-making sees it.
+type roomView struct {
+	device      int
+	free, total uint64
+	holders     []MemoryHolder // nil when the reader lists no processes
+	cands       []roomCand
+	kept        []KeptModel
+	// unlisted is the memory of runners on the device whose model the
+	// listing lacks: loading (Ollama lists a model once its load ends)
+	// or leaving (the listing was read after the runner exited). Its
+	// fate is not known from one reading.
+	unlisted uint64
+}
+
+// buildRoomView reads device from snap and the server's listing: each
+// listed model counts for the device its runner's memory is on, by the
+// reader's attribution (a runner split across devices with its share on
+// each); on a snapshot of one device a model the reader does not name
+// counts with Ollama's size_vram; on several it is kept as unattributed.
+// A model that holds nothing on the device makes no room and is left out.
+func buildRoomView(snap *VRAMSnapshot, d *DeviceMemory, listed []api.ProcessModelResponse, r roomRules, ts []tenantEntry) roomView {
+	v := roomView{device: d.Index, free: d.Free, total: d.Total}
+	if d.ProcessesKnown {
+		v.holders = d.Holders()
+	}
+	here := runnerBytes(d)
+	elsewhere := map[string]bool{}
+	for i := range snap.Devices {
+		if o := &snap.Devices[i]; o.Index != d.Index {
+			for k := range runnerBytes(o) {
+				elsewhere[k] = true
+			}
+		}
+	}
+	multi := len(snap.Devices) > 1
+	inList := map[string]bool{}
+	for _, m := range listed {
+		inList[NormalizeModelName(m.Model)] = true
+	}
+	for k, b := range here {
+		if !inList[k] {
+			v.unlisted += b
+		}
+	}
+	for _, m := range listed {
+		key := NormalizeModelName(m.Model)
+		bytes, ok := here[key]
+		switch {
+		case ok:
+		case elsewhere[key] || m.SizeVRAM <= 0:
+			continue // on another device, or on the CPU: no room to make here
+		case multi:
+			v.kept = append(v.kept, KeptModel{Model: m.Model, SizeVRAM: m.SizeVRAM, Unattributed: true})
+			continue
+		default:
+			bytes = uint64(m.SizeVRAM)
+		}
+		k := KeptModel{Model: m.Model, SizeVRAM: m.SizeVRAM, InUse: r.inUse[key] && !r.busyLast}
+		k.Protected = r.protected != nil && r.protected(m.Model)
+		for _, l := range r.leases {
+			if l.Model == key {
+				k.Leases = append(k.Leases, l)
+			}
+		}
+		if k.Protected || len(k.Leases) > 0 || k.InUse {
+			v.kept = append(v.kept, k)
+			continue
+		}
+		tier := tierModel
+		switch {
+		case r.inUse[key]:
+			tier = tierBusyModel
+		case r.own[key]:
+			tier = tierOwnModel
+		}
+		v.cands = append(v.cands, roomCand{name: m.Model, bytes: bytes, known: true, tier: tier})
+	}
+	for _, e := range ts {
+		c := roomCand{name: e.t.Name, bytes: e.t.Bytes, tier: tierTenantLast, tenant: e.id}
+		if e.t.First {
+			c.tier = tierTenantFirst
+		}
+		if c.bytes == 0 && e.t.PID != 0 {
+			for _, p := range d.Processes {
+				if p.PID == e.t.PID && p.UsedKnown {
+					c.bytes += p.UsedBytes
+				}
+			}
+		}
+		c.known = c.bytes > 0
+		v.cands = append(v.cands, c)
+	}
+	return v
+}
+
+// runnerBytes is the memory the device shows per runner's model, where
+// the reader names it (the truth, not Ollama's estimate).
+func runnerBytes(d *DeviceMemory) map[string]uint64 {
+	out := map[string]uint64{}
+	if !d.ProcessesKnown {
+		return out
+	}
+	for _, pr := range d.Processes {
+		if pr.Role == RoleOllamaRunner && pr.Model != "" && pr.UsedKnown {
+			out[NormalizeModelName(pr.Model)] += pr.UsedBytes
+		}
+	}
+	return out
+}
+
+// roomPlan is what planRoom chose: the steps, in order.
+type roomPlan struct {
+	steps []roomCand
+	// enough: the free memory plus the known bytes of the steps reach
+	// the need (true with no steps when the room is there).
+	enough bool
+	// unknown: a tenant of unknown size is among the steps, so only the
+	// device can tell whether the room is made.
+	unknown bool
+	cost    uint64 // bytes of the models to unload (what must be loaded again)
+	usesOwn bool   // a model of tierOwnModel is among the steps
+}
+
+// known is the bytes of the plan's steps whose size is known.
+func (p roomPlan) known() uint64 {
+	var n uint64
+	for _, s := range p.steps {
+		n += s.bytes
+	}
+	return n
+}
+
+// names returns the names of the plan's steps, in order.
+func (p roomPlan) names() []string {
+	var out []string
+	for _, s := range p.steps {
+		out = append(out, s.name)
+	}
+	return out
+}
+
+// planRoom is the victim policy, the only one: which of a device's
+// candidates go, and in which order, so that need bytes are free. Tiers
+// are taken in order (tenants with First, Ollama's idle models, the
+// caller's own leased models, models with the caller's generations in
+// flight where the caller allows it, the other tenants), each only while
+// the room is still missing; within a tier the fewest bytes that make the room (fewer
+// models on a tie), else all of the tier, largest first. Kept models are
+// not candidates (buildRoomView left them out). When even every candidate
+// cannot reach need, the plan is not enough: callers then unload nothing.
+func planRoom(v roomView, need uint64) roomPlan {
+	var p roomPlan
+	if v.free >= need {
+		p.enough = true
+		return p
+	}
+	missing := need - v.free
+	for _, tier := range []roomTier{tierTenantFirst, tierModel, tierOwnModel, tierBusyModel, tierTenantLast} {
+		var known, unknown []roomCand
+		for _, c := range v.cands {
+			switch {
+			case c.tier != tier:
+			case c.known:
+				known = append(known, c)
+			default:
+				unknown = append(unknown, c)
+			}
+		}
+		sel, got := fewestBytes(known, missing)
+		p.steps = append(p.steps, sel...)
+		missing -= min(missing, got)
+		if missing == 0 {
+			p.enough = true
+			break
+		}
+		if len(unknown) > 0 {
+			p.steps = append(p.steps, unknown...)
+			p.unknown = true
+		}
+	}
+	for _, s := range p.steps {
+		if s.tier != tierTenantFirst && s.tier != tierTenantLast {
+			p.cost += s.bytes
+		}
+		p.usesOwn = p.usesOwn || s.tier == tierOwnModel
+	}
+	return p
+}
+
+// maxExactVictims bounds fewestBytes's exact search: a server holds a
+// few models at a time (Ollama's default is three per GPU).
+const maxExactVictims = 12
+
+// fewestBytes is planRoom's choice within a tier: the subset of cs whose
+// bytes reach missing with the fewest bytes (then the fewest members),
+// exactly for up to maxExactVictims candidates (4,096 subsets, 0.1 ms;
+// BenchmarkPlanRoom), else the smallest single one that is enough or the
+// largest first until enough, pruned; when all of cs cannot reach
+// missing, all of them, largest first.
+func fewestBytes(cs []roomCand, missing uint64) ([]roomCand, uint64) {
+	if missing == 0 || len(cs) == 0 {
+		return nil, 0
+	}
+	cs = slices.Clone(cs)
+	slices.SortFunc(cs, func(a, b roomCand) int { return cmp.Or(cmp.Compare(b.bytes, a.bytes), cmp.Compare(a.name, b.name)) })
+	var total uint64
+	for _, c := range cs {
+		total += c.bytes
+	}
+	if total < missing {
+		return cs, total
+	}
+	if len(cs) <= maxExactVictims {
+		best, bestSum, bestN := 0, uint64(0), 0
+		for mask := 1; mask < 1<<len(cs); mask++ {
+			var sum uint64
+			n := 0
+			for i := range cs {
+				if mask&(1<<i) != 0 {
+					sum += cs[i].bytes
+					n++
+				}
+			}
+			if sum >= missing && (best == 0 || sum < bestSum || (sum == bestSum && n < bestN)) {
+				best, bestSum, bestN = mask, sum, n
+			}
+		}
+		var out []roomCand
+		for i := range cs {
+			if best&(1<<i) != 0 {
+				out = append(out, cs[i])
+			}
+		}
+		return out, bestSum
+	}
+	for i := len(cs) - 1; i >= 0; i-- { // the smallest that is enough alone
+		if cs[i].bytes >= missing {
+			return []roomCand{cs[i]}, cs[i].bytes
+		}
+	}
+	var out []roomCand
+	var sum uint64
+	for _, c := range cs {
+		if sum >= missing {
+			break
+		}
+		out, sum = append(out, c), sum+c.bytes
+	}
+	for i := len(out) - 1; i >= 0; i-- { // prune what the others cover
+		if sum-out[i].bytes >= missing {
+			sum -= out[i].bytes
+			out = slices.Delete(out, i, i+1)
+		}
+	}
+	return out, sum
+}
+
+// quoteOdd quotes a name from some process's argv when it holds a space
+// or an unprintable rune.
+func quoteOdd(s string) string {
+	if strings.ContainsFunc(s, func(r rune) bool { return r == ' ' || !unicode.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// roomRequest is one room-making call.
+type roomRequest struct {
+	op, model string
+	device    int
+	need      uint64
+	interval  time.Duration // between device readings
+	// timeout bounds each wait: for leases, and for the device to show
+	// the memory after a step.
+	timeout    time.Duration
+	waitLeases bool
+	dryRun     bool
+	all        bool // EnsureRequest.AllModels
+	mode       unloadMode
+	// rules gathers what keeps models (nil: the client's own); a pool
+	// passes its own for a member.
+	rules   func() roomRules
+	tenants bool // ask the client's tenants
+}
+
+// maxRoomRounds bounds the steps of one room-making call: one per tier,
+// and one more for a model another program loaded meanwhile.
+const maxRoomRounds = 5
+
+// ownRules are the client's own: Options.Protected, other holders'
+// leases (none with mode.force), its generations in flight (kept, or
+// last with busyLast), its leases.
+func (c *OllamaClient) ownRules(force, busyLast bool) func() roomRules {
+	return func() roomRules {
+		r := roomRules{protected: c.isProtected, inUse: c.book.inFlightModels(), own: c.ownLeased(), busyLast: busyLast}
+		if !force {
+			r.leases = c.heldLeases("")
+		}
+		return r
+	}
+}
+
+// makeRoom is room-making: it plans on a fresh view of the device, refuses
+// at once (nothing unloaded) when the plan cannot reach the need, and
+// otherwise carries the plan out step by step (a tier at a time, each
+// followed by a wait, bounded by rq.timeout, for the device to show what
+// the step freed, then a new view and plan), runs ReleaseVRAM, and waits
+// for the room. A wait that ends is the *RoomError of KindOutOfMemory
+// naming the holders, with the cause kept.
+func (c *OllamaClient) makeRoom(ctx context.Context, rq roomRequest) (*EnsureReport, error) {
+	start := time.Now()
+	rep := &EnsureReport{Source: SourceNone}
+	err := c.makeRoomSteps(ctx, rq, rep)
+	rep.Elapsed = time.Since(start)
+	return rep, err
+}
+
+func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *EnsureReport) error {
+	if rq.all {
+		return c.makeRoomAll(ctx, rq, rep)
+	}
+	v, p, err := c.firstPlan(ctx, rq, rep)
+	if err != nil || rq.dryRun || len(p.steps) == 0 {
+		return err
+	}
+	var errs []error
+	released := map[int]bool{}
+	for round := 0; len(p.steps) > 0 && round < maxRoomRounds; round++ {
+		group := firstGroup(p.steps)
+		// After the plan's last unloads the final wait shows the room; a
+		// tenant's release is looked at again (it may have given less).
+		last := len(group) == len(p.steps) && p.enough && group[0].tier != tierTenantFirst && group[0].tier != tierTenantLast
+		target, err := c.roomStep(ctx, rq, rep, v, group, released)
+		if err != nil {
+			errs = append(errs, err)
+			if group[0].tier != tierTenantFirst && group[0].tier != tierTenantLast {
+				return errors.Join(errs...) // an unload not verified: the room is not known
+			}
+		}
+		if last {
+			break // the final wait, after ReleaseVRAM, shows the room
+		}
+		if target > 0 { // a tenant's release was waited for already
+			if _, werr := c.awaitRoom(ctx, rq, v, rep, target); werr != nil {
+				return errors.Join(append(errs, werr)...)
+			}
+		}
+		if v, _, err = c.viewRoom(ctx, rq, released); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		p = planRoom(v, rq.need)
+	}
+	rr, err := c.releaseVRAM(ctx)
+	rep.Release = rr
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if _, werr := c.awaitRoom(ctx, rq, v, rep, rq.need); werr != nil {
+		errs = append(errs, werr)
+	}
+	return errors.Join(errs...)
+}
+
+// firstPlan takes the first view and plan, fills in what the report says
+// before anything is done, and refuses a plan that cannot make the room
+// (waiting for leases instead, with rq.waitLeases, under ctx and
+// rq.timeout).
+func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *EnsureReport) (roomView, roomPlan, error) {
+	var deadline <-chan time.Time
+	rechecked := false
+	for waited := false; ; waited = true {
+		v, snap, err := c.viewRoom(ctx, rq, nil)
+		if err != nil && !(waited && ctx.Err() == nil && KindOf(err) != KindNotFound && KindOf(err) != KindInvalidInput) {
+			return v, roomPlan{}, err
+		}
+		var re *RoomError
+		var p roomPlan
+		if err == nil {
+			if !waited {
+				rep.FreeBefore, rep.Snapshot, rep.Source = v.free, snap, snap.Source
+			}
+			rep.FreeAfter, rep.Kept, rep.RetryAfter = v.free, v.kept, retryAfter(v.kept, time.Now())
+			p = planRoom(v, rq.need)
+			rep.Plan = p.names()
+			if p.enough || p.unknown {
+				return v, p, nil
+			}
+			re = v.refusal(rq)
+			if !rechecked && v.unlisted > 0 && v.free+p.known()+v.unlisted >= rq.need {
+				// A runner on the device that the listing lacks is loading
+				// or leaving, and if leaving its memory would make the
+				// room: wait for it (bounded) and look again, rather than
+				// refuse what the driver is about to give back.
+				rechecked = true
+				_, _ = AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: min(v.total, v.free+v.unlisted),
+					PollInterval: rq.interval, Timeout: rq.timeout})
+				if ctx.Err() == nil {
+					continue
+				}
+			}
+			if !rq.waitLeases || !errors.Is(re, ErrLeased) || rq.dryRun {
+				return v, p, newError(rq.op, rq.model, KindOutOfMemory, re)
+			}
+		} else {
+			// A listing that fails while it waits (v0.17.4 answers 500
+			// during an unload) is looked at again at the next poll.
+			c.log.Debug("room-making: reading failed while waiting for leases", "err", err)
+		}
+		if deadline == nil {
+			t := time.NewTimer(rq.timeout)
+			defer t.Stop()
+			deadline = t.C
+		}
+		c.log.Debug("room-making waits for leases", "device", rq.device, "need", rq.need)
+		var cause error
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+		case <-deadline:
+			cause = fmt.Errorf("leases still held after %v (EnsureRequest.Timeout)", rq.timeout)
+		case <-time.After(rq.interval):
+			continue
+		}
+		if re == nil {
+			re = &RoomError{Model: rq.model, Device: rq.device, Need: rq.need, LastErr: err}
+		}
+		re.Err = cause
+		return v, p, newError(rq.op, rq.model, KindOutOfMemory, re)
+	}
+}
+
+// viewRoom reads the device and, when it lacks the room, the server's
+// listing and what keeps models.
+func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released map[int]bool) (roomView, *VRAMSnapshot, error) {
+	snap, err := c.opts.VRAM.Snapshot(ctx)
+	if err == nil && snap == nil {
+		err = errors.New("reader returned no snapshot")
+	}
+	if err != nil {
+		return roomView{}, nil, readerError(ctx, rq.op, rq.model, err)
+	}
+	d := snap.Device(rq.device)
+	switch {
+	case d == nil:
+		return roomView{}, snap, newError(rq.op, rq.model, KindNotFound, fmt.Errorf("no device %d among the %d the VRAM reader (%s) reports", rq.device, len(snap.Devices), snap.Source))
+	case rq.need > d.Total:
+		return roomView{}, snap, invalid(rq.op, rq.model, "needs %s but device %d has %s in total", vramFormatBytes(rq.need), rq.device, vramFormatBytes(d.Total))
+	case d.Free >= rq.need:
+		return roomView{device: d.Index, free: d.Free, total: d.Total}, snap, nil
+	}
+	listed, err := c.running(ctx)
+	if err != nil {
+		return roomView{}, snap, err
+	}
+	rules := c.ownRules(rq.mode.force, rq.mode.cause != CauseBudget)
+	if rq.rules != nil {
+		rules = rq.rules
+	}
+	var ts []tenantEntry
+	if rq.tenants {
+		ts = slices.DeleteFunc(c.tenants.on(rq.device), func(e tenantEntry) bool { return released[e.id] })
+	}
+	return buildRoomView(snap, d, listed, rules(), ts), snap, nil
+}
+
+// refusal is the *RoomError of a room that v cannot make.
+func (v roomView) refusal(rq roomRequest) *RoomError {
+	return &RoomError{Model: rq.model, Device: v.device, Need: rq.need, Free: v.free, Total: v.total,
+		Holders: v.holders, Kept: v.kept, RetryAfter: retryAfter(v.kept, time.Now())}
+}
+
+// firstGroup is the plan's first tier: the steps carried out together.
+func firstGroup(steps []roomCand) []roomCand {
+	n := 1
+	for n < len(steps) && steps[n].tier == steps[0].tier {
+		n++
+	}
+	return steps[:n]
+}
+
+// roomStep carries out one tier of a plan: the unloads (verified, side by
+// side), returning the free memory to wait for before the next view, or
+// the tenants' releases (one after another, each waited for and verified
+// on the device), returning 0.
+func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *EnsureReport, v roomView, group []roomCand, released map[int]bool) (uint64, error) {
+	if t := group[0].tier; t != tierTenantFirst && t != tierTenantLast {
+		target := v.free
+		for _, s := range group {
+			target += s.bytes
+		}
+		target = min(target, rq.need)
+		names := make([]string, len(group))
+		for i, s := range group {
+			names[i] = s.name
+		}
+		c.log.Debug("making room", "device", rq.device, "need", rq.need, "unload", names)
+		reps, err := c.unloadMany(ctx, names, rq.mode)
+		rep.Evicted = append(rep.Evicted, reps...)
+		return target, err
+	}
+	target := uint64(0)
+	var errs []error
+	for _, s := range group {
+		released[s.tenant] = true
+		tr := c.releaseTenant(ctx, rq, s, v.free)
+		rep.Tenants = append(rep.Tenants, tr)
+		if tr.Err != nil {
+			errs = append(errs, newError(rq.op, "", KindInternal, fmt.Errorf("tenant %s: %w", s.name, tr.Err)))
+		}
+		v.free = tr.FreeAfter
+	}
+	return target, errors.Join(errs...)
+}
+
+// releaseTenant asks one tenant for its memory and waits, within
+// rq.timeout, for the device to show it: s.bytes more than before, or
+// for a tenant of unknown size the room itself.
+func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s roomCand, before uint64) TenantRelease {
+	start := time.Now()
+	tr := TenantRelease{Name: s.name, FreeBefore: before, FreeAfter: before}
+	var fn ReleaseFunc
+	for _, e := range c.tenants.on(rq.device) {
+		if e.id == s.tenant {
+			fn = e.t.Release
+		}
+	}
+	if fn == nil {
+		tr.Err = errors.New("unregistered while room was being made")
+		return tr
+	}
+	c.log.Debug("asking a tenant for memory", "tenant", s.name, "device", rq.device, "bytes", s.bytes)
+	tr.Err = runRelease(ctx, fn)
+	target := rq.need
+	if s.known {
+		target = before + s.bytes
+	}
+	snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval, Timeout: rq.timeout})
+	if d := snap.Device(rq.device); d != nil {
+		tr.FreeAfter = d.Free
+	}
+	tr.Verified = err == nil && tr.FreeAfter > before
+	tr.Elapsed = time.Since(start)
+	return tr
+}
+
+// awaitRoom waits, within rq.timeout and ctx, for target free bytes on
+// the device. When the wait ends first, the error is KindOutOfMemory with
+// the *RoomError of the last reading (the wait's cause kept in Err).
+func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView, rep *EnsureReport, target uint64) (*VRAMSnapshot, error) {
+	waitStart := time.Now()
+	snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval, Timeout: rq.timeout})
+	ev := VRAMWaitEvent{Device: rq.device, Need: target, Waited: time.Since(waitStart), Err: err}
+	if snap != nil {
+		rep.Snapshot, rep.Source = snap, snap.Source
+		if d := snap.Device(rq.device); d != nil {
+			rep.FreeAfter, ev.Free = d.Free, d.Free
+		}
+	}
+	var re *RoomError
+	if errors.As(err, &re) {
+		re.Model, re.Need, re.Kept, re.RetryAfter = rq.model, rq.need, v.kept, retryAfter(v.kept, time.Now())
+		err = newError(rq.op, rq.model, KindOutOfMemory, re)
+		ev.Err = err
+	}
+	hookCtx(c, c.opts.Hooks.OnVRAMWait, ctx, ev)
+	return snap, err
+}
+
+// makeRoomAll is EnsureRequest.AllModels: every listed model not kept,
+// whatever its device, then ReleaseVRAM and, with a reader, the wait for
+// the room.
+func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *EnsureReport) error {
+	if c.opts.VRAM != nil {
+		snap, err := c.opts.VRAM.Snapshot(ctx)
+		if err == nil && snap == nil {
+			err = errors.New("reader returned no snapshot")
+		}
+		if err != nil {
+			return readerError(ctx, rq.op, "", err)
+		}
+		d := snap.Device(rq.device)
+		switch {
+		case d == nil:
+			return newError(rq.op, "", KindNotFound, fmt.Errorf("no device %d among the %d the VRAM reader (%s) reports", rq.device, len(snap.Devices), snap.Source))
+		case rq.need > d.Total:
+			return invalid(rq.op, "", "needs %s but device %d has %s in total", vramFormatBytes(rq.need), rq.device, vramFormatBytes(d.Total))
+		}
+		rep.FreeBefore, rep.FreeAfter, rep.Snapshot, rep.Source = d.Free, d.Free, snap, snap.Source
+	}
+	listed, err := c.running(ctx)
+	if err != nil {
+		return err
+	}
+	// Every model counts, whatever its device: one device holding all.
+	one := &VRAMSnapshot{Devices: []DeviceMemory{{}}}
+	v := buildRoomView(one, &one.Devices[0], listed, c.ownRules(rq.mode.force, true)(), nil)
+	rep.Kept, rep.RetryAfter = v.kept, retryAfter(v.kept, time.Now())
+	for _, m := range listed {
+		if !slices.ContainsFunc(v.kept, func(k KeptModel) bool { return k.Model == m.Model }) {
+			rep.Plan = append(rep.Plan, m.Model)
+		}
+	}
+	if rq.dryRun {
+		return nil
+	}
+	var errs []error
+	if len(rep.Plan) > 0 {
+		reps, err := c.unloadMany(ctx, rep.Plan, rq.mode)
+		rep.Evicted = reps
+		errs = append(errs, err)
+	}
+	rr, err := c.releaseVRAM(ctx)
+	rep.Release = rr
+	errs = append(errs, err)
+	if c.opts.VRAM != nil {
+		_, err := c.awaitRoom(ctx, rq, v, rep, rq.need)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,415 @@
+package vramguard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/vramguardtest"
+)
+
+// twoGPUSim is one server spanning two 24 GiB devices (issue #34's first
+// case): big (6 GiB) on GPU 0; small (4 GiB) on GPU 1 beside 18 GiB of
+// comfyui; both loaded by another program. three (3 GiB) loads on GPU 1.
+func twoGPUSim(t *testing.T, anonymous bool) (*vramguardtest.Server, *vramguardtest.MultiGPU) {
+	t.Helper()
+	s := newSim(t, vramguardtest.Config{TotalVRAM: 48 * gib},
+		vramguardtest.ModelConfig{Name: "big", SizeVRAM: 6 * gib},
+		vramguardtest.ModelConfig{Name: "small", SizeVRAM: 4 * gib},
+		vramguardtest.ModelConfig{Name: "three", SizeVRAM: 3 * gib, LoadLatency: 20 * time.Millisecond})
+	loadForever(t, s, "big", "small")
+	if err := s.Reserve("python comfyui", 18*gib); err != nil {
+		t.Fatal(err)
+	}
+	g := &vramguardtest.MultiGPU{Server: s, Totals: []uint64{24 * gib, 24 * gib}, Anonymous: anonymous,
+		On: map[string]int{"small": 1, "three": 1, "python comfyui": 1}}
+	return s, g
+}
+
+// TestRoomOnTheRightDevice: EnsureFree and a budget on device 1 evict the
+// model on device 1 only, and succeed (before #34 EnsureFree evicted big,
+// on device 0, and timed out; the budget waited past its timeouts).
+func TestRoomOnTheRightDevice(t *testing.T) {
+	t.Run("EnsureFree", func(t *testing.T) {
+		s, g := twoGPUSim(t, false)
+		c := newTestClient(t, s, vramguard.Options{VRAM: g})
+		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Device: 1, Bytes: 5 * gib, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("EnsureFree(device 1, 5 GiB) = %v", err)
+		}
+		if len(rep.Evicted) != 1 || rep.Evicted[0].Model != "small:latest" || !rep.Evicted[0].Verified || rep.FreeAfter < 5*gib {
+			t.Errorf("report %+v; want small evicted, verified, 5 GiB free", rep)
+		}
+		if !s.Listed("big") || s.Unloads("big") != 0 {
+			t.Error("big, on device 0, was unloaded for a room on device 1")
+		}
+	})
+	t.Run("budget", func(t *testing.T) {
+		s, g := twoGPUSim(t, false)
+		c := newTestClient(t, s, vramguard.Options{VRAM: g, Timeouts: vramguard.Timeouts{Total: 20 * time.Second},
+			Budget: &vramguard.Budget{Device: 1, Headroom: gib, MakeRoom: true}})
+		gen, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "three", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		if err != nil {
+			t.Fatalf("a 3 GiB load on device 1: %v", err)
+		}
+		if !gen.Loaded || s.Loads("three") != 1 || s.Listed("small") || !s.Listed("big") {
+			t.Errorf("loaded %v, small listed %v, big listed %v; want three loaded in small's place and big left", gen.Loaded, s.Listed("small"), s.Listed("big"))
+		}
+	})
+}
+
+// TestRoomRefusesToGuessDevice: a reader of two devices that names no
+// runner's model keeps every model (ErrUnattributed) and unloads nothing;
+// the same reader with one device counts size_vram and makes the room.
+func TestRoomRefusesToGuessDevice(t *testing.T) {
+	s, g := twoGPUSim(t, true)
+	c := newTestClient(t, s, vramguard.Options{VRAM: g})
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Device: 1, Bytes: 5 * gib})
+	var re *vramguard.RoomError
+	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.Is(err, vramguard.ErrUnattributed) || !errors.As(err, &re) {
+		t.Fatalf("EnsureFree with an unattributing reader of two devices: %v; want KindOutOfMemory, ErrUnattributed", err)
+	}
+	if len(re.Kept) != 2 || !re.Kept[0].Unattributed || !re.Kept[1].Unattributed || len(rep.Evicted) != 0 {
+		t.Errorf("kept %+v, evicted %+v; want both models kept unattributed, nothing evicted", re.Kept, rep.Evicted)
+	}
+	if !s.Listed("big") || !s.Listed("small") || !strings.Contains(err.Error(), "on a device the reader does not name") {
+		t.Errorf("a model went, or the error %q does not say why", err)
+	}
+
+	one := &vramguardtest.MultiGPU{Server: s, Totals: []uint64{48 * gib}, Anonymous: true}
+	c1 := newTestClient(t, s, vramguard.Options{VRAM: one})
+	if err := s.Reserve("more", 17*gib); err != nil { // 48 - 6 - 4 - 18 - 17: 3 GiB free
+		t.Fatal(err)
+	}
+	rep, err = c1.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib, Timeout: 5 * time.Second})
+	if err != nil || len(rep.Evicted) != 1 || rep.Evicted[0].Model != "small:latest" {
+		t.Errorf("one device, no attribution: %+v, %v; want small (4 GiB by size_vram, the fewest bytes) evicted", rep, err)
+	}
+}
+
+// vainSim: 3 GiB free of 24, a chat UI's 2 GiB model resident (another
+// program's), comfyui holding the rest (issue #34's second case).
+func vainSim(t *testing.T) *vramguardtest.Server {
+	t.Helper()
+	s := newSim(t, vramguardtest.Config{},
+		vramguardtest.ModelConfig{Name: "chat", SizeVRAM: 2 * gib},
+		vramguardtest.ModelConfig{Name: "two", SizeVRAM: 2 * gib})
+	loadForever(t, s, "chat")
+	if err := s.Reserve("comfyui", 19*gib); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestRoomRefusesInVain: when free memory plus every model it may evict
+// cannot reach the need, EnsureFree and Budget.MakeRoom unload nothing
+// and refuse at once, naming comfyui (before #34 both unloaded the chat
+// UI's model, then failed).
+func TestRoomRefusesInVain(t *testing.T) {
+	check := func(t *testing.T, s *vramguardtest.Server, err error, requests int) {
+		t.Helper()
+		var re *vramguard.RoomError
+		if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &re) || re.Err != nil {
+			t.Fatalf("err = %v; want KindOutOfMemory with a *RoomError refused by arithmetic (no wait)", err)
+		}
+		if !strings.Contains(err.Error(), `"comfyui"`) || re.Free != 3*gib {
+			t.Errorf("refusal %q (free %d); want comfyui named and 3 GiB free", err, re.Free)
+		}
+		if !s.Listed("chat") || s.Requests("chat") != requests || s.Unloads("chat") != 0 {
+			t.Errorf("the chat UI's model: listed %v, %d requests (want %d), %d unloads; want it left alone",
+				s.Listed("chat"), s.Requests("chat"), requests, s.Unloads("chat"))
+		}
+	}
+	t.Run("EnsureFree", func(t *testing.T) {
+		s := vainSim(t)
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU()})
+		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib})
+		check(t, s, err, 1)
+		if len(rep.Evicted) != 0 || len(rep.Plan) != 1 {
+			t.Errorf("report %+v; want nothing evicted and the plan that could not do (chat)", rep)
+		}
+	})
+	t.Run("budget", func(t *testing.T) {
+		s := vainSim(t)
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{Headroom: 8 * gib, MakeRoom: true}})
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "two", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		check(t, s, err, 1)
+		if !errors.Is(err, vramguard.ErrOverBudget) || s.Requests("two") != 0 {
+			t.Errorf("err %v, %d requests for two; want ErrOverBudget and nothing sent", err, s.Requests("two"))
+		}
+	})
+}
+
+// TestRoomBoundedByCallTimeouts: a budget's room-making ends within the
+// generation's own timeouts, as KindOutOfMemory naming the holders (before
+// #34 it returned only when the caller's ctx ended, as KindCanceled).
+func TestRoomBoundedByCallTimeouts(t *testing.T) {
+	t.Run("nothing to evict", func(t *testing.T) {
+		s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", SizeVRAM: gib})
+		if err := s.Reserve("comfyui", 20*gib); err != nil {
+			t.Fatal(err)
+		}
+		timeouts := vramguard.Timeouts{FirstChunk: time.Second, Total: 2 * time.Second}
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Timeouts: timeouts,
+			Budget: &vramguard.Budget{Headroom: 4 * gib, MakeRoom: true}})
+		ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		var re *vramguard.RoomError
+		if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &re) || !strings.Contains(err.Error(), "comfyui") {
+			t.Fatalf("err = %v; want KindOutOfMemory naming comfyui", err)
+		}
+		if took := time.Since(start); took >= timeouts.Total {
+			t.Errorf("refused after %v; want within the generation's %v", took, timeouts.Total)
+		}
+	})
+	t.Run("the driver never shows the room", func(t *testing.T) {
+		// The runner leaves /api/ps but its memory stays for an hour.
+		s := newSim(t, vramguardtest.Config{ReleaseLag: time.Hour},
+			vramguardtest.ModelConfig{Name: "old", SizeVRAM: 6 * gib}, vramguardtest.ModelConfig{Name: "tiny", SizeVRAM: 2 * gib})
+		loadForever(t, s, "old")
+		if err := s.Reserve("comfyui", 16*gib); err != nil { // 2 GiB free
+			t.Fatal(err)
+		}
+		timeouts := vramguard.Timeouts{FirstChunk: 500 * time.Millisecond, Total: 10 * time.Second}
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Timeouts: timeouts, VRAMPollInterval: 20 * time.Millisecond,
+			Budget: &vramguard.Budget{Headroom: 2 * gib, MakeRoom: true}})
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		took := time.Since(start)
+		var re *vramguard.RoomError
+		if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.Is(err, vramguard.ErrFirstChunkTimeout) || !errors.As(err, &re) {
+			t.Fatalf("err = %v; want KindOutOfMemory with the first-chunk timeout as its cause", err)
+		}
+		if !strings.Contains(err.Error(), "comfyui") || re.Err == nil || s.Listed("old") {
+			t.Errorf("err %v; want comfyui named, the wait's end, and old unloaded (verified from /api/ps)", err)
+		}
+		// Bounded by FirstChunk, which the test controls (the ctx has 30 s).
+		if took >= timeouts.Total {
+			t.Errorf("returned after %v; want within FirstChunk (%v) and well before Total", took, timeouts.FirstChunk)
+		}
+		if s.Requests("tiny") != 0 {
+			t.Error("the refused load reached the server")
+		}
+	})
+}
+
+// TestEnsureFreeDryRun: a dry run names what it would unload and what
+// it keeps, and when the lease that keeps ends, and sends nothing; one
+// that cannot make the room is the refusal the real call would give.
+func TestEnsureFreeDryRun(t *testing.T) {
+	s, _ := gpuSim(t, vramguardtest.Config{}, vramguard.Options{})
+	dir := leaseDir(t)
+	holder := newTestClient(t, s, vramguard.Options{Leases: vramguard.LeaseOptions{Dir: dir}})
+	_ = holder
+	if _, err := holder.HoldModel(t.Context(), "mid", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	dry := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Leases: vramguard.LeaseOptions{Dir: dir}})
+	if err := s.Reserve("comfyui", 6*gib); err != nil { // 2 GiB free
+		t.Fatal(err)
+	}
+	before := s.Stats("").Requests
+	rep, err := dry.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 11_200_000_000, DryRun: true})
+	if err != nil {
+		t.Fatalf("dry run: %v", err)
+	}
+	if fmt.Sprint(rep.Plan) != "[big:latest small:latest]" || len(rep.Evicted) != 0 {
+		t.Errorf("plan %v, evicted %v; want big and small (10 GiB, mid leased), nothing evicted", rep.Plan, rep.Evicted)
+	}
+	if len(rep.Kept) != 1 || rep.Kept[0].Model != "mid:latest" || len(rep.Kept[0].Leases) != 1 || rep.RetryAfter < 59*time.Minute {
+		t.Errorf("kept %+v, retry after %v; want mid leased for an hour", rep.Kept, rep.RetryAfter)
+	}
+	_, err = dry.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib, DryRun: true})
+	var re *vramguard.RoomError
+	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &re) || !errors.Is(err, vramguard.ErrLeased) {
+		t.Errorf("a dry run that cannot: %v; want the refusal, naming the lease", err)
+	}
+	if n := s.Stats("").Requests - before; n != 0 || !s.Listed("big") || !s.Listed("small") || !s.Listed("mid") {
+		t.Errorf("dry runs sent %d requests; want none, every model left", n)
+	}
+}
+
+// tenantSim: big (8 GiB, another program's) and two tenants' memory
+// (a: 4 GiB, b: 6 GiB) on one 24 GiB device: 6 GiB free.
+func tenantSim(t *testing.T) *vramguardtest.Server {
+	t.Helper()
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "big", SizeVRAM: 8 * gib})
+	loadForever(t, s, "big")
+	for o, b := range map[string]uint64{"a": 4 * gib, "b": 6 * gib} {
+		if err := s.Reserve(o, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+// order records the steps of room-making: tenants' releases and unloads.
+type order struct {
+	mu    sync.Mutex
+	steps []string
+}
+
+func (o *order) add(s string) { o.mu.Lock(); o.steps = append(o.steps, s); o.mu.Unlock() }
+func (o *order) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return strings.Join(o.steps, " ")
+}
+
+// TestTenantsInOrderVerified: room-making asks tenants with First before
+// Ollama's models, the others after, each only while the room is still
+// missing, and verifies each release on the device.
+func TestTenantsInOrderVerified(t *testing.T) {
+	releasing := func(s *vramguardtest.Server, o *order, owner string) vramguard.ReleaseFunc {
+		return func(context.Context) error { o.add(owner); s.Release(owner); return nil }
+	}
+	tests := []struct {
+		name    string
+		need    uint64
+		tenants func(s *vramguardtest.Server, o *order) []vramguard.Tenant
+		want    string // the steps
+		err     bool
+	}{
+		{name: "models before other tenants", need: 12 * gib, want: "big:latest",
+			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
+				return []vramguard.Tenant{{Name: "b", Bytes: 6 * gib, Release: releasing(s, o, "b")}}
+			}},
+		{name: "first tenant spares the model", need: 12 * gib, want: "b",
+			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
+				return []vramguard.Tenant{{Name: "b", Bytes: 6 * gib, First: true, Release: releasing(s, o, "b")}}
+			}},
+		{name: "first, models, then the others", need: 20 * gib, want: "a big:latest b",
+			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
+				return []vramguard.Tenant{{Name: "b", Bytes: 6 * gib, Release: releasing(s, o, "b")},
+					{Name: "a", Bytes: 4 * gib, First: true, Release: releasing(s, o, "a")}}
+			}},
+		{name: "size from its process", need: 20 * gib, want: "big:latest b",
+			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
+				return []vramguard.Tenant{{Name: "b", PID: pidOf(t, s, "b"), Release: releasing(s, o, "b")}}
+			}},
+		{name: "unknown size: tried, not refused", need: 20 * gib, want: "big:latest b",
+			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
+				return []vramguard.Tenant{{Name: "b", Release: releasing(s, o, "b")}}
+			}},
+		{name: "a tenant that gives nothing back is not verified", need: 12 * gib, want: "liar big:latest",
+			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
+				return []vramguard.Tenant{{Name: "liar", Bytes: 6 * gib, First: true, Release: func(context.Context) error { o.add("liar"); return nil }}}
+			}},
+		{name: "arithmetic counts known tenants", need: 23 * gib, want: "", err: true,
+			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
+				return []vramguard.Tenant{{Name: "b", Bytes: 6 * gib, Release: releasing(s, o, "b")}}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tenantSim(t)
+			o := &order{}
+			c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond,
+				Hooks: vramguard.Hooks{OnUnloadStart: func(ctx context.Context, u vramguard.UnloadStart) context.Context {
+					o.add(u.Model)
+					return ctx
+				}}})
+			for _, tn := range tt.tenants(s, o) {
+				if _, err := c.RegisterTenant(tn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: tt.need, Timeout: 300 * time.Millisecond})
+			if tt.err != (err != nil) {
+				t.Fatalf("EnsureFree = %v (report %+v); want an error: %v", err, rep, tt.err)
+			}
+			if o.String() != tt.want {
+				t.Errorf("steps %q, want %q", o, tt.want)
+			}
+			for _, tr := range rep.Tenants {
+				if got, want := tr.Verified, tr.Name != "liar"; got != want || (want && tr.FreeAfter <= tr.FreeBefore) {
+					t.Errorf("tenant %+v: verified %v, want %v", tr, got, want)
+				}
+			}
+			if err == nil {
+				if _, _, f := s.Memory(); f < tt.need {
+					t.Errorf("%d bytes free after EnsureFree, want %d", f, tt.need)
+				}
+			}
+		})
+	}
+	c := newTestClient(t, tenantSim(t), vramguard.Options{})
+	for _, bad := range []vramguard.Tenant{{Name: "no release"}, {Name: "negative", Device: -1, Release: func(context.Context) error { return nil }}} {
+		if _, err := c.RegisterTenant(bad); !errors.Is(err, vramguard.KindInvalidInput) {
+			t.Errorf("RegisterTenant(%s) = %v; want KindInvalidInput", bad.Name, err)
+		}
+	}
+}
+
+// pidOf is the fake PID of owner's reservation on s.
+func pidOf(t *testing.T, s *vramguardtest.Server, owner string) uint32 {
+	t.Helper()
+	i := slices.IndexFunc(s.Holders(), func(h vramguardtest.Holder) bool { return h.Name == owner && !h.Runner })
+	if i < 0 {
+		t.Fatalf("no reservation of %s", owner)
+	}
+	return s.Holders()[i].PID
+}
+
+// TestRoomRunnerNotListed: a runner the device shows and /api/ps does not
+// list is leaving (its memory comes back: the room is waited for, not
+// refused) or loading (the refusal comes after the call's own Timeout).
+func TestRoomRunnerNotListed(t *testing.T) {
+	t.Run("leaving", func(t *testing.T) {
+		s := newSim(t, vramguardtest.Config{ReleaseLag: 300 * time.Millisecond}, vramguardtest.ModelConfig{Name: "old", SizeVRAM: 6 * gib})
+		loadForever(t, s, "old")
+		if err := s.Reserve("comfyui", 16*gib); err != nil {
+			t.Fatal(err)
+		}
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
+		other := newTestClient(t, s, vramguard.Options{})
+		if _, err := other.UnloadModel(t.Context(), "old"); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, f := s.Memory(); f >= 6*gib {
+			t.Fatalf("%d bytes free right after the unload; the test needs the driver's lag", f)
+		}
+		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib, Timeout: 10 * time.Second})
+		if err != nil || len(rep.Evicted) != 0 || rep.FreeAfter < 6*gib {
+			t.Errorf("EnsureFree while old's memory comes back: %+v, %v; want the room, nothing evicted", rep, err)
+		}
+	})
+	t.Run("loading", func(t *testing.T) {
+		s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "slow", SizeVRAM: 6 * gib, LoadLatency: time.Hour})
+		if err := s.Reserve("comfyui", 16*gib); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		done := make(chan struct{})
+		go func() { defer close(done); _ = generateRaw(ctx, s, "slow") }()
+		t.Cleanup(func() { cancel(); <-done })
+		eventually(t, s, "slow loading", func() bool { _, _, f := s.Memory(); return f < 6*gib })
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
+		const timeout = 300 * time.Millisecond
+		start := time.Now()
+		_, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib, Timeout: timeout})
+		took := time.Since(start)
+		if !errors.Is(err, vramguard.KindOutOfMemory) || took < timeout || took > 10*timeout {
+			t.Errorf("EnsureFree beside a loading runner: %v after %v; want KindOutOfMemory after about %v", err, took, timeout)
+		}
+	})
+}
+
+// generateRaw sends a generation as another program would, and waits for
+// its end.
+func generateRaw(ctx context.Context, s *vramguardtest.Server, model string) error {
+	return s.Client().Generate(ctx, &api.GenerateRequest{Model: model, Prompt: "x"}, func(api.GenerateResponse) error { return nil })
+}
