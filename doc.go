@@ -80,7 +80,8 @@
 // this order and only while the room is missing: tenants registered with
 // First ([OllamaClient.RegisterTenant]: a diffusion server's cache, say),
 // the fewest bytes of idle Ollama models, this client's own leased
-// models, the other tenants; never a protected, leased or in-use model.
+// models, the other tenants; never a protected or leased model, nor, for
+// a budget or a pool, one in use.
 // Every step is verified and every wait for the driver is bounded by the
 // call's own timeouts. Whichever call refused, the error is one
 // [RoomError] naming the need, the free bytes, the holders, the kept

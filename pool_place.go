@@ -50,6 +50,9 @@ func (p *pool) placeModel(ctx context.Context, model string, numCtx int) (*poolM
 	if ok {
 		return p.placed(ctx, d, model, need, views)
 	}
+	for i := range rooms {
+		rooms[i].Need = need
+	}
 	perr := &RoomError{Model: model, Need: need, Devices: rooms}
 	kind := KindOutOfMemory
 	if !anyUp(views) {

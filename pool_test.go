@@ -754,3 +754,22 @@ func TestPoolRemoteMemberChecksNoRunners(t *testing.T) {
 		t.Errorf("report %+v; want no runner check, for a remote server", rep)
 	}
 }
+
+// TestPoolEnsureFreeNamesMember: a pool's refusal on one member names
+// the member (each server's device is its device 0); EnsureFree on a
+// pool without a member is refused, saying so.
+func TestPoolEnsureFreeNamesMember(t *testing.T) {
+	sims := poolSims(t, 10*gib, 10*gib)
+	if err := sims[1].Reserve("comfyui", 8*gib); err != nil {
+		t.Fatal(err)
+	}
+	c := newTestPool(t, sims, vramguard.Options{})
+	_, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Member: "gpu1", Bytes: 5 * gib})
+	var re *vramguard.RoomError
+	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &re) || re.Member != "gpu1" || !strings.Contains(err.Error(), "comfyui") {
+		t.Errorf("EnsureFree on gpu1 = %v; want KindOutOfMemory naming gpu1 and comfyui", err)
+	}
+	if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: gib}); !errors.Is(err, vramguard.KindInvalidInput) || !strings.Contains(err.Error(), "EnsureRequest.Member must name") {
+		t.Errorf("EnsureFree on a pool without a member = %v; want KindInvalidInput saying so", err)
+	}
+}

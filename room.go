@@ -40,7 +40,10 @@ type KeptModel struct {
 	Protected bool  // named in Options.Protected
 	Leases    []LeaseInfo
 	// InUse: a generation of this client (of the pool, on a pool) runs
-	// on it; evicting it would cut the generation or wait for its end.
+	// on it. A budget's and a pool's room-making keep it; EnsureFree and
+	// Phase.End's hand-over take it last instead (EnsureFree cuts such a
+	// generation while it is still loading, as its unloads do; the
+	// hand-over waits for it).
 	InUse bool
 	// Unattributed: the reader cannot say which device it is on (see
 	// ErrUnattributed).
@@ -59,7 +62,7 @@ func (k KeptModel) why() string {
 		ws = append(ws, "in use")
 	}
 	if k.Unattributed {
-		ws = append(ws, "on a device the reader does not name")
+		ws = append(ws, "the reader cannot tell which device it is on; AllModels would unload it")
 	}
 	return strings.Join(ws, ", ")
 }
@@ -89,7 +92,7 @@ type RoomError struct {
 	Free   uint64 // free bytes at the last reading
 	Total  uint64 // the device's memory
 	// Held is what Ollama's runners held on the device; set when a
-	// Budget with MaxBytes refused.
+	// budget refused (what its MaxBytes caps).
 	Held uint64
 	// Holders is the device's memory by holder at the last reading
 	// (DeviceMemory.Holders: runners by model, other programs, what no
@@ -104,11 +107,14 @@ type RoomError struct {
 	// Budget is the budget that refused the load; nil when none did.
 	Budget *Budget
 	// Devices are, for a pool's refusal, each member's side (Member,
-	// Device, Free, Holders, Kept; Err when it could not be measured: its
-	// server did not answer, or its device could not be read).
+	// Device, Need, Free, Holders, Kept; Err when it could not be
+	// measured: its server did not answer, or its device could not be
+	// read). The refusal's own Device, Free and Total are zero then.
 	Devices []RoomError
-	// Err: see the type's doc. LastErr is the reader's error when the
-	// last reading failed.
+	// Err is why the wait for the room ended (nil: refused before any
+	// wait, by arithmetic): the ctx's cause or the call's timeout, both
+	// matched by errors.Is(err, context.DeadlineExceeded) when a deadline
+	// passed. LastErr is the reader's error when the last reading failed.
 	Err, LastErr error
 }
 
@@ -127,12 +133,15 @@ func (e *RoomError) Error() string {
 			d.writeRest(&b)
 		}
 		return b.String()
+	case e.Model != "" && e.Budget != nil && e.Budget.Headroom > 0 && e.Need >= e.Budget.Headroom:
+		fmt.Fprintf(&b, "%s needs %s on device %d (%s for the model, %s headroom)", e.Model, vramFormatBytes(e.Need), e.Device,
+			vramFormatBytes(e.Need-e.Budget.Headroom), vramFormatBytes(e.Budget.Headroom))
+		fmt.Fprintf(&b, "; %s free of %s", vramFormatBytes(e.Free), vramFormatBytes(e.Total))
 	case e.Model != "":
 		fmt.Fprintf(&b, "%s needs %s on device %d", e.Model, vramFormatBytes(e.Need), e.Device)
-		if e.Budget != nil && e.Budget.Headroom > 0 {
-			fmt.Fprintf(&b, " (with %s headroom)", vramFormatBytes(e.Budget.Headroom))
-		}
 		fmt.Fprintf(&b, "; %s free of %s", vramFormatBytes(e.Free), vramFormatBytes(e.Total))
+	case e.Member != "":
+		fmt.Fprintf(&b, "%s (device %d) has %s free of %s, needs %s", e.Member, e.Device, vramFormatBytes(e.Free), vramFormatBytes(e.Total), vramFormatBytes(e.Need))
 	default:
 		fmt.Fprintf(&b, "device %d has %s free of %s, needs %s", e.Device, vramFormatBytes(e.Free), vramFormatBytes(e.Total), vramFormatBytes(e.Need))
 	}
@@ -315,15 +324,30 @@ type tenantEntry struct {
 
 // RegisterTenant adds t to the ways room-making frees memory on
 // t.Device. The returned func removes it; calling it twice is harmless.
-// A tenant without a Release or with a negative Device is refused with
-// KindInvalidInput. It is safe for concurrent use.
+// A tenant without a Name or a Release, with a negative Device, or with
+// the Name of one registered already is refused with KindInvalidInput; on
+// a closed client it fails with ErrClosed. It is safe for concurrent use.
 func (c *OllamaClient) RegisterTenant(t Tenant) (unregister func(), err error) {
-	if t.Release == nil || t.Device < 0 || t.Bytes > maxBytes {
-		return nil, invalid("register tenant", "", "tenant %q needs a Release, a device index of 0 or more and at most %d bytes", t.Name, uint64(maxBytes))
+	const op = "register tenant"
+	switch {
+	case t.Name == "":
+		return nil, invalid(op, "", "a tenant needs a Name")
+	case t.Release == nil:
+		return nil, invalid(op, "", "tenant %q needs a Release", t.Name)
+	case t.Device < 0:
+		return nil, invalid(op, "", "tenant %q: negative device index %d", t.Name, t.Device)
+	case t.Bytes > maxBytes:
+		return nil, invalid(op, "", "tenant %q: %s is more than MaxBytes", t.Name, vramFormatBytes(t.Bytes))
+	}
+	if err := c.checkOpen(op, ""); err != nil {
+		return nil, err
 	}
 	ts := &c.tenants
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
+	if slices.ContainsFunc(ts.list, func(e tenantEntry) bool { return e.t.Name == t.Name }) {
+		return nil, invalid(op, "", "a tenant named %q is registered already", t.Name)
+	}
 	ts.nextID++
 	id := ts.nextID
 	ts.list = append(ts.list, tenantEntry{id: id, t: t})
@@ -561,6 +585,9 @@ func planRoom(v roomView, need uint64) roomPlan {
 			p.unknown = true
 		}
 	}
+	if p.enough {
+		p.steps = pruneSteps(p.steps, need-v.free)
+	}
 	for _, s := range p.steps {
 		if s.tier != tierTenantFirst && s.tier != tierTenantLast {
 			p.cost += s.bytes
@@ -568,6 +595,31 @@ func planRoom(v roomView, need uint64) roomPlan {
 		p.usesOwn = p.usesOwn || s.tier == tierOwnModel
 	}
 	return p
+}
+
+// pruneSteps drops the unloads of an enough plan that its other steps
+// make unneeded: a tier that could not make the room alone took all of
+// itself, and a tenant asked after it may then free enough alone (the
+// model would be unloaded, and loaded again, for nothing). Tenants' steps
+// stay: their order is the caller's.
+func pruneSteps(steps []roomCand, missing uint64) []roomCand {
+	var sum uint64
+	for _, s := range steps {
+		if !s.known {
+			return steps // what an unknown step frees cannot be counted
+		}
+		sum += s.bytes
+	}
+	out := slices.Clone(steps)
+	for i := 0; i < len(out); {
+		if t := out[i].tier; t != tierTenantFirst && t != tierTenantLast && sum-out[i].bytes >= missing {
+			sum -= out[i].bytes
+			out = slices.Delete(out, i, i+1)
+			continue
+		}
+		i++
+	}
+	return out
 }
 
 // maxExactVictims bounds fewestBytes's exact search: a server holds a
@@ -725,7 +777,7 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		}
 		if target > 0 { // a tenant's release was waited for already
 			if _, werr := c.awaitRoom(ctx, rq, v, rep, target); werr != nil {
-				return errors.Join(append(errs, werr)...)
+				return errors.Join(append([]error{werr}, errs...)...)
 			}
 		}
 		if v, _, err = c.viewRoom(ctx, rq, released); err != nil {
@@ -739,7 +791,7 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		errs = append(errs, err)
 	}
 	if _, werr := c.awaitRoom(ctx, rq, v, rep, rq.need); werr != nil {
-		errs = append(errs, werr)
+		errs = append([]error{werr}, errs...) // the outcome first: KindOf reads it
 	}
 	return errors.Join(errs...)
 }
@@ -769,14 +821,14 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 				return v, p, nil
 			}
 			re = v.refusal(rq)
+			rep.Plan = nil // nothing would be done
 			if !rechecked && v.unlisted > 0 && v.free+p.known()+v.unlisted >= rq.need {
 				// A runner on the device that the listing lacks is loading
 				// or leaving, and if leaving its memory would make the
 				// room: wait for it (bounded) and look again, rather than
 				// refuse what the driver is about to give back.
 				rechecked = true
-				_, _ = AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: min(v.total, v.free+v.unlisted),
-					PollInterval: rq.interval, Timeout: rq.timeout})
+				_, _ = c.awaitBounded(ctx, rq, min(v.total, v.free+v.unlisted))
 				if ctx.Err() == nil {
 					continue
 				}
@@ -800,7 +852,7 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 		case <-ctx.Done():
 			cause = context.Cause(ctx)
 		case <-deadline:
-			cause = fmt.Errorf("leases still held after %v (EnsureRequest.Timeout)", rq.timeout)
+			cause = fmt.Errorf("leases still held after %v (EnsureRequest.Timeout, else Options.UnloadTimeout): %w", rq.timeout, context.DeadlineExceeded)
 		case <-time.After(rq.interval):
 			continue
 		}
@@ -913,11 +965,20 @@ func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s room
 	}
 	c.log.Debug("asking a tenant for memory", "tenant", s.name, "device", rq.device, "bytes", s.bytes)
 	tr.Err = runRelease(ctx, fn)
+	if tr.Err != nil { // no wait for a release that failed: one reading says what it left
+		if snap, err := c.opts.VRAM.Snapshot(ctx); err == nil {
+			if d := snap.Device(rq.device); d != nil {
+				tr.FreeAfter = d.Free
+			}
+		}
+		tr.Elapsed = time.Since(start)
+		return tr
+	}
 	target := rq.need
 	if s.known {
 		target = before + s.bytes
 	}
-	snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval, Timeout: rq.timeout})
+	snap, err := c.awaitBounded(ctx, rq, target)
 	if d := snap.Device(rq.device); d != nil {
 		tr.FreeAfter = d.Free
 	}
@@ -931,7 +992,7 @@ func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s room
 // the *RoomError of the last reading (the wait's cause kept in Err).
 func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView, rep *EnsureReport, target uint64) (*VRAMSnapshot, error) {
 	waitStart := time.Now()
-	snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval, Timeout: rq.timeout})
+	snap, err := c.awaitBounded(ctx, rq, target)
 	ev := VRAMWaitEvent{Device: rq.device, Need: target, Waited: time.Since(waitStart), Err: err}
 	if snap != nil {
 		rep.Snapshot, rep.Source = snap, snap.Source
@@ -947,6 +1008,16 @@ func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView
 	}
 	hookCtx(c, c.opts.Hooks.OnVRAMWait, ctx, ev)
 	return snap, err
+}
+
+// awaitBounded is AwaitFree for target bytes within rq.timeout, whose
+// passing is the cause (it wraps context.DeadlineExceeded and names the
+// bound).
+func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target uint64) (*VRAMSnapshot, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, rq.timeout,
+		fmt.Errorf("the device did not show it within %v (EnsureRequest.Timeout, else Options.UnloadTimeout): %w", rq.timeout, context.DeadlineExceeded))
+	defer cancel()
+	return AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval})
 }
 
 // makeRoomAll is EnsureRequest.AllModels: every listed model not kept,

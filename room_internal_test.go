@@ -11,6 +11,8 @@ import (
 
 const roomGiB = 1 << 30
 
+const unattributedWhy = "the reader cannot tell which device it is on; AllModels would unload it"
+
 func model(name string, gib uint64) roomCand {
 	return roomCand{name: name, bytes: gib * roomGiB, known: true, tier: tierModel}
 }
@@ -52,6 +54,10 @@ func TestPlanRoom(t *testing.T) {
 		{name: "first tenant before models", free: 0, need: 4, cands: []roomCand{model("a", 4), tenant("comfy", 6, true)}, want: "comfy", enough: true},
 		{name: "models before other tenants", free: 0, need: 4, cands: []roomCand{model("a", 4), tenant("comfy", 6, false)}, want: "a", enough: true},
 		{name: "tenant tops up the models", free: 0, need: 12, cands: []roomCand{model("a", 8), tenant("comfy", 6, false)}, want: "a comfy", enough: true},
+		// The tenant asked after the models frees 10 alone: the model is
+		// not unloaded for nothing.
+		{name: "an unload a later tenant makes unneeded", free: 11, need: 18, cands: []roomCand{model("small", 4), tenant("comfy", 10, false)},
+			want: "comfy", enough: true},
 		{name: "order across tiers", free: 6, need: 20, cands: []roomCand{tenant("b", 6, false), model("big", 8), tenant("a", 4, true)},
 			want: "a big b", enough: true},
 		{name: "unknown tenant is tried, not counted", free: 0, need: 12, cands: []roomCand{model("a", 8), tenant("comfy", 0, false)},
@@ -142,7 +148,7 @@ func TestBuildRoomView(t *testing.T) {
 		{name: "device 0 only", snap: two, device: 0, listed: listed("big:latest", "small:latest", "split:latest"),
 			cands: "big:latest=6 split:latest=2"},
 		{name: "several devices, no attribution", snap: anon, device: 1, listed: listed("big:latest", "small:latest"),
-			kept: "big:latest:on a device the reader does not name small:latest:on a device the reader does not name"},
+			kept: "big:latest:" + unattributedWhy + " small:latest:" + unattributedWhy},
 		{name: "one device, no attribution: size_vram", snap: one, device: 0, listed: append(listed("a:latest"), cpu...),
 			cands: "a:latest=7"},
 		{name: "kept, and why", snap: one, device: 0, rules: rules,

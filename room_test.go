@@ -80,7 +80,7 @@ func TestRoomRefusesToGuessDevice(t *testing.T) {
 	if len(re.Kept) != 2 || !re.Kept[0].Unattributed || !re.Kept[1].Unattributed || len(rep.Evicted) != 0 {
 		t.Errorf("kept %+v, evicted %+v; want both models kept unattributed, nothing evicted", re.Kept, rep.Evicted)
 	}
-	if !s.Listed("big") || !s.Listed("small") || !strings.Contains(err.Error(), "on a device the reader does not name") {
+	if !s.Listed("big") || !s.Listed("small") || !strings.Contains(err.Error(), "the reader cannot tell which device it is on") {
 		t.Errorf("a model went, or the error %q does not say why", err)
 	}
 
@@ -133,8 +133,8 @@ func TestRoomRefusesInVain(t *testing.T) {
 		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU()})
 		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib})
 		check(t, s, err, 1)
-		if len(rep.Evicted) != 0 || len(rep.Plan) != 1 {
-			t.Errorf("report %+v; want nothing evicted and the plan that could not do (chat)", rep)
+		if len(rep.Evicted) != 0 || len(rep.Plan) != 0 {
+			t.Errorf("report %+v; want nothing evicted and no plan", rep)
 		}
 	})
 	t.Run("budget", func(t *testing.T) {
@@ -170,6 +170,23 @@ func TestRoomBoundedByCallTimeouts(t *testing.T) {
 		}
 		if took := time.Since(start); took >= timeouts.Total {
 			t.Errorf("refused after %v; want within the generation's %v", took, timeouts.Total)
+		}
+	})
+	t.Run("EnsureRequest.Timeout", func(t *testing.T) {
+		s := newSim(t, vramguardtest.Config{ReleaseLag: time.Hour}, vramguardtest.ModelConfig{Name: "old", SizeVRAM: 6 * gib})
+		loadForever(t, s, "old")
+		if err := s.Reserve("comfyui", 16*gib); err != nil { // 2 GiB free
+			t.Fatal(err)
+		}
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
+		const timeout = 200 * time.Millisecond
+		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib, Timeout: timeout})
+		var re *vramguard.RoomError
+		if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &re) || re.Err == nil {
+			t.Fatalf("EnsureFree = %v; want KindOutOfMemory whose cause matches context.DeadlineExceeded", err)
+		}
+		if !strings.Contains(err.Error(), "within 200ms (EnsureRequest.Timeout") || len(rep.Evicted) != 1 {
+			t.Errorf("EnsureFree = %v, evicted %v; want old evicted and the bound named", err, rep.Evicted)
 		}
 	})
 	t.Run("the driver never shows the room", func(t *testing.T) {
@@ -345,11 +362,48 @@ func TestTenantsInOrderVerified(t *testing.T) {
 			}
 		})
 	}
+	nop := func(context.Context) error { return nil }
 	c := newTestClient(t, tenantSim(t), vramguard.Options{})
-	for _, bad := range []vramguard.Tenant{{Name: "no release"}, {Name: "negative", Device: -1, Release: func(context.Context) error { return nil }}} {
+	if _, err := c.RegisterTenant(vramguard.Tenant{Name: "taken", Release: nop}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []vramguard.Tenant{{Name: "no release"}, {Release: nop}, {Name: "taken", Release: nop},
+		{Name: "negative", Device: -1, Release: nop}, {Name: "huge", Bytes: vramguard.MaxBytes + 1, Release: nop}} {
 		if _, err := c.RegisterTenant(bad); !errors.Is(err, vramguard.KindInvalidInput) {
-			t.Errorf("RegisterTenant(%s) = %v; want KindInvalidInput", bad.Name, err)
+			t.Errorf("RegisterTenant(%+v) = %v; want KindInvalidInput", bad.Name, err)
 		}
+	}
+	closed, err := vramguard.NewClient(vramguard.Options{Host: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = closed.Close()
+	if _, err := closed.RegisterTenant(vramguard.Tenant{Name: "late", Release: nop}); !errors.Is(err, vramguard.ErrClosed) {
+		t.Errorf("RegisterTenant on a closed client = %v; want ErrClosed", err)
+	}
+}
+
+// TestTenantReleaseFails: a release that fails is reported, not waited
+// for, and the room is made by the next step; the call's kind is the
+// outcome's.
+func TestTenantReleaseFails(t *testing.T) {
+	s := tenantSim(t)
+	c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
+	boom := errors.New("cuda: device busy")
+	if _, err := c.RegisterTenant(vramguard.Tenant{Name: "broken", Bytes: 6 * gib, First: true, Release: func(context.Context) error { return boom }}); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 5 * time.Second
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 12 * gib, Timeout: timeout})
+	if !errors.Is(err, boom) || vramguard.KindOf(err) != vramguard.KindInternal || len(rep.Tenants) != 1 || rep.Tenants[0].Verified {
+		t.Errorf("EnsureFree = %v (kind %v), tenants %+v; want the release's failure reported, unverified", err, vramguard.KindOf(err), rep.Tenants)
+	}
+	if len(rep.Evicted) != 1 || rep.Elapsed >= timeout || rep.FreeAfter < 12*gib {
+		t.Errorf("report %+v; want big evicted in its place, without waiting %v for the failed release", rep, timeout)
+	}
+	// Now nothing can make the room: the outcome comes first.
+	if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib, Timeout: 200 * time.Millisecond}); vramguard.KindOf(err) != vramguard.KindOutOfMemory {
+		t.Errorf("EnsureFree(20 GiB) = %v (kind %v); want KindOutOfMemory", err, vramguard.KindOf(err))
 	}
 }
 

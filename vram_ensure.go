@@ -49,8 +49,11 @@ type EnsureRequest struct {
 // EnsureReport says what EnsureFree did.
 type EnsureReport struct {
 	Evicted []UnloadReport // models unloaded, verified
-	// Plan is what the plan asked, in order: the models to unload and the
-	// tenants (Tenant.Name) to ask; for a dry run, what it would ask.
+	// Plan is what room-making set out to do at its first reading, in
+	// order: the models to unload and the tenants (Tenant.Name) to ask;
+	// for a dry run, what it would do. It is nil when the call refused
+	// (nothing would be done). Evicted and Tenants say what was done:
+	// later readings may need less (a tenant gave more) or more.
 	Plan []string
 	// Kept are the listed models it left: protected, leased, in use, or
 	// on a device the reader does not name (KeptModel says which).
@@ -124,10 +127,18 @@ func (c *OllamaClient) ensureFreeOn(ctx context.Context, req EnsureRequest) (*En
 	if c.pool == nil {
 		return nil, invalid(op, "", "EnsureRequest.Member %q: the client is no pool", req.Member)
 	}
+	if req.Member == "" {
+		return nil, invalid(op, "", "on a pool EnsureRequest.Member must name the member whose device to make room on")
+	}
 	for _, m := range c.pool.members {
 		if m.name == req.Member {
 			req.Member, req.Device = "", m.device
-			return m.c.ensureFreeRules(ctx, req, unloadMode{cause: CauseEnsureFree}, c.pool.rulesFor(m), false)
+			rep, err := m.c.ensureFreeRules(ctx, req, unloadMode{cause: CauseEnsureFree}, c.pool.rulesFor(m), false)
+			var re *RoomError
+			if errors.As(err, &re) {
+				re.Member = m.name
+			}
+			return rep, err
 		}
 	}
 	return nil, invalid(op, "", "the pool has no member %q (EnsureRequest.Member)", req.Member)
