@@ -462,10 +462,11 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 		}
 		spent = time.Since(start)
 	}
-	// A keep-alive of 0 would unload a model that a lease keeps, as soon
-	// as this request ends: the request leaves the keep-alive as it is
-	// instead, and the guard's cleanup sees the lease.
-	if keepAlive.IsUnload() && len(c.heldLeases(cl.model)) > 0 {
+	// A keep-alive of 0 would unload a model that a lease (or a live
+	// phase of this client) keeps, as soon as this request ends: the
+	// request leaves the keep-alive as it is instead, and the guard's
+	// cleanup sees the lease.
+	if keepAlive.IsUnload() && (len(c.heldLeases(cl.model)) > 0 || c.phaseKeeps(cl.model)) {
 		c.log.Debug("leased model: keep-alive left as the server has it", "model", cl.model)
 		keepAlive = KeepAliveServerDefault
 	}

@@ -297,6 +297,16 @@ func (c *OllamaClient) leftLeased(model string, mode unloadMode) (rep *UnloadRep
 		return nil, nil, false
 	}
 	ls := c.heldLeases(model)
+	if mode.cause == CauseGuard || mode.cause == CausePhaseEnd {
+		// A model another live phase of this client keeps warm is in use
+		// there: the last holder's End unloads it.
+		key := NormalizeModelName(model)
+		for _, l := range c.phaseHolds(mode.phase) {
+			if l.Model == key {
+				ls = append(ls, l)
+			}
+		}
+	}
 	if len(ls) == 0 {
 		return nil, nil, false
 	}

@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vramguard/vramguard/internal/lease"
 )
 
 // defaultPhaseKeepAlive is the keep-alive sent by generations inside a
@@ -230,7 +234,7 @@ func (g *Guard) one(ctx context.Context, model string, do func(context.Context, 
 }
 
 func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking bool) error {
-	opts := CleanupOptions{Release: g.Release && g.Phase == nil, mode: unloadMode{heldOK: true, keepLoads: true, cause: CauseGuard}}
+	opts := CleanupOptions{Release: g.Release && g.Phase == nil, mode: unloadMode{heldOK: true, keepLoads: true, cause: CauseGuard, phase: g.Phase}}
 	if unload {
 		opts.Models = []string{model}
 	}
@@ -423,6 +427,48 @@ func (p *Phase) enter(model string) (leave func(), err error) {
 	}, nil
 }
 
+// phaseHolds returns, for each model a live phase of this client other
+// than except uses (and so keeps warm), that phase's hold on it: its
+// lease's info, or for a phase without a lease the same facts made up
+// (this process, the phase's name). A phase whose End has begun is not
+// live.
+func (c *OllamaClient) phaseHolds(except *Phase) []LeaseInfo {
+	var out []LeaseInfo
+	for _, q := range c.book.livePhases(true) {
+		if q != except {
+			out = append(out, q.holds()...)
+		}
+	}
+	return out
+}
+
+// phaseKeeps reports whether a live phase of this client uses model.
+func (c *OllamaClient) phaseKeeps(model string) bool {
+	key := NormalizeModelName(model)
+	return slices.ContainsFunc(c.phaseHolds(nil), func(l LeaseInfo) bool { return l.Model == key })
+}
+
+// holds is phaseHolds for one phase.
+func (p *Phase) holds() []LeaseInfo {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]LeaseInfo, 0, len(p.models))
+	for _, m := range p.models {
+		key := NormalizeModelName(m)
+		info := LeaseInfo{Model: key, Server: lease.NormalizeServer(p.c.host), PID: os.Getpid(), Note: "phase " + p.name, Created: p.started}
+		if len(os.Args) > 0 {
+			info.Program = filepath.Base(os.Args[0])
+		}
+		for _, l := range p.leases {
+			if NormalizeModelName(l.info.Model) == key {
+				info = l.info
+			}
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
 // isSealed reports whether End has stopped waiting for the phase's uses:
 // from then on a generation would load a model behind End's unload.
 func (p *Phase) isSealed() bool {
@@ -458,7 +504,10 @@ func (p *Phase) Guard() Guard { return Guard{Client: p.c, Phase: p} }
 // End waits for the phase's guarded uses that are still running, unloads
 // every model the phase used (verified), runs ReleaseVRAM, and, with
 // NeedBytes set, calls EnsureFree so the next stage gets the memory it
-// needs. It runs detached from ctx's cancellation; the wait for uses, the
+// needs. A model another live phase of this client uses is left to it
+// (the last holder's End unloads it): its UnloadReport in Cleanup is not
+// Verified, sends nothing, and its Leased names that phase (Note
+// "phase <name>"); the hand-over does not evict it either. It runs detached from ctx's cancellation; the wait for uses, the
 // unloads and the hand-over are each bounded by the phase's Timeout. Unlike
 // a guard, End waits for other programs' requests on its models to end
 // (within that bound), since what it hands over is the memory. End is
@@ -507,12 +556,12 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		}
 
 		rep := &PhaseReport{Name: p.name, Models: models}
-		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout, mode: unloadMode{keepLoads: true, cause: CausePhaseEnd}})
+		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout, mode: unloadMode{keepLoads: true, cause: CausePhaseEnd, phase: p}})
 		rep.Cleanup = cr
 		errs = append(errs, err)
 		if p.opts.NeedBytes > 0 {
 			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes}, unloadMode{keepLoads: true, cause: CauseEnsureFree})
+			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes}, unloadMode{keepLoads: true, cause: CauseEnsureFree, phase: p})
 			cancel()
 			rep.Handover = er
 			errs = append(errs, eerr)

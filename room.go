@@ -722,14 +722,19 @@ type roomRequest struct {
 // and one more for a model another program loaded meanwhile.
 const maxRoomRounds = 5
 
-// ownRules are the client's own: Options.Protected, other holders'
-// leases (none with mode.force), its generations in flight (kept, or
-// last with busyLast), its leases.
-func (c *OllamaClient) ownRules(force, busyLast bool) func() roomRules {
+// ownRules are the client's own for an unload of mode: Options.Protected,
+// other holders' leases (none with mode.force), its generations in flight
+// (kept for a budget, last otherwise), its leases (last); and for a
+// phase's hand-over (mode.phase), the models its other live phases keep,
+// as leases of theirs.
+func (c *OllamaClient) ownRules(mode unloadMode) func() roomRules {
 	return func() roomRules {
-		r := roomRules{protected: c.isProtected, inUse: c.book.inFlightModels(), own: c.ownLeased(), busyLast: busyLast}
-		if !force {
+		r := roomRules{protected: c.isProtected, inUse: c.book.inFlightModels(), own: c.ownLeased(), busyLast: mode.cause != CauseBudget}
+		if !mode.force {
 			r.leases = c.heldLeases("")
+		}
+		if mode.phase != nil {
+			r.leases = append(r.leases, c.phaseHolds(mode.phase)...)
 		}
 		return r
 	}
@@ -887,7 +892,7 @@ func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released ma
 	if err != nil {
 		return roomView{}, snap, err
 	}
-	rules := c.ownRules(rq.mode.force, rq.mode.cause != CauseBudget)
+	rules := c.ownRules(rq.mode)
 	if rq.rules != nil {
 		rules = rq.rules
 	}
@@ -1047,7 +1052,7 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 	}
 	// Every model counts, whatever its device: one device holding all.
 	one := &VRAMSnapshot{Devices: []DeviceMemory{{}}}
-	v := buildRoomView(one, &one.Devices[0], listed, c.ownRules(rq.mode.force, true)(), nil)
+	v := buildRoomView(one, &one.Devices[0], listed, c.ownRules(unloadMode{force: rq.mode.force})(), nil)
 	rep.Kept, rep.RetryAfter = v.kept, retryAfter(v.kept, time.Now())
 	for _, m := range listed {
 		if !slices.ContainsFunc(v.kept, func(k KeptModel) bool { return k.Model == m.Model }) {

@@ -181,6 +181,9 @@ type unloadMode struct {
 	refuseLeased bool
 	// force: leases are ignored (ForceUnloadModel).
 	force bool
+	// phase is the phase whose End (or guard) sends the unload: the
+	// client's other live phases keep the models they use from it.
+	phase *Phase
 }
 
 // UnloadCause says which call of this client unloaded a model: it is
