@@ -158,7 +158,7 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		}
 	}
 	a.mu.Unlock()
-	ev := AdmissionEvent{Model: model, Device: b.Device, Start: time.Now()}
+	ev := AdmissionEvent{Model: model, Server: c.host, Device: b.Device, Start: time.Now()}
 	checked := true // a budget found off is no check
 	defer func() {
 		if checked {

@@ -57,7 +57,8 @@ const (
 // ReloadEvent says why a model loaded again (Generation.Reload,
 // Hooks.OnReload).
 type ReloadEvent struct {
-	Model string
+	Model  string
+	Server string // the client's Ollama server, as Options.Host names it
 	Cause ReloadCause
 	// Since is the time from this client's last use of the model (or its
 	// unload, when that came later) to this load's request.
@@ -264,6 +265,7 @@ func (c *OllamaClient) noteLoad(ctx context.Context, gen *Generation, ka KeepAli
 	if ev == nil {
 		return
 	}
+	ev.Server = c.host
 	gen.Reload = ev
 	c.log.Info("model loaded again", "model", ev.Model, "cause", string(ev.Cause), "since", ev.Since.Round(time.Millisecond), "evidence", ev.Evidence)
 	hookCtx(c, c.opts.Hooks.OnReload, ctx, *ev)

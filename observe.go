@@ -52,6 +52,7 @@ type UnloadEnd struct {
 // that stopped the check.
 type AdmissionEvent struct {
 	Model  string
+	Server string // the client's Ollama server, as Options.Host names it
 	Device int
 	// Need is the model's estimate, in bytes (0 when the estimate
 	// failed).

@@ -338,6 +338,7 @@ type ModelEvent struct {
 // VRAMWaitEvent describes a finished wait for free device memory.
 type VRAMWaitEvent struct {
 	Device int
+	Server string // the client's Ollama server, as Options.Host names it
 	Need   uint64
 	Free   uint64
 	Waited time.Duration

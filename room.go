@@ -998,7 +998,7 @@ func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s room
 func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView, rep *EnsureReport, target uint64) (*VRAMSnapshot, error) {
 	waitStart := time.Now()
 	snap, err := c.awaitBounded(ctx, rq, target)
-	ev := VRAMWaitEvent{Device: rq.device, Need: target, Waited: time.Since(waitStart), Err: err}
+	ev := VRAMWaitEvent{Device: rq.device, Server: c.host, Need: target, Waited: time.Since(waitStart), Err: err}
 	if snap != nil {
 		rep.Snapshot, rep.Source = snap, snap.Source
 		if d := snap.Device(rq.device); d != nil {

@@ -37,6 +37,7 @@ func (i *Instrumentation) unloadEnd(ctx context.Context, ue vramguard.UnloadEnd)
 		kv := append([]attribute.KeyValue{metricModel(ue.Model),
 			attribute.String(AttrUnloadCause, string(ue.Cause)),
 			attribute.Bool(AttrUnloadVerified, rep.Verified),
+			attribute.Bool(AttrUnloadWasLoaded, rep.WasLoaded),
 			attribute.Bool(AttrUnloadLeased, leased)}, i.cache.server(ue.Server)...)
 		i.m.unloadDuration.Record(ctx, time.Since(ue.Start).Seconds(), metric.WithAttributes(kv...))
 	}
@@ -46,6 +47,7 @@ func (i *Instrumentation) unloadEnd(ctx context.Context, ue vramguard.UnloadEnd)
 	}
 	span.SetAttributes(
 		attribute.Bool(AttrUnloadVerified, rep.Verified),
+		attribute.Bool(AttrUnloadWasLoaded, rep.WasLoaded),
 		attribute.Int(AttrUnloadAttempts, rep.Attempts),
 		attribute.Int(AttrUnloadPolls, rep.Polls),
 		attribute.Bool(AttrUnloadLeased, leased))
@@ -86,7 +88,8 @@ func admissionOutcome(err error) string {
 func (i *Instrumentation) admission(ctx context.Context, ev vramguard.AdmissionEvent) {
 	outcome := admissionOutcome(ev.Err)
 	device := attribute.Int(AttrDeviceIndex, ev.Device)
-	i.m.admissions.Add(ctx, 1, metric.WithAttributes(metricModel(ev.Model), device, attribute.String(AttrAdmissionOutcome, outcome)))
+	kv := append([]attribute.KeyValue{metricModel(ev.Model), device, attribute.String(AttrAdmissionOutcome, outcome)}, i.cache.server(ev.Server)...)
+	i.m.admissions.Add(ctx, 1, metric.WithAttributes(kv...))
 	_, span := i.tracer.Start(ctx, "budget admission "+ev.Model, trace.WithTimestamp(ev.Start))
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String(AttrRequestModel, ev.Model), device,
@@ -104,7 +107,7 @@ func (i *Instrumentation) vramWait(ctx context.Context, ev vramguard.VRAMWaitEve
 	end := time.Now()
 	device := attribute.Int(AttrDeviceIndex, ev.Device)
 	if i.m.vramWait.Enabled(ctx) {
-		kv := []attribute.KeyValue{device}
+		kv := append([]attribute.KeyValue{device}, i.cache.server(ev.Server)...)
 		if ev.Err != nil {
 			kv = append(kv, attribute.String(AttrErrorType, errorType(ev.Err)))
 		}

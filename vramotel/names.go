@@ -27,11 +27,15 @@ const (
 const (
 	AttrUnloadCause    = "vramguard.unload.cause"    // a vramguard.UnloadCause: "phase end", "guard", ...
 	AttrUnloadVerified = "vramguard.unload.verified" // bool: the model was seen gone
-	AttrUnloadChecks   = "vramguard.unload.checks"   // UnloadReport.Checked, "ps+runner-processes"
-	AttrUnloadAttempts = "vramguard.unload.attempts" // unload requests sent
-	AttrUnloadPolls    = "vramguard.unload.polls"    // /api/ps listings read
-	AttrUnloadLeased   = "vramguard.unload.leased"   // bool: a lease kept the model (or was overridden)
-	AttrLeaseHolders   = "vramguard.lease.holders"   // the leases of a "lease refusal" event, as strings
+	// AttrUnloadWasLoaded: the server listed the model during the unload
+	// (UnloadReport.WasLoaded). Verified without it is an unload of a
+	// model gone already: no eviction.
+	AttrUnloadWasLoaded = "vramguard.unload.was_loaded"
+	AttrUnloadChecks    = "vramguard.unload.checks"   // UnloadReport.Checked, "ps+runner-processes"
+	AttrUnloadAttempts  = "vramguard.unload.attempts" // unload requests sent
+	AttrUnloadPolls     = "vramguard.unload.polls"    // /api/ps listings read
+	AttrUnloadLeased    = "vramguard.unload.leased"   // bool: a lease kept the model (or was overridden)
+	AttrLeaseHolders    = "vramguard.lease.holders"   // the leases of a "lease refusal" event, as strings
 
 	AttrReloadCause    = "vramguard.reload.cause" // a vramguard.ReloadCause; ReloadCauseNone on a first load
 	AttrReloadSince    = "vramguard.reload.since" // time since the model's last use

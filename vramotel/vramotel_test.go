@@ -236,6 +236,38 @@ func TestAdmissionRefused(t *testing.T) {
 	if n := total(t, rm, vramotel.MetricBudgetAdmissions); n != 1 {
 		t.Errorf("%d admissions counted, want 1", n)
 	}
+	// Every lifecycle series carries the server, as the call's do (#35).
+	if n := total(t, rm, vramotel.MetricBudgetAdmissions, attribute.String(vramotel.AttrServerAddress, "127.0.0.1")); n != 1 {
+		t.Errorf("%d admissions counted with server.address 127.0.0.1, want 1", n)
+	}
+}
+
+// An unload of a model gone already is told apart from an eviction:
+// was_loaded false on its span and its duration point (#35).
+func TestUnloadAlreadyGone(t *testing.T) {
+	r := newRig(t, vramotel.Config{})
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: loadLatency})
+	c := r.client(s, vramguard.Options{})
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := c.UnloadModel(t.Context(), "tiny"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spans := r.named("unload tiny")
+	if len(spans) != 2 || !attr(spans[0], vramotel.AttrUnloadWasLoaded).AsBool() || attr(spans[1], vramotel.AttrUnloadWasLoaded).AsBool() {
+		t.Fatalf("unload spans %v; want two, the first was_loaded, the second not", spans)
+	}
+	rm := r.collect()
+	verified := attribute.Bool(vramotel.AttrUnloadVerified, true)
+	if n := count(t, rm, vramotel.MetricModelUnloadDuration, verified, attribute.Bool(vramotel.AttrUnloadWasLoaded, true)); n != 1 {
+		t.Errorf("%d verified evictions recorded, want 1", n)
+	}
+	if n := count(t, rm, vramotel.MetricModelUnloadDuration, verified, attribute.Bool(vramotel.AttrUnloadWasLoaded, false)); n != 1 {
+		t.Errorf("%d unloads of a model gone already, want 1", n)
+	}
 }
 
 // Another program unloads the model between two calls: the second call's

@@ -38,15 +38,17 @@
 //	vramguard_model_load_duration_seconds     histogram  model, server (the server's load_duration)
 //	vramguard_model_unloads_total             counter    model, server, cause, outcome
 //	vramguard_model_unload_duration_seconds   histogram  model, server, outcome (UnloadReport.Elapsed)
-//	vramguard_model_reloads_total             counter    model, cause
-//	vramguard_budget_admissions_total         counter    model, outcome (admitted, refused, failed)
-//	vramguard_vram_wait_duration_seconds      histogram  device, error_type
+//	vramguard_model_reloads_total             counter    model, server, cause
+//	vramguard_budget_admissions_total         counter    model, server, outcome (admitted, refused, failed)
+//	vramguard_vram_wait_duration_seconds      histogram  device, server, error_type
 //	vramguard_pool_placements_total           counter    member, reason, model
 //
-// An unload's outcome is "verified" (the model was seen gone), "leased" (a
-// lease kept it and nothing was sent), "failed" (the unload returned an
-// error) or "unverified" (it ended without proof or error, as for a
-// protected model UnloadAll left). Its cause is the vramguard.UnloadCause
+// An unload's outcome is "verified" (the model was loaded and was seen
+// gone), "already gone" (verified, but the server never listed it during
+// the call: an unload of a model another unload or the budget had
+// evicted is no second eviction), "leased" (a lease kept it and nothing
+// was sent), "failed" (the unload returned an error) or "unverified" (it
+// ended without proof or error, as for a protected model UnloadAll left). Its cause is the vramguard.UnloadCause
 // ("unload", "guard", "phase end", "budget", ...); a reload's cause is the
 // vramguard.ReloadCause. A placement is a pool's (vramguard.NewPool)
 // choice of the member a call goes to, counted as Hooks.OnPlace reports
@@ -125,6 +127,7 @@ const provider = "ollama"
 // The outcomes of an unload and of an admission.
 const (
 	outcomeVerified   = "verified"
+	outcomeGone       = "already gone"
 	outcomeUnverified = "unverified"
 	outcomeLeased     = "leased"
 	outcomeFailed     = "failed"
@@ -206,20 +209,20 @@ func New(cfg Config) (*Collector, error) {
 			"Model load time as the server reported it (load_duration), for calls that loaded their model.",
 			secondsBuckets, "model", "server"),
 		unloads: counter("model_unloads_total",
-			"Model unloads by the call that sent them (cause) and their outcome (verified, unverified, leased, failed).",
+			"Model unloads by the call that sent them (cause) and their outcome (verified, already gone, unverified, leased, failed).",
 			"model", "server", "cause", "outcome"),
 		unloadDuration: hist(own("model_unload_duration_seconds"),
 			"Time from an unload's first request to its verdict (UnloadReport.Elapsed); leased unloads send nothing and are left out.",
 			secondsBuckets, "model", "server", "outcome"),
 		reloads: counter("model_reloads_total",
 			"Loads of a model this program had used within its reload window, by why the model had left.",
-			"model", "cause"),
+			"model", "server", "cause"),
 		admissions: counter("budget_admissions_total",
 			"Loads checked against the VRAM budget, by outcome (admitted, refused, failed).",
-			"model", "outcome"),
+			"model", "server", "outcome"),
 		vramWait: hist(own("vram_wait_duration_seconds"),
 			"Waits for free device memory (EnsureFree, budgets making room, phase hand-overs).",
-			secondsBuckets, "device", "error_type"),
+			secondsBuckets, "device", "server", "error_type"),
 		placements: counter("pool_placements_total",
 			"Members a pool chose for calls, by member, reason (warm, room, made room) and model.",
 			"member", "reason", "model"),
@@ -493,6 +496,8 @@ func (c *Collector) callEnd(_ context.Context, e vramguard.CallEnd) {
 // unloadOutcome is an unload's outcome label.
 func unloadOutcome(e vramguard.UnloadEnd) string {
 	switch r := e.Report; {
+	case r.Verified && !r.WasLoaded:
+		return outcomeGone
 	case r.Verified:
 		return outcomeVerified
 	case len(r.Leased) > 0:
@@ -513,7 +518,7 @@ func (c *Collector) unloadEnd(_ context.Context, e vramguard.UnloadEnd) {
 }
 
 func (c *Collector) reload(_ context.Context, e vramguard.ReloadEvent) {
-	c.reloads.WithLabelValues(vramguard.NormalizeModelName(e.Model), string(e.Cause)).Inc()
+	c.reloads.WithLabelValues(vramguard.NormalizeModelName(e.Model), serverLabel(e.Server), string(e.Cause)).Inc()
 }
 
 func (c *Collector) admission(_ context.Context, e vramguard.AdmissionEvent) {
@@ -524,11 +529,11 @@ func (c *Collector) admission(_ context.Context, e vramguard.AdmissionEvent) {
 	case e.Err != nil:
 		out = outcomeFailed
 	}
-	c.admissions.WithLabelValues(vramguard.NormalizeModelName(e.Model), out).Inc()
+	c.admissions.WithLabelValues(vramguard.NormalizeModelName(e.Model), serverLabel(e.Server), out).Inc()
 }
 
 func (c *Collector) vramWaited(_ context.Context, e vramguard.VRAMWaitEvent) {
-	c.vramWait.WithLabelValues(strconv.Itoa(e.Device), errorType(e.Err)).Observe(e.Waited.Seconds())
+	c.vramWait.WithLabelValues(strconv.Itoa(e.Device), serverLabel(e.Server), errorType(e.Err)).Observe(e.Waited.Seconds())
 }
 
 func (c *Collector) placed(_ context.Context, p vramguard.Placement) {

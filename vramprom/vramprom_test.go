@@ -253,8 +253,8 @@ func TestAdmission(t *testing.T) {
 	}
 	got := series(t, reg)
 	want(t, got, map[string]float64{
-		`vramguard_budget_admissions_total{model="huge:latest",outcome="refused"}`:                                                                                                   1,
-		`vramguard_budget_admissions_total{model="tiny:latest",outcome="admitted"}`:                                                                                                  1,
+		fmt.Sprintf(`vramguard_budget_admissions_total{model="huge:latest",outcome="refused",server=%q}`, hostPort(s)):                                                               1,
+		fmt.Sprintf(`vramguard_budget_admissions_total{model="tiny:latest",outcome="admitted",server=%q}`, hostPort(s)):                                                              1,
 		fmt.Sprintf(`gen_ai_client_operation_duration_seconds{error_type="out of memory",model="huge:latest",operation="text_completion",provider="ollama",server=%q}`, hostPort(s)): 1,
 	})
 }
@@ -286,7 +286,7 @@ func TestReloadAfterForeignUnload(t *testing.T) {
 	want(t, series(t, reg), map[string]float64{
 		fmt.Sprintf(`vramguard_model_loads_total{model="tiny:latest",reload_cause="none",server=%q}`, srv):                                   1,
 		fmt.Sprintf(`vramguard_model_loads_total{model="tiny:latest",reload_cause="unloaded or evicted by another program",server=%q}`, srv): 1,
-		`vramguard_model_reloads_total{cause="unloaded or evicted by another program",model="tiny:latest"}`:                                  1,
+		fmt.Sprintf(`vramguard_model_reloads_total{cause="unloaded or evicted by another program",model="tiny:latest",server=%q}`, srv):      1,
 	})
 }
 
@@ -343,7 +343,7 @@ func TestVRAMWait(t *testing.T) {
 		t.Fatalf("EnsureFree = %v, tiny listed %v; want tiny unloaded and the wait for its memory ended", err, s.Listed("tiny"))
 	}
 	want(t, series(t, reg), map[string]float64{
-		fmt.Sprintf(`vramguard_vram_wait_duration_seconds{device="0",error_type=%q}`, vramguard.KindOf(err)): 1,
+		fmt.Sprintf(`vramguard_vram_wait_duration_seconds{device="0",error_type=%q,server=%q}`, vramguard.KindOf(err), hostPort(s)): 1,
 	})
 }
 
@@ -684,4 +684,26 @@ func serverLabelOf(t *testing.T, c *vramguard.OllamaClient) string {
 		t.Fatalf("Host %q: %v", c.Host(), err)
 	}
 	return u.Host
+}
+
+// An unload of a model that is gone already (another unload, or the
+// budget, evicted it) is no second eviction: its own outcome, "already
+// gone" (issue #35: one load counted two verified unloads).
+func TestUnloadAlreadyGone(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{})
+	_, reg, c := setup(t, s, vramprom.Config{}, vramguard.Options{})
+	if _, err := generate(t, c, "tiny", vramguard.KeepAliveFor(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if rep, err := c.UnloadModel(t.Context(), "tiny"); err != nil || !rep.Verified {
+			t.Fatalf("UnloadModel = %+v, %v", rep, err)
+		}
+	}
+	srv := hostPort(s)
+	want(t, series(t, reg), map[string]float64{
+		fmt.Sprintf(`vramguard_model_loads_total{model="tiny:latest",reload_cause="none",server=%q}`, srv):                     1,
+		fmt.Sprintf(`vramguard_model_unloads_total{cause="unload",model="tiny:latest",outcome="verified",server=%q}`, srv):     1,
+		fmt.Sprintf(`vramguard_model_unloads_total{cause="unload",model="tiny:latest",outcome="already gone",server=%q}`, srv): 1,
+	})
 }
