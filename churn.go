@@ -59,7 +59,7 @@ const (
 type ReloadEvent struct {
 	Model  string
 	Server string // the client's Ollama server, as Options.Host names it
-	Cause ReloadCause
+	Cause  ReloadCause
 	// Since is the time from this client's last use of the model (or its
 	// unload, when that came later) to this load's request.
 	Since time.Duration
