@@ -420,7 +420,7 @@ func TestChatUnloadCutsLoad(t *testing.T) {
 // error.
 func TestChatThroughAPIClient(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 6})
-	c, err := NewClient(Options{API: s.Client(), PollInterval: 5 * time.Millisecond})
+	c, err := NewClient(Options{API: s.APIClient(), PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,7 +47,7 @@ func churnCases() []churnCase {
 		ka:   hour,
 		between: func(t *testing.T, s *vramguardtest.Server, c *vramguard.OllamaClient) {
 			zero := &api.Duration{}
-			if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", KeepAlive: zero},
+			if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", KeepAlive: zero},
 				func(api.GenerateResponse) error { return nil }); err != nil {
 				t.Fatal(err)
 			}

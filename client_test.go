@@ -362,7 +362,7 @@ func TestUnloadWaitsForInFlightRequest(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 20, TokenLatency: 10 * time.Millisecond})
 	c := newTestClient(t, s, Options{})
 	// Another program's request, made with the raw API client.
-	raw := s.Client()
+	raw := s.APIClient()
 	var text strings.Builder
 	var done atomic.Bool
 	errc := make(chan error, 1)
@@ -395,7 +395,7 @@ func TestUnloadTimeout(t *testing.T) {
 	c := newTestClient(t, s, Options{UnloadTimeout: 100 * time.Millisecond})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	go s.Client().Generate(ctx, &api.GenerateRequest{Model: "tiny", Prompt: "x"}, func(api.GenerateResponse) error { return nil })
+	go s.APIClient().Generate(ctx, &api.GenerateRequest{Model: "tiny", Prompt: "x"}, func(api.GenerateResponse) error { return nil })
 	if err := s.WaitInFlight(t.Context(), "tiny", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -531,7 +531,7 @@ func TestCloseUnloadsWarmModels(t *testing.T) {
 		t.Fatal(err)
 	}
 	// b was loaded by someone else: Close leaves it alone.
-	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "b", Prompt: "x"}, func(api.GenerateResponse) error { return nil }); err != nil {
+	if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "b", Prompt: "x"}, func(api.GenerateResponse) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Close(); err != nil {

@@ -198,7 +198,7 @@ func TestSessionOutsideItsScope(t *testing.T) {
 func TestRefusedCallLeavesTheModel(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "a"}}})
 	t.Cleanup(s.Close)
-	other := s.Client()
+	other := s.APIClient()
 	if err := other.Generate(t.Context(), &api.GenerateRequest{Model: "a", Prompt: "x", KeepAlive: &api.Duration{Duration: time.Hour}},
 		func(api.GenerateResponse) error { return nil }); err != nil {
 		t.Fatal(err)
@@ -355,7 +355,7 @@ func TestGuardDoesNotWaitForOthers(t *testing.T) {
 		first := make(chan struct{})
 		go func() {
 			var once bool
-			otherDone <- s.Client().Generate(otherCtx, &api.GenerateRequest{Model: "a", Prompt: "y"},
+			otherDone <- s.APIClient().Generate(otherCtx, &api.GenerateRequest{Model: "a", Prompt: "y"},
 				func(api.GenerateResponse) error {
 					if !once {
 						once = true

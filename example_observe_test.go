@@ -35,7 +35,7 @@ func ExampleReloadEvent() {
 	}
 	generate()
 	// Another program unloads the model (keep_alive 0, empty prompt).
-	_ = s.Client().Generate(ctx, &api.GenerateRequest{Model: "llama3.2", KeepAlive: &api.Duration{}},
+	_ = s.APIClient().Generate(ctx, &api.GenerateRequest{Model: "llama3.2", KeepAlive: &api.Duration{}},
 		func(api.GenerateResponse) error { return nil })
 	_ = s.WaitFor(ctx, func() bool { return !s.Listed("llama3.2") })
 
@@ -88,7 +88,7 @@ func ExampleDeviceMemory_Holders() {
 	}})
 	defer s.Close()
 	_ = s.Reserve("comfyui", 12<<30)
-	_ = s.Client().Generate(context.Background(), &api.GenerateRequest{Model: "llama3.2", KeepAlive: &api.Duration{Duration: -1}, Prompt: "x"},
+	_ = s.APIClient().Generate(context.Background(), &api.GenerateRequest{Model: "llama3.2", KeepAlive: &api.Duration{Duration: -1}, Prompt: "x"},
 		func(api.GenerateResponse) error { return nil })
 
 	snap, err := s.GPU().Snapshot(context.Background())

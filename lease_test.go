@@ -422,7 +422,7 @@ func TestLeaseWithoutAHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Release()
-	c, err := vramguard.NewClient(vramguard.Options{API: s.Client(), Leases: vramguard.LeaseOptions{Dir: dir}, PollInterval: 5 * time.Millisecond})
+	c, err := vramguard.NewClient(vramguard.Options{API: s.APIClient(), Leases: vramguard.LeaseOptions{Dir: dir}, PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -200,7 +200,7 @@ func TestFailOnOffload(t *testing.T) {
 		octx, cancel := context.WithCancel(t.Context())
 		other := make(chan error, 1)
 		go func() {
-			other <- s.Client().Generate(octx, &api.GenerateRequest{Model: "a", Prompt: "x"}, func(api.GenerateResponse) error { return nil })
+			other <- s.APIClient().Generate(octx, &api.GenerateRequest{Model: "a", Prompt: "x"}, func(api.GenerateResponse) error { return nil })
 		}()
 		if err := s.WaitInFlight(t.Context(), "a", 1); err != nil {
 			t.Fatal(err)

@@ -68,7 +68,7 @@ func poolGen(t *testing.T, c *vramguard.OllamaClient, model string) *vramguard.G
 
 func loadOn(t *testing.T, s *vramguardtest.Server, model string) {
 	t.Helper()
-	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: &api.Duration{Duration: -1}},
+	if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: &api.Duration{Duration: -1}},
 		func(api.GenerateResponse) error { return nil }); err != nil {
 		t.Fatal(err)
 	}

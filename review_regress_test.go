@@ -98,7 +98,7 @@ func TestCancelAfterDoneIsComplete(t *testing.T) {
 				s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 3})
 				opts := Options{}
 				if viaAPI {
-					opts.API = s.Client()
+					opts.API = s.APIClient()
 				}
 				c := newTestClient(t, s, opts)
 				ctx, cancel := context.WithCancel(t.Context())

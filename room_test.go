@@ -465,5 +465,5 @@ func TestRoomRunnerNotListed(t *testing.T) {
 // generateRaw sends a generation as another program would, and waits for
 // its end.
 func generateRaw(ctx context.Context, s *vramguardtest.Server, model string) error {
-	return s.Client().Generate(ctx, &api.GenerateRequest{Model: model, Prompt: "x"}, func(api.GenerateResponse) error { return nil })
+	return s.APIClient().Generate(ctx, &api.GenerateRequest{Model: model, Prompt: "x"}, func(api.GenerateResponse) error { return nil })
 }

@@ -262,7 +262,7 @@ func TestSettleWindowSeesOthersLoad(t *testing.T) {
 			// Another program's load, with the server's default keep-alive.
 			other := make(chan error, 1)
 			go func() {
-				other <- s.Client().Generate(context.WithoutCancel(t.Context()), &api.GenerateRequest{Model: "tiny", Prompt: "x"},
+				other <- s.APIClient().Generate(context.WithoutCancel(t.Context()), &api.GenerateRequest{Model: "tiny", Prompt: "x"},
 					func(api.GenerateResponse) error { return nil })
 			}()
 			if err := s.WaitFor(t.Context(), func() bool { return s.Requests("tiny") == 1 }); err != nil {

@@ -58,7 +58,7 @@ func loadForever(t *testing.T, s *vramguardtest.Server, models ...string) {
 	t.Helper()
 	forever := &api.Duration{Duration: -1}
 	for _, m := range models {
-		if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: m, Prompt: "x", KeepAlive: forever},
+		if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: m, Prompt: "x", KeepAlive: forever},
 			func(api.GenerateResponse) error { return nil }); err != nil {
 			t.Fatal(err)
 		}

@@ -72,7 +72,7 @@ func namingSim(t *testing.T) (*vramguardtest.Server, *vramguard.OllamaClient, *c
 		vramguardtest.ModelConfig{Name: "user/other:q4"},
 	)
 	forever := &api.Duration{Duration: -1}
-	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "hi", KeepAlive: forever},
+	if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "hi", KeepAlive: forever},
 		func(api.GenerateResponse) error { return nil }); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,10 @@
 // the replies), the server ([Config]: GPU size, keep-alive default, the
 // Ollama version whose behaviour to mimic, strict memory, offload), and
 // faults ([Fault]: a crash mid-stream, out of memory at load, a cut stream,
-// a busy server, a stall). It points vramguard.Options.Host at
-// [Server.URL] and Options.VRAM at [Server.GPU], runs its own code, and
+// a busy server, a stall). It builds its client with [NewClient] (or points
+// vramguard.Options.Host at [Server.URL]) and Options.VRAM at [Server.GPU],
+// plays other programs with [Server.APIClient] (Ollama's own client, not a
+// vramguard one), runs its own code, and
 // reads back what arrived: [Server.Calls] (the requests, as sent),
 // [Server.Events] (requests with their keep-alives, unloads, loads,
 // evictions, crashes, in order), [Server.Stats], [Server.Listed] and

@@ -16,7 +16,7 @@ import (
 func ExampleServer() {
 	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", Chunks: 3}}})
 	defer s.Close()
-	c := s.Client()
+	c := s.APIClient()
 	ctx := context.Background()
 
 	var reply string
@@ -60,7 +60,7 @@ func ExampleServer_Reserve() {
 func ExampleServer_FailNext() {
 	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny"}}})
 	defer s.Close()
-	c := s.Client()
+	c := s.APIClient()
 
 	_ = s.FailNext("tiny", vramguardtest.LoadCrash())
 	err := c.Generate(context.Background(), &api.GenerateRequest{Model: "tiny", Prompt: "hi"},
@@ -84,7 +84,7 @@ func ExampleServer_Calls() {
 		},
 	}}})
 	defer s.Close()
-	c := s.Client()
+	c := s.APIClient()
 	ctx := context.Background()
 	tools := api.Tools{{Type: "function", Function: api.ToolFunction{Name: "get_weather"}}}
 
@@ -128,9 +128,9 @@ func ExamplePSGPU() {
 	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "tiny", SizeVRAM: 2 << 30}}})
 	defer s.Close()
 	ctx := context.Background()
-	gpu := &vramguardtest.PSGPU{Client: s.Client(), Total: 8 << 30}
+	gpu := &vramguardtest.PSGPU{Client: s.APIClient(), Total: 8 << 30}
 	_ = gpu.Reserve(ctx, "comfyui", 4<<30)
-	_ = s.Client().Generate(ctx, &api.GenerateRequest{Model: "tiny", Prompt: "hi", KeepAlive: &api.Duration{Duration: time.Hour}},
+	_ = s.APIClient().Generate(ctx, &api.GenerateRequest{Model: "tiny", Prompt: "hi", KeepAlive: &api.Duration{Duration: time.Hour}},
 		func(api.GenerateResponse) error { return nil })
 
 	snap, err := gpu.Snapshot(ctx)

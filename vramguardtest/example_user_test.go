@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"strings"
+	"testing"
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/vramguardtest"
@@ -49,4 +50,17 @@ func Example() {
 	// Output:
 	// a lighthouse at dusk 1 false 0
 	// request loaded unload-request unloaded 1
+}
+
+// TestWritePrompt is the README's test of a user's code, as it is there.
+func TestWritePrompt(t *testing.T) {
+	srv := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "llama3.2", Size: 2 << 30}}})
+	t.Cleanup(srv.Close)
+	c := vramguardtest.NewClient(t, srv, vramguard.Options{VRAM: srv.GPU()}) // closed at cleanup, before srv
+	if _, err := writePrompt(t.Context(), c, "a lighthouse"); err != nil {   // your code
+		t.Fatal(err)
+	}
+	if _, used, _ := srv.Memory(); srv.Listed("llama3.2") || used != 0 {
+		t.Errorf("left %d bytes on the GPU", used)
+	}
 }

@@ -20,7 +20,7 @@ func start(t *testing.T, cfg vramguardtest.Config) (*vramguardtest.Server, *api.
 	t.Helper()
 	s := vramguardtest.New(cfg)
 	t.Cleanup(s.Close)
-	return s, s.Client()
+	return s, s.APIClient()
 }
 
 // tiny is a small, fast model.

@@ -17,6 +17,12 @@ const (
 	DefaultChunks        = 8
 	DefaultContextLength = 4096
 	DefaultModelSize     = 1 << 30 // 1 GiB
+	// MinLoadDuration is the least load_duration a reply that loaded its
+	// model reports, whatever LoadLatency: Ollama reports the time its
+	// handler waited for the runner, 15 ms and more for a load, so that
+	// vramguard's Options.LoadThreshold (10 ms) counts it as a load
+	// (Generation.Loaded, the load hooks and metrics) out of the box.
+	MinLoadDuration = 20 * time.Millisecond
 )
 
 // ModelConfig describes a model the simulator knows, as if it had been
@@ -40,7 +46,8 @@ type ModelConfig struct {
 	ContextLength int
 
 	// LoadLatency is how long a load takes. The model is not listed by
-	// /api/ps before it has elapsed.
+	// /api/ps before it has elapsed. The reply reports at least
+	// MinLoadDuration as its load_duration, even with LoadLatency 0.
 	LoadLatency time.Duration
 
 	// TokenLatency is the delay before each response chunk.

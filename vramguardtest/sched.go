@@ -117,12 +117,13 @@ func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration
 	r.refs++
 	s.stopLocked(r.expiry)
 	r.expiry = nil
-	s.notifyLocked()
 	if !r.loading {
 		m.inFlight++
+		s.notifyLocked() // after the count, so that WaitInFlight sees it
 		s.mu.Unlock()
 		return r, 0, nil
 	}
+	s.notifyLocked()
 	loadDone := r.loadDone
 	s.mu.Unlock()
 

@@ -100,19 +100,22 @@ type Server struct {
 	wg        sync.WaitGroup // loaders and timer callbacks
 	closeOnce sync.Once
 
-	mu       sync.Mutex
-	closed   bool
-	models   map[string]*model // by resolved name
-	order    []*model          // registration order
-	timers   map[*timer]struct{}
-	changed  chan struct{} // closed and replaced on every state change
-	holdings map[uint32]*holding
-	external map[string]*holding
-	lastPID  uint32
-	lose     bool
-	psDelay  time.Duration
-	callSeq  uint64  // numbers recorded calls across models
-	events   []Event // the last maxEvents events, oldest first
+	mu      sync.Mutex
+	closed  bool
+	models  map[string]*model // by resolved name
+	order   []*model          // registration order
+	timers  map[*timer]struct{}
+	changed chan struct{} // closed and replaced on every state change
+	// inflightWaits are WaitInFlight's callers, checked under mu at every
+	// change, so that a window shorter than a waiter's wake-up is seen.
+	inflightWaits map[*inflightWait]struct{}
+	holdings      map[uint32]*holding
+	external      map[string]*holding
+	lastPID       uint32
+	lose          bool
+	psDelay       time.Duration
+	callSeq       uint64  // numbers recorded calls across models
+	events        []Event // the last maxEvents events, oldest first
 
 	toolCallIDs atomic.Uint64 // numbers the IDs given to tool calls
 }
@@ -169,9 +172,14 @@ func (s *Server) URL() *url.URL {
 	return &u
 }
 
-// Client returns an api.Client for the server. Its HTTP client's idle
-// connections are closed by Close.
-func (s *Server) Client() *api.Client {
+// APIClient returns Ollama's own api.Client for the server: another
+// program's client in a test (a chat UI, `ollama run`), which vramguard
+// neither sees nor manages. It is not a vramguard client: for one, use
+// NewClient, or vramguard.NewClient with Options.Host set to URL (passing
+// this one as Options.API leaves the client without its server's address,
+// so it takes no leases). Its HTTP client's idle connections are closed by
+// Close.
+func (s *Server) APIClient() *api.Client {
 	return api.NewClient(s.URL(), s.hs.Client())
 }
 
@@ -373,10 +381,52 @@ func (s *Server) InFlight(name string) int {
 	return 0
 }
 
+// inflightWait is one WaitInFlight: done is closed once the model had n
+// requests in flight at some change.
+type inflightWait struct {
+	name string
+	n    int
+	done chan struct{}
+}
+
 // WaitInFlight blocks until at least n requests for the named model are
-// being served, or ctx is done.
+// being served, or ctx is done (it then returns context.Cause(ctx)), or
+// the server is closed. It sees every such moment from its call on,
+// however short: the count is checked under the server's lock at each
+// change, not when the waiter wakes up.
 func (s *Server) WaitInFlight(ctx context.Context, name string, n int) error {
-	return s.WaitFor(ctx, func() bool { return s.InFlight(name) >= n })
+	w := &inflightWait{name: name, n: n, done: make(chan struct{})}
+	s.mu.Lock()
+	if s.inflightWaits == nil {
+		s.inflightWaits = make(map[*inflightWait]struct{})
+	}
+	s.inflightWaits[w] = struct{}{}
+	s.checkInFlightLocked()
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.inflightWaits, w)
+		s.mu.Unlock()
+	}()
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-s.done:
+		return errors.New("sim: server closed")
+	}
+}
+
+// checkInFlightLocked releases the WaitInFlight callers whose count is
+// reached now.
+func (s *Server) checkInFlightLocked() {
+	for w := range s.inflightWaits {
+		if m, err := s.lookupLocked(w.name); err == nil && m.inFlight >= w.n {
+			close(w.done)
+			delete(s.inflightWaits, w)
+		}
+	}
 }
 
 // WaitFor blocks until cond returns true, or ctx is done (it then returns
@@ -403,6 +453,7 @@ func (s *Server) WaitFor(ctx context.Context, cond func() bool) error {
 
 // notifyLocked wakes WaitFor callers.
 func (s *Server) notifyLocked() {
+	s.checkInFlightLocked()
 	close(s.changed)
 	s.changed = make(chan struct{})
 }

@@ -609,7 +609,7 @@ func TestCloseCutsRequestsShort(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{tiny(func(m *vramguardtest.ModelConfig) {
 		m.LoadLatency = time.Hour
 	})}})
-	c := s.Client()
+	c := s.APIClient()
 	done := make(chan result, 1)
 	go func() { done <- generate(context.Background(), c, &api.GenerateRequest{Model: "tiny", Prompt: "p"}) }()
 	waitFor(t, s, time.Second, "loading", func() bool { _, ok := runner(s, "tiny:latest"); return ok })
@@ -653,7 +653,7 @@ func TestRestart(t *testing.T) {
 	simGen(t, s, "tiny", &api.Duration{Duration: time.Hour})
 	errc := make(chan error, 1)
 	go func() {
-		errc <- s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "x"}, func(api.GenerateResponse) error { return nil })
+		errc <- s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "x"}, func(api.GenerateResponse) error { return nil })
 	}()
 	if err := s.WaitInFlight(t.Context(), "tiny", 1); err != nil {
 		t.Fatal(err)
@@ -677,7 +677,7 @@ func TestRestart(t *testing.T) {
 // fails.
 func simGen(t *testing.T, s *vramguardtest.Server, model string, keepAlive *api.Duration) {
 	t.Helper()
-	err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: keepAlive,
+	err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: keepAlive,
 		Options: map[string]any{"num_predict": 2}}, func(api.GenerateResponse) error { return nil })
 	if err != nil {
 		t.Fatalf("generate %s: %v", model, err)

@@ -287,7 +287,7 @@ func TestReloadAfterForeignUnload(t *testing.T) {
 	gen()
 	// Another program's unload, through Ollama's own client.
 	zero := &api.Duration{}
-	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", KeepAlive: zero}, func(api.GenerateResponse) error { return nil }); err != nil {
+	if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", KeepAlive: zero}, func(api.GenerateResponse) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.WaitFor(t.Context(), func() bool { return !s.Listed("tiny") }); err != nil {

@@ -269,7 +269,7 @@ func TestReloadAfterForeignUnload(t *testing.T) {
 	}
 	// Another program's unload (what `ollama stop tiny` sends).
 	zero := &api.Duration{}
-	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", KeepAlive: zero}, func(api.GenerateResponse) error { return nil }); err != nil {
+	if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", KeepAlive: zero}, func(api.GenerateResponse) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.WaitFor(t.Context(), func() bool { return !s.Listed("tiny") }); err != nil {
@@ -330,7 +330,7 @@ func TestVRAMWait(t *testing.T) {
 	// timeout. (A device another program fills is refused at once, with
 	// no wait, since #34: nothing there could make the room.)
 	s := newSim(t, vramguardtest.Config{TotalVRAM: 4 * gib, ReleaseLag: time.Hour})
-	if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "x", KeepAlive: &api.Duration{Duration: -1}},
+	if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "x", KeepAlive: &api.Duration{Duration: -1}},
 		func(api.GenerateResponse) error { return nil }); err != nil {
 		t.Fatal(err)
 	}

@@ -177,7 +177,7 @@ func TestPipelineWithoutGPUReader(t *testing.T) {
 			s := vramguardtest.New(vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "gen"}, {Name: "ref"}, {Name: "theirs"}}})
 			defer s.Close()
 			forever := &api.Duration{Duration: -1}
-			if err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: "theirs", Prompt: "x", KeepAlive: forever},
+			if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "theirs", Prompt: "x", KeepAlive: forever},
 				func(api.GenerateResponse) error { return nil }); err != nil {
 				t.Fatal(err)
 			}

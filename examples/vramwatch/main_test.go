@@ -40,7 +40,7 @@ func newSim(t *testing.T, loaded ...string) *vramguardtest.Server {
 	t.Cleanup(s.Close)
 	for _, m := range loaded {
 		forever := &api.Duration{Duration: -1}
-		err := s.Client().Generate(t.Context(), &api.GenerateRequest{Model: m, Prompt: "hi", KeepAlive: forever}, func(api.GenerateResponse) error { return nil })
+		err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: m, Prompt: "hi", KeepAlive: forever}, func(api.GenerateResponse) error { return nil })
 		if err != nil {
 			t.Fatalf("load %s: %v", m, err)
 		}

@@ -291,7 +291,7 @@ func TestLostUnloadIsVerified(t *testing.T) {
 	// studio's hand-over unloads it, verified.
 	t.Run("another program's unload", func(t *testing.T) {
 		s, st, _ := newStudio(t, cfg, vramguard.Options{})
-		raw := s.Client()
+		raw := s.APIClient()
 		done := make(chan error, 1)
 		go func() {
 			done <- raw.Generate(context.Background(), &api.GenerateRequest{Model: "llama3.2", Prompt: "x"}, func(api.GenerateResponse) error { return nil })
