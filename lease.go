@@ -33,8 +33,9 @@ var ErrProtected = errors.New("model is protected")
 type LeaseOptions struct {
 	// Dir is the lease directory. Empty means $XDG_RUNTIME_DIR/vramguard/leases,
 	// else a directory under the temp dir made with mode 0700. A directory
-	// that another user owns, or that others may write, is refused: no
-	// lease is taken or honoured, and one WARN line says why.
+	// that another user owns, or whose mode lets group or others in at all
+	// (anything but 0700; 0770 with Shared), is refused: no lease is
+	// taken or honoured, and one WARN line says why.
 	Dir string
 	// Shared accepts a group-writable directory (mode 0770) and the leases
 	// of the other users of its group: set it, with the same Dir, in every
