@@ -16,12 +16,12 @@ import (
 // evicted_GiB/op is what was unloaded.
 func BenchmarkEnsureFree(b *testing.B) {
 	b.Run("case=evict", func(b *testing.B) {
-		s := newSimB(b, vramguardtest.Config{},
+		s := newSim(b, vramguardtest.Config{},
 			vramguardtest.ModelConfig{Name: "big", SizeVRAM: 8 * gib},
 			vramguardtest.ModelConfig{Name: "mid", SizeVRAM: 6 * gib},
 			vramguardtest.ModelConfig{Name: "small", SizeVRAM: 2 * gib})
-		c := newBenchClient(b, s)
-		load(b, s, "big", "mid", "small")
+		c := newTestClient(b, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
+		loadForever(b, s, "big", "mid", "small")
 		if err := s.Reserve("comfyui", 6*gib); err != nil {
 			b.Fatal(err)
 		}
@@ -34,15 +34,15 @@ func BenchmarkEnsureFree(b *testing.B) {
 			b.StopTimer()
 			for _, u := range rep.Evicted {
 				evicted += float64(u.SizeVRAM) / gib
-				load(b, s, u.Model)
+				loadForever(b, s, u.Model)
 			}
 			b.StartTimer()
 		}
 		b.ReportMetric(evicted/float64(b.N), "evicted_GiB/op")
 	})
 	b.Run("case=vain", func(b *testing.B) {
-		s := newSimB(b, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "chat", SizeVRAM: 2 * gib})
-		c := newBenchClient(b, s)
+		s := newSim(b, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "chat", SizeVRAM: 2 * gib})
+		c := newTestClient(b, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
 		if err := s.Reserve("comfyui", 19*gib); err != nil {
 			b.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func BenchmarkEnsureFree(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
 			if !s.Listed("chat") {
-				load(b, s, "chat")
+				loadForever(b, s, "chat")
 			}
 			b.StartTimer()
 			rep, err := c.EnsureFree(b.Context(), vramguard.EnsureRequest{Bytes: 10 * gib, Timeout: 100 * time.Millisecond})
@@ -63,34 +63,4 @@ func BenchmarkEnsureFree(b *testing.B) {
 		}
 		b.ReportMetric(evicted/float64(b.N), "evicted_GiB/op")
 	})
-}
-
-func newSimB(b *testing.B, cfg vramguardtest.Config, models ...vramguardtest.ModelConfig) *vramguardtest.Server {
-	cfg.Models = models
-	s := vramguardtest.New(cfg)
-	b.Cleanup(s.Close)
-	return s
-}
-
-func newBenchClient(b *testing.B, s *vramguardtest.Server) *vramguard.OllamaClient {
-	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: s.GPU(), PollInterval: 5 * time.Millisecond, VRAMPollInterval: 10 * time.Millisecond})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-// load loads models as another program would, kept forever.
-func load(b *testing.B, s *vramguardtest.Server, models ...string) {
-	other, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), KeepModelsOnClose: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = other.Close() }()
-	for _, m := range models {
-		if _, err := other.GenerateStreaming(b.Context(), &vramguard.GenerateRequest{Model: m, Prompt: "x"}, vramguard.KeepAliveForever, nil); err != nil {
-			b.Fatal(err)
-		}
-	}
 }

@@ -466,7 +466,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	// phase of this client) keeps, as soon as this request ends: the
 	// request leaves the keep-alive as it is instead, and the guard's
 	// cleanup sees the lease.
-	if keepAlive.IsUnload() && (len(c.heldLeases(cl.model)) > 0 || c.phaseKeeps(cl.model)) {
+	if keepAlive.IsUnload() && (c.phaseKeeps(cl.model) || len(c.heldLeases(cl.model)) > 0) {
 		c.log.Debug("leased model: keep-alive left as the server has it", "model", cl.model)
 		keepAlive = KeepAliveServerDefault
 	}

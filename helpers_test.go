@@ -13,7 +13,7 @@ import (
 
 // newSim starts a simulator with the given models; it is closed at the end
 // of the test.
-func newSim(t *testing.T, cfg vramguardtest.Config, models ...vramguardtest.ModelConfig) *vramguardtest.Server {
+func newSim(t testing.TB, cfg vramguardtest.Config, models ...vramguardtest.ModelConfig) *vramguardtest.Server {
 	t.Helper()
 	cfg.Models = append(cfg.Models, models...)
 	s := vramguardtest.New(cfg)
@@ -23,13 +23,13 @@ func newSim(t *testing.T, cfg vramguardtest.Config, models ...vramguardtest.Mode
 
 // newTestClient returns a client for s with fast polling; it is closed at
 // the end of the test and must close cleanly.
-func newTestClient(t *testing.T, s *vramguardtest.Server, opts Options) *OllamaClient {
+func newTestClient(t testing.TB, s *vramguardtest.Server, opts Options) *OllamaClient {
 	t.Helper()
 	return newClientAt(t, s.URL().String(), opts)
 }
 
 // newClientAt is newTestClient for a server at host (a fault proxy).
-func newClientAt(t *testing.T, host string, opts Options) *OllamaClient {
+func newClientAt(t testing.TB, host string, opts Options) *OllamaClient {
 	t.Helper()
 	opts.Host = host
 	if opts.PollInterval == 0 {

@@ -442,10 +442,20 @@ func (c *OllamaClient) phaseHolds(except *Phase) []LeaseInfo {
 	return out
 }
 
-// phaseKeeps reports whether a live phase of this client uses model.
+// phaseKeeps reports whether a live phase of this client uses model. It
+// is asked on every keep-alive-0 call (a plain Guard's), so it builds no
+// LeaseInfo.
 func (c *OllamaClient) phaseKeeps(model string) bool {
 	key := NormalizeModelName(model)
-	return slices.ContainsFunc(c.phaseHolds(nil), func(l LeaseInfo) bool { return l.Model == key })
+	for _, q := range c.book.livePhases(true) {
+		q.mu.Lock()
+		uses := slices.ContainsFunc(q.models, func(m string) bool { return NormalizeModelName(m) == key })
+		q.mu.Unlock()
+		if uses {
+			return true
+		}
+	}
+	return false
 }
 
 // holds is phaseHolds for one phase.

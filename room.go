@@ -381,14 +381,18 @@ const (
 	tierTenantLast                  // the other tenants
 )
 
+// isTenant reports whether the tier asks tenants rather than unloads models.
+func (t roomTier) isTenant() bool { return t == tierTenantFirst || t == tierTenantLast }
+
 // roomCand is one way of making room on a device: a model to unload or a
 // tenant to ask.
 type roomCand struct {
-	name   string
-	bytes  uint64 // what it holds on the device
-	known  bool   // bytes is known (always for a model)
-	tier   roomTier
-	tenant int // the tenant's id, for tenant tiers
+	name    string
+	bytes   uint64 // what it holds on the device
+	known   bool   // bytes is known (always for a model)
+	tier    roomTier
+	tenant  int         // the tenant's id, for tenant tiers
+	release ReleaseFunc // the tenant's Release
 }
 
 // roomRules are what keeps a model from room-making, gathered by the
@@ -483,7 +487,7 @@ func buildRoomView(snap *VRAMSnapshot, d *DeviceMemory, listed []api.ProcessMode
 		v.cands = append(v.cands, roomCand{name: m.Model, bytes: bytes, known: true, tier: tier})
 	}
 	for _, e := range ts {
-		c := roomCand{name: e.t.Name, bytes: e.t.Bytes, tier: tierTenantLast, tenant: e.id}
+		c := roomCand{name: e.t.Name, bytes: e.t.Bytes, tier: tierTenantLast, tenant: e.id, release: e.t.Release}
 		if e.t.First {
 			c.tier = tierTenantFirst
 		}
@@ -589,7 +593,7 @@ func planRoom(v roomView, need uint64) roomPlan {
 		p.steps = pruneSteps(p.steps, need-v.free)
 	}
 	for _, s := range p.steps {
-		if s.tier != tierTenantFirst && s.tier != tierTenantLast {
+		if !s.tier.isTenant() {
 			p.cost += s.bytes
 		}
 		p.usesOwn = p.usesOwn || s.tier == tierOwnModel
@@ -612,7 +616,7 @@ func pruneSteps(steps []roomCand, missing uint64) []roomCand {
 	}
 	out := slices.Clone(steps)
 	for i := 0; i < len(out); {
-		if t := out[i].tier; t != tierTenantFirst && t != tierTenantLast && sum-out[i].bytes >= missing {
+		if !out[i].tier.isTenant() && sum-out[i].bytes >= missing {
 			sum -= out[i].bytes
 			out = slices.Delete(out, i, i+1)
 			continue
@@ -769,11 +773,11 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		group := firstGroup(p.steps)
 		// After the plan's last unloads the final wait shows the room; a
 		// tenant's release is looked at again (it may have given less).
-		last := len(group) == len(p.steps) && p.enough && group[0].tier != tierTenantFirst && group[0].tier != tierTenantLast
+		last := len(group) == len(p.steps) && p.enough && !group[0].tier.isTenant()
 		target, err := c.roomStep(ctx, rq, rep, v, group, released)
 		if err != nil {
 			errs = append(errs, err)
-			if group[0].tier != tierTenantFirst && group[0].tier != tierTenantLast {
+			if !group[0].tier.isTenant() {
 				return errors.Join(errs...) // an unload not verified: the room is not known
 			}
 		}
@@ -872,20 +876,11 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 // viewRoom reads the device and, when it lacks the room, the server's
 // listing and what keeps models.
 func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released map[int]bool) (roomView, *VRAMSnapshot, error) {
-	snap, err := c.opts.VRAM.Snapshot(ctx)
-	if err == nil && snap == nil {
-		err = errors.New("reader returned no snapshot")
-	}
+	snap, d, err := c.readDevice(ctx, rq)
 	if err != nil {
-		return roomView{}, nil, readerError(ctx, rq.op, rq.model, err)
+		return roomView{}, snap, err
 	}
-	d := snap.Device(rq.device)
-	switch {
-	case d == nil:
-		return roomView{}, snap, newError(rq.op, rq.model, KindNotFound, fmt.Errorf("no device %d among the %d the VRAM reader (%s) reports", rq.device, len(snap.Devices), snap.Source))
-	case rq.need > d.Total:
-		return roomView{}, snap, invalid(rq.op, rq.model, "needs %s but device %d has %s in total", vramFormatBytes(rq.need), rq.device, vramFormatBytes(d.Total))
-	case d.Free >= rq.need:
+	if d.Free >= rq.need {
 		return roomView{device: d.Index, free: d.Free, total: d.Total}, snap, nil
 	}
 	listed, err := c.running(ctx)
@@ -901,6 +896,27 @@ func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released ma
 		ts = slices.DeleteFunc(c.tenants.on(rq.device), func(e tenantEntry) bool { return released[e.id] })
 	}
 	return buildRoomView(snap, d, listed, rules(), ts), snap, nil
+}
+
+// readDevice takes a snapshot and finds rq's device in it: KindNotFound
+// when the reader does not list it, KindInvalidInput when it has less
+// memory in all than rq needs.
+func (c *OllamaClient) readDevice(ctx context.Context, rq roomRequest) (*VRAMSnapshot, *DeviceMemory, error) {
+	snap, err := c.opts.VRAM.Snapshot(ctx)
+	if err == nil && snap == nil {
+		err = errors.New("reader returned no snapshot")
+	}
+	if err != nil {
+		return nil, nil, readerError(ctx, rq.op, rq.model, err)
+	}
+	d := snap.Device(rq.device)
+	switch {
+	case d == nil:
+		return snap, nil, newError(rq.op, rq.model, KindNotFound, fmt.Errorf("no device %d among the %d the VRAM reader (%s) reports", rq.device, len(snap.Devices), snap.Source))
+	case rq.need > d.Total:
+		return snap, nil, invalid(rq.op, rq.model, "needs %s but device %d has %s in total", vramFormatBytes(rq.need), rq.device, vramFormatBytes(d.Total))
+	}
+	return snap, d, nil
 }
 
 // refusal is the *RoomError of a room that v cannot make.
@@ -923,7 +939,7 @@ func firstGroup(steps []roomCand) []roomCand {
 // the tenants' releases (one after another, each waited for and verified
 // on the device), returning 0.
 func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *EnsureReport, v roomView, group []roomCand, released map[int]bool) (uint64, error) {
-	if t := group[0].tier; t != tierTenantFirst && t != tierTenantLast {
+	if !group[0].tier.isTenant() {
 		target := v.free
 		for _, s := range group {
 			target += s.bytes
@@ -938,7 +954,6 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 		rep.Evicted = append(rep.Evicted, reps...)
 		return target, err
 	}
-	target := uint64(0)
 	var errs []error
 	for _, s := range group {
 		released[s.tenant] = true
@@ -949,7 +964,7 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 		}
 		v.free = tr.FreeAfter
 	}
-	return target, errors.Join(errs...)
+	return 0, errors.Join(errs...)
 }
 
 // releaseTenant asks one tenant for its memory and waits, within
@@ -958,18 +973,8 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s roomCand, before uint64) TenantRelease {
 	start := time.Now()
 	tr := TenantRelease{Name: s.name, FreeBefore: before, FreeAfter: before}
-	var fn ReleaseFunc
-	for _, e := range c.tenants.on(rq.device) {
-		if e.id == s.tenant {
-			fn = e.t.Release
-		}
-	}
-	if fn == nil {
-		tr.Err = errors.New("unregistered while room was being made")
-		return tr
-	}
 	c.log.Debug("asking a tenant for memory", "tenant", s.name, "device", rq.device, "bytes", s.bytes)
-	tr.Err = runRelease(ctx, fn)
+	tr.Err = runRelease(ctx, s.release)
 	if tr.Err != nil { // no wait for a release that failed: one reading says what it left
 		if snap, err := c.opts.VRAM.Snapshot(ctx); err == nil {
 			if d := snap.Device(rq.device); d != nil {
@@ -1030,19 +1035,9 @@ func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target 
 // the room.
 func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *EnsureReport) error {
 	if c.opts.VRAM != nil {
-		snap, err := c.opts.VRAM.Snapshot(ctx)
-		if err == nil && snap == nil {
-			err = errors.New("reader returned no snapshot")
-		}
+		snap, d, err := c.readDevice(ctx, rq)
 		if err != nil {
-			return readerError(ctx, rq.op, "", err)
-		}
-		d := snap.Device(rq.device)
-		switch {
-		case d == nil:
-			return newError(rq.op, "", KindNotFound, fmt.Errorf("no device %d among the %d the VRAM reader (%s) reports", rq.device, len(snap.Devices), snap.Source))
-		case rq.need > d.Total:
-			return invalid(rq.op, "", "needs %s but device %d has %s in total", vramFormatBytes(rq.need), rq.device, vramFormatBytes(d.Total))
+			return err
 		}
 		rep.FreeBefore, rep.FreeAfter, rep.Snapshot, rep.Source = d.Free, d.Free, snap, snap.Source
 	}

@@ -54,7 +54,7 @@ func threeModelSim(t testing.TB, cfg vramguardtest.Config) *vramguardtest.Server
 
 // loadForever loads models on s as another program would: through a
 // client of its own, kept loaded forever.
-func loadForever(t *testing.T, s *vramguardtest.Server, models ...string) {
+func loadForever(t testing.TB, s *vramguardtest.Server, models ...string) {
 	t.Helper()
 	forever := &api.Duration{Duration: -1}
 	for _, m := range models {
