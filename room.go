@@ -277,8 +277,9 @@ func retryAfter(kept []KeptModel, now time.Time) time.Duration {
 // or in-use model; this client's own leased models last), then the other
 // tenants, each step only while the room is still missing. A tenant's
 // release counts as verified when the device shows, within the call's
-// wait, Bytes more free than before it ran (for a tenant whose size is
-// not known: any rise); EnsureReport.Tenants says what each gave back.
+// wait, Bytes more free than before it ran, or the room the call needs
+// if that is less (for a tenant whose size is not known: the room);
+// EnsureReport.Tenants says what each gave back.
 type Tenant struct {
 	// Name names the tenant in reports and logs.
 	Name string
@@ -968,8 +969,8 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 }
 
 // releaseTenant asks one tenant for its memory and waits, within
-// rq.timeout, for the device to show it: s.bytes more than before, or
-// for a tenant of unknown size the room itself.
+// rq.timeout, for the device to show it: s.bytes more than before or the
+// room, whichever is less; for a tenant of unknown size the room itself.
 func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s roomCand, before uint64) TenantRelease {
 	start := time.Now()
 	tr := TenantRelease{Name: s.name, FreeBefore: before, FreeAfter: before}
@@ -984,9 +985,12 @@ func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s room
 		tr.Elapsed = time.Since(start)
 		return tr
 	}
+	// What it gives back, but never more than the room: a tenant that
+	// overstates its bytes (past the device's total) is still verified by
+	// the room it makes.
 	target := rq.need
 	if s.known {
-		target = before + s.bytes
+		target = min(before+s.bytes, rq.need)
 	}
 	snap, err := c.awaitBounded(ctx, rq, target)
 	if d := snap.Device(rq.device); d != nil {

@@ -324,6 +324,12 @@ func TestTenantsInOrderVerified(t *testing.T) {
 			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
 				return []vramguard.Tenant{{Name: "liar", Bytes: 6 * gib, First: true, Release: func(context.Context) error { o.add("liar"); return nil }}}
 			}},
+		// b says 20 GiB but holds 6: the wait for its memory is for the
+		// room (12 GiB), not for 26 GiB of a 24 GiB device.
+		{name: "a tenant that overstates its bytes", need: 12 * gib, want: "b",
+			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
+				return []vramguard.Tenant{{Name: "b", Bytes: 20 * gib, First: true, Release: releasing(s, o, "b")}}
+			}},
 		{name: "arithmetic counts known tenants", need: 23 * gib, want: "", err: true,
 			tenants: func(s *vramguardtest.Server, o *order) []vramguard.Tenant {
 				return []vramguard.Tenant{{Name: "b", Bytes: 6 * gib, Release: releasing(s, o, "b")}}
