@@ -473,3 +473,40 @@ func TestRoomRunnerNotListed(t *testing.T) {
 func generateRaw(ctx context.Context, s *vramguardtest.Server, model string) error {
 	return s.APIClient().Generate(ctx, &api.GenerateRequest{Model: model, Prompt: "x"}, func(api.GenerateResponse) error { return nil })
 }
+
+// TestBudgetAsksTenants: features in pairs. A budget's MakeRoom asks a
+// tenant beside another program's model, in the documented order: with
+// First the tenant gives the room and the model stays; without it the
+// model goes first and the tenant is not asked. Either way the load is
+// admitted and verified on the device.
+func TestBudgetAsksTenants(t *testing.T) {
+	for _, first := range []bool{true, false} {
+		t.Run(fmt.Sprintf("First=%v", first), func(t *testing.T) {
+			s := newSim(t, vramguardtest.Config{},
+				vramguardtest.ModelConfig{Name: "other", SizeVRAM: 8 * gib},
+				vramguardtest.ModelConfig{Name: "next", SizeVRAM: 4 * gib, LoadLatency: 20 * time.Millisecond})
+			loadForever(t, s, "other")
+			if err := s.Reserve("comfyui", 14*gib); err != nil { // 2 GiB free
+				t.Fatal(err)
+			}
+			c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond,
+				Budget: &vramguard.Budget{Headroom: gib, MakeRoom: true}})
+			asked := 0
+			if _, err := c.RegisterTenant(vramguard.Tenant{Name: "comfyui", Bytes: 14 * gib, First: first,
+				Release: func(context.Context) error { asked++; s.Release("comfyui"); return nil }}); err != nil {
+				t.Fatal(err)
+			}
+			gen, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "next", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+			if err != nil || !gen.Loaded {
+				t.Fatalf("GenerateStreaming = %v; want next admitted and loaded", err)
+			}
+			wantAsked, wantOther := 0, false
+			if first {
+				wantAsked, wantOther = 1, true
+			}
+			if asked != wantAsked || s.Listed("other") != wantOther {
+				t.Errorf("tenant asked %d times, other listed %v; want %d, %v", asked, s.Listed("other"), wantAsked, wantOther)
+			}
+		})
+	}
+}
