@@ -185,7 +185,7 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		return nil, err
 	}
 	if berr != nil && b.MakeRoom {
-		if berr, ev.MadeRoom, err = c.budgetRoom(ctx, op, b, model, need+pending, berr); err != nil {
+		if berr, ev.MadeRoom, err = c.budgetRoom(ctx, b, model, need+pending, berr); err != nil {
 			return nil, err
 		}
 	}
@@ -247,7 +247,7 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 // refused, and checks the budget again; madeRoom says whether a model was
 // unloaded, verified. A room-making that refused or whose wait ended
 // refuses the load with its *RoomError (Budget set).
-func (c *OllamaClient) budgetRoom(ctx context.Context, op string, b *Budget, model string, need uint64, berr *RoomError) (_ *RoomError, madeRoom bool, err error) {
+func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, need uint64, berr *RoomError) (_ *RoomError, madeRoom bool, err error) {
 	target := need
 	if b.MaxBytes > 0 && berr.Held+need > b.MaxBytes {
 		// Unloading Ollama models lowers what they hold as much as it

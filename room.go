@@ -719,8 +719,12 @@ type roomRequest struct {
 	mode       unloadMode
 	// rules gathers what keeps models (nil: the client's own); a pool
 	// passes its own for a member.
-	rules   func() roomRules
-	tenants bool // ask the client's tenants
+	rules func() roomRules
+	// own: the client makes room for itself, so its tenants are asked
+	// and its ReleaseVRAM runs; a pool's member client does neither (the
+	// pool client holds them, and a GC in this process frees nothing on
+	// the member's device).
+	own bool
 }
 
 // maxRoomRounds bounds the steps of one room-making call: one per tier,
@@ -795,10 +799,12 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		}
 		p = planRoom(v, rq.need)
 	}
-	rr, err := c.releaseVRAM(ctx)
-	rep.Release = rr
-	if err != nil {
-		errs = append(errs, err)
+	if rq.own {
+		rr, err := c.releaseVRAM(ctx)
+		rep.Release = rr
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if _, werr := c.awaitRoom(ctx, rq, v, rep, rq.need); werr != nil {
 		errs = append([]error{werr}, errs...) // the outcome first: KindOf reads it
@@ -893,7 +899,7 @@ func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released ma
 		rules = rq.rules
 	}
 	var ts []tenantEntry
-	if rq.tenants {
+	if rq.own {
 		ts = slices.DeleteFunc(c.tenants.on(rq.device), func(e tenantEntry) bool { return released[e.id] })
 	}
 	return buildRoomView(snap, d, listed, rules(), ts), snap, nil
@@ -1067,9 +1073,11 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 		rep.Evicted = reps
 		errs = append(errs, err)
 	}
-	rr, err := c.releaseVRAM(ctx)
-	rep.Release = rr
-	errs = append(errs, err)
+	if rq.own {
+		rr, err := c.releaseVRAM(ctx)
+		rep.Release = rr
+		errs = append(errs, err)
+	}
 	if c.opts.VRAM != nil {
 		_, err := c.awaitRoom(ctx, rq, v, rep, rq.need)
 		errs = append(errs, err)

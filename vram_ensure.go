@@ -62,8 +62,8 @@ type EnsureReport struct {
 	// when none has an end.
 	RetryAfter time.Duration
 	Tenants    []TenantRelease // the tenants asked, in order
-	Release    *ReleaseReport
-	FreeBefore uint64 // free bytes on the device before (0 without a reader)
+	Release    *ReleaseReport  // ReleaseVRAM's run; nil when none ran (no room to make, a refusal, a dry run, a pool)
+	FreeBefore uint64          // free bytes on the device before (0 without a reader)
 	FreeAfter  uint64
 	Snapshot   *VRAMSnapshot // the last snapshot taken; nil without a reader
 	Source     string        // the snapshot's source, or SourceNone
@@ -151,7 +151,7 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 	return c.ensureFreeRules(ctx, req, mode, nil, true)
 }
 
-func (c *OllamaClient) ensureFreeRules(ctx context.Context, req EnsureRequest, mode unloadMode, rules func() roomRules, tenants bool) (*EnsureReport, error) {
+func (c *OllamaClient) ensureFreeRules(ctx context.Context, req EnsureRequest, mode unloadMode, rules func() roomRules, own bool) (*EnsureReport, error) {
 	const op = "ensure free"
 	if req.Bytes > maxBytes || req.Reserve > maxBytes {
 		return nil, invalid(op, "", "%d bytes (+%d reserve) is more than %d", req.Bytes, req.Reserve, uint64(maxBytes))
@@ -168,7 +168,7 @@ func (c *OllamaClient) ensureFreeRules(ctx context.Context, req EnsureRequest, m
 		interval:   cmp.Or(req.PollInterval, c.opts.VRAMPollInterval),
 		timeout:    cmp.Or(req.Timeout, c.opts.UnloadTimeout),
 		waitLeases: req.WaitForLeases, dryRun: req.DryRun, all: req.AllModels,
-		mode: mode, rules: rules, tenants: tenants,
+		mode: mode, rules: rules, own: own,
 	})
 }
 
