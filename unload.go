@@ -43,8 +43,13 @@ type UnloadReport struct {
 	// appear afterwards.
 	Checked Checks
 	// NoRunnerCheck says why CheckRunnerProcesses is missing from Checked
-	// ("remote server", the failure to read procfs or to resolve the
-	// model's weights blob); "" when the check was made.
+	// ("remote server"; no `ollama serve` this machine shows listens at
+	// the client's port, as for the test double, a server in a container
+	// or another PID namespace, or one whose open files cannot be read;
+	// the failure to read procfs or to resolve the model's weights blob);
+	// "" when the check was made. The check counts only runners of the
+	// server that listens at the client's address (each member's, on a
+	// pool): another `ollama serve` on this machine never passes for it.
 	NoRunnerCheck string
 	// Cause is the call that unloaded the model.
 	Cause UnloadCause

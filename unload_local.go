@@ -6,9 +6,11 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/vramguard/vramguard/internal/lease"
 	"github.com/vramguard/vramguard/internal/procs"
 )
 
@@ -49,17 +51,44 @@ func isLocalHost(host string) bool {
 	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
 }
 
-// noServerSeen is UnloadReport.NoRunnerCheck for a local server whose
-// process this machine's process table does not show (an in-process fake,
-// a server in another PID namespace).
-const noServerSeen = "no Ollama server process visible on this machine"
-
 // runnerWatch looks for the runner processes of one model's weights on
 // this machine, for one unloadModel call.
 type runnerWatch struct {
-	root string // procfs root, "" for /proc
-	blob string // "sha256:<hex>"
-	path string // the weights file as the server names it; "" if unknown
+	root    string       // procfs root, "" for /proc
+	blob    string       // "sha256:<hex>"
+	path    string       // the weights file as the server names it; "" if unknown
+	servers map[int]bool // the `ollama serve` PIDs that answer at the client's address
+}
+
+// servingServers returns the PIDs of the `ollama serve` processes that
+// listen at the client's address (each member's, on a pool), or why the
+// runner check cannot be tied to them: a runner of another server on this
+// machine must not pass for one of the client's.
+func (c *OllamaClient) servingServers() (map[int]bool, string) {
+	hosts := []string{c.host}
+	if c.pool != nil {
+		hosts = hosts[:0]
+		for _, m := range c.pool.members {
+			hosts = append(hosts, m.c.host)
+		}
+	}
+	out := make(map[int]bool, len(hosts))
+	for _, h := range hosts {
+		hp := lease.NormalizeServer(h)
+		port, err := strconv.Atoi(hp[strings.LastIndexByte(hp, ':')+1:])
+		if err != nil {
+			return nil, fmt.Sprintf("no port in %q", h)
+		}
+		pid, why, err := procs.ListeningServer(c.procRoot, port)
+		if err != nil {
+			return nil, fmt.Sprintf("process table: %v", err)
+		}
+		if pid == 0 {
+			return nil, why
+		}
+		out[pid] = true
+	}
+	return out, ""
 }
 
 // watchRunners prepares the process check of an unload of model, or says
@@ -77,24 +106,25 @@ func (c *OllamaClient) watchRunners(ctx context.Context, model string) (w *runne
 	if blob == "" {
 		return nil, "model blob: the model has no weights file of its own", false
 	}
-	if n, err := procs.Servers(c.procRoot); err == nil && n == 0 {
-		// A runner check that cannot see the server cannot see its
-		// runners either: it would prove nothing.
-		return nil, noServerSeen, false
+	// A runner check that cannot see the server at the client's address
+	// cannot see its runners either: it would prove nothing.
+	servers, why := c.servingServers()
+	if servers == nil {
+		return nil, why, false
 	}
-	w = &runnerWatch{root: c.procRoot, blob: blob}
+	w = &runnerWatch{root: c.procRoot, blob: blob, servers: servers}
 	if filepath.IsAbs(path) {
 		w.path = filepath.Clean(path)
 	}
 	return w, "", false
 }
 
-// live counts the runners serving the model's weights whose parent is a
-// live Ollama server (an orphan of a dead server, or a runner whose parent
-// cannot be checked, is no load in progress that an unload could reach).
-// When the server names its weights file by absolute path, a runner of
-// another server on this machine, with its own models folder, does not
-// count.
+// live counts the runners serving the model's weights whose parent is the
+// server at the client's address (an orphan of a dead server, a runner
+// whose parent cannot be checked, or one of another server on this
+// machine is no load in progress that an unload could reach). When the
+// server names its weights file by absolute path, a runner of another
+// path does not count either.
 func (w *runnerWatch) live() (int, error) {
 	rs, err := procs.RunnersFor(w.root, w.blob)
 	if err != nil {
@@ -102,7 +132,7 @@ func (w *runnerWatch) live() (int, error) {
 	}
 	n := 0
 	for _, r := range rs {
-		if r.ServerPID == 0 {
+		if r.ServerPID == 0 || !w.servers[r.ServerPID] {
 			continue
 		}
 		if w.path != "" && filepath.IsAbs(r.ModelPath) && filepath.Clean(r.ModelPath) != w.path {

@@ -3,6 +3,7 @@ package vramguard_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -55,11 +56,39 @@ func newFakeProcs(t *testing.T) *fakeProcs {
 	return &fakeProcs{t, root}
 }
 
-// withServer adds a live `ollama serve` as pid 100: without one the
-// process check is not made (a runner of a server this machine cannot see
-// cannot be seen either).
-func (f *fakeProcs) withServer() *fakeProcs {
+// withServer adds a live `ollama serve` as pid 100 listening at c's
+// address: without one the process check is not made (a runner of a
+// server this machine cannot see cannot be seen either).
+func (f *fakeProcs) withServer(c *OllamaClient) *fakeProcs {
 	f.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	return f.listen(c, 100)
+}
+
+// listen makes pid the owner of a socket listening on c's port, as
+// /proc/net/tcp and /proc/<pid>/fd show it.
+func (f *fakeProcs) listen(c *OllamaClient, pid int) *fakeProcs {
+	f.t.Helper()
+	_, portStr, err := net.SplitHostPort(strings.TrimPrefix(c.Host(), "http://"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(portStr)
+	inode := 7000 + pid
+	if err := os.MkdirAll(filepath.Join(f.root, "net"), 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+	table := "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n" +
+		fmt.Sprintf("   0: 0100007F:%04X 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 %d 1 0000000000000000 100 0 0 10 0\n", port, inode)
+	if err := os.WriteFile(filepath.Join(f.root, "net", "tcp"), []byte(table), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	fd := filepath.Join(f.root, strconv.Itoa(pid), "fd")
+	if err := os.MkdirAll(fd, 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.Symlink(fmt.Sprintf("socket:[%d]", inode), filepath.Join(fd, "3")); err != nil {
+		f.t.Fatal(err)
+	}
 	return f
 }
 
@@ -103,6 +132,7 @@ func TestUnloadWaitsForOthersRunner(t *testing.T) {
 	procs := newFakeProcs(t)
 	SetProcRoot(c, procs.root)
 	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	procs.listen(c, 100)
 	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", blobFile(t, c, "tiny"), "--port", "40000")
 
 	done := unloadAsync(t, c, "tiny")
@@ -132,6 +162,7 @@ func TestUnloadIgnoresOtherRunners(t *testing.T) {
 	SetProcRoot(c, procs.root)
 	file := blobFile(t, c, "tiny")
 	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	procs.listen(c, 100)
 	procs.add(101, 1, "ollama", "/usr/bin/ollama", "runner", "--model", file)   // orphan
 	procs.add(102, 200, "ollama", "/usr/bin/ollama", "runner", "--model", file) // parent gone
 	procs.add(103, 100, "ollama", "/usr/bin/ollama", "runner", "--model", "/srv/other/blobs/"+filepath.Base(file))
@@ -155,7 +186,7 @@ func TestUnloadReportNamesChecks(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30})
 	t.Run("local", func(t *testing.T) {
 		c := newTestClient(t, s, Options{})
-		SetProcRoot(c, newFakeProcs(t).withServer().root)
+		SetProcRoot(c, newFakeProcs(t).withServer(c).root)
 		rep, err := c.UnloadModel(t.Context(), "tiny")
 		if err != nil || !rep.Verified || rep.Checked != CheckPS|CheckRunnerProcesses || rep.NoRunnerCheck != "" {
 			t.Errorf("report %+v, err %v", rep, err)
@@ -164,10 +195,13 @@ func TestUnloadReportNamesChecks(t *testing.T) {
 	t.Run("local, no server process visible", func(t *testing.T) {
 		// An in-process fake, or a server in another PID namespace: no
 		// runner of it could be seen, so the check is not claimed.
+		// Here the listener is this test binary, not an ollama serve.
 		c := newTestClient(t, s, Options{})
-		SetProcRoot(c, newFakeProcs(t).root)
+		f := newFakeProcs(t)
+		f.add(200, 1, "vramguard.test", "/tmp/vramguard.test", "-test.run", "x")
+		SetProcRoot(c, f.listen(c, 200).root)
 		rep, err := c.UnloadModel(t.Context(), "tiny")
-		if err != nil || !rep.Verified || rep.Checked != CheckPS || rep.NoRunnerCheck != "no Ollama server process visible on this machine" {
+		if err != nil || !rep.Verified || rep.Checked != CheckPS || !strings.HasPrefix(rep.NoRunnerCheck, "no ollama serve process visible on this machine listens on port") {
 			t.Errorf("report %+v, err %v", rep, err)
 		}
 	})
@@ -175,7 +209,7 @@ func TestUnloadReportNamesChecks(t *testing.T) {
 		c := newTestClient(t, s, Options{})
 		SetProcRoot(c, filepath.Join(t.TempDir(), "missing"))
 		rep, err := c.UnloadModel(t.Context(), "tiny")
-		if err != nil || !rep.Verified || rep.Checked != CheckPS || !strings.HasPrefix(rep.NoRunnerCheck, "runner processes:") {
+		if err != nil || !rep.Verified || rep.Checked != CheckPS || !strings.HasPrefix(rep.NoRunnerCheck, "cannot read this machine's socket tables") {
 			t.Errorf("report %+v, err %v", rep, err)
 		}
 	})
@@ -219,7 +253,7 @@ func TestUnloadRetriesTheProcessCheck(t *testing.T) {
 		}
 		t.Cleanup(func() { p.Close() })
 		c := newClientAt(t, p.URL().String(), Options{})
-		SetProcRoot(c, newFakeProcs(t).withServer().root)
+		SetProcRoot(c, newFakeProcs(t).withServer(c).root)
 		if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveFor(time.Hour), nil); err != nil {
 			t.Fatal(err)
 		}
@@ -270,6 +304,7 @@ func TestUnloadSettlesAfterTheRunnerGoes(t *testing.T) {
 	procs := newFakeProcs(t)
 	SetProcRoot(c, procs.root)
 	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	procs.listen(c, 100)
 	weights := blobFile(t, c, "tiny")
 	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", weights, "--port", "40000")
 
@@ -340,4 +375,22 @@ func removeThenVerified(t *testing.T, procs *fakeProcs, pid int, done <-chan unl
 		t.Errorf("verified before runner %d went", pid)
 	}
 	return r, gone
+}
+
+// TestUnloadRunnerOfAnotherServer (issue #35, item 3): a runner of the
+// model's weights under another `ollama serve` on this machine (another
+// port, its own container) is not this server's load: the unload is
+// verified with the runner check tied to the server at the client's
+// address, not held up by it.
+func TestUnloadRunnerOfAnotherServer(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30})
+	c := newTestClient(t, s, Options{})
+	procs := newFakeProcs(t).withServer(c)
+	procs.add(300, 1, "ollama", "/usr/bin/ollama", "serve") // listens elsewhere
+	procs.add(301, 300, "ollama", "/usr/bin/ollama", "runner", "--model", blobFile(t, c, "tiny"), "--port", "40001")
+	SetProcRoot(c, procs.root)
+	rep, err := c.UnloadModel(t.Context(), "tiny")
+	if err != nil || !rep.Verified || rep.RunnerSeen || !rep.Checked.Has(CheckRunnerProcesses) {
+		t.Errorf("UnloadModel beside another server's runner: %+v, %v; want verified with the runner check, the other runner not seen", rep, err)
+	}
 }

@@ -23,9 +23,12 @@
 //
 // Every request is recorded with its send time and party (Send): the
 // client under test's and the raw client's through an http.RoundTripper,
-// the CLI's and the child process's through a recording reverse proxy on
-// loopback. Verified unloads come from Hooks.OnEvictionVerified (the child
-// prints its own). A watcher looks at the server every 15 ms: /api/ps and
+// the CLI's through a recording reverse proxy on loopback, the child
+// process's by the child itself (ChildTransport: it reaches the server
+// directly, since its runner check is tied to the process that listens at
+// its client's port, and a proxy is not the server). Verified unloads come
+// from Hooks.OnEvictionVerified (the child prints its own). A watcher
+// looks at the server every 15 ms: /api/ps and
 // the runner processes serving each model's weights (Obs).
 //
 // # The guarantees (Check)

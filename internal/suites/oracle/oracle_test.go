@@ -53,17 +53,14 @@ func child(arg string) int {
 	}
 	tokens, _ := strconv.Atoi(parts[2])
 	var mu sync.Mutex
-	var line struct {
-		Verdicts []oracle.Verdict `json:"verdicts"`
-		Err      string           `json:"err,omitempty"`
-		Kind     string           `json:"kind,omitempty"`
-	}
+	var line oracle.ChildLine
+	rt, sends := oracle.ChildTransport(http.DefaultTransport.(*http.Transport).Clone())
 	c, err := vramguard.NewClient(vramguard.Options{
 		Host:          parts[0],
 		PollInterval:  25 * time.Millisecond,
 		UnloadTimeout: 10 * time.Second,
 		Timeouts:      vramguard.Timeouts{FirstChunk: 15 * time.Second, Total: 20 * time.Second},
-		HTTPClient:    &http.Client{},
+		HTTPClient:    &http.Client{Transport: rt},
 		Hooks: vramguard.Hooks{OnEvictionVerified: func(r vramguard.UnloadReport) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -83,6 +80,7 @@ func child(arg string) int {
 		line.Err, line.Kind = err.Error(), vramguard.KindOf(err).String()
 	}
 	mu.Lock()
+	line.Sends = sends()
 	b, _ := json.Marshal(line)
 	mu.Unlock()
 	fmt.Printf("oracle-child: %s\n", b)

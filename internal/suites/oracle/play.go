@@ -31,8 +31,9 @@ const (
 // Config says how Play runs a schedule.
 type Config struct {
 	// Child returns the command of a second process that runs one guarded
-	// generation of model with vramguard against host and prints a
-	// childLine; nil skips OpChild actions.
+	// generation of model with vramguard against host (the server's own
+	// address), records its sends with ChildTransport and prints a
+	// ChildLine; nil skips OpChild actions.
 	Child func(ctx context.Context, host, model string, tokens int) *exec.Cmd
 	// Look is the time between two looks at the server. Zero means 20 ms.
 	Look time.Duration
@@ -48,7 +49,6 @@ type player struct {
 	raw   *api.Client // the foreign party
 	rawTr *http.Transport
 	cli   *proxy
-	child *proxy
 
 	mu      sync.Mutex
 	client  *vramguard.OllamaClient
@@ -72,10 +72,6 @@ func Play(ctx context.Context, tgt Target, s *Schedule, cfg Config) (*Trace, err
 		return nil, err
 	}
 	defer p.cli.Close()
-	if p.child, err = newProxy(PartyChild, p.trace, tgt.URL()); err != nil {
-		return nil, err
-	}
-	defer p.child.Close()
 	p.rawTr = http.DefaultTransport.(*http.Transport).Clone()
 	defer p.rawTr.CloseIdleConnections()
 	p.raw = api.NewClient(tgt.URL(), &http.Client{Transport: &recorder{party: PartyForeign, trace: p.trace, next: p.rawTr}})
@@ -488,7 +484,7 @@ func (p *player) runChild(ctx context.Context, a Action) (string, error) {
 	if p.cfg.Child == nil {
 		return "skipped: no child command", nil
 	}
-	cmd := p.cfg.Child(ctx, p.child.Host(), a.Model, a.Tokens)
+	cmd := p.cfg.Child(ctx, p.tgt.URL().Host, a.Model, a.Tokens)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -497,6 +493,10 @@ func (p *player) runChild(ctx context.Context, a Action) (string, error) {
 		// A child that died, or exited non-zero after its result (the
 		// race detector exits 66), crashed.
 		return "crashed", &childError{kind: childCrashed, msg: fmt.Sprintf("%v; stdout %q; stderr %q", err, tailOf(out, 300), tailOf([]byte(stderr.String()), 2000))}
+	}
+	for _, s := range cl.Sends {
+		s.Party, s.Action = PartyChild, -1
+		p.trace.send(&s)
 	}
 	for _, v := range cl.Verdicts {
 		v.Party = PartyChild

@@ -24,7 +24,7 @@ const (
 	PartyOwn     = "own"     // the client under test
 	PartyForeign = "foreign" // a raw api client in this process
 	PartyCLI     = "cli"     // `ollama run`, through a recording proxy
-	PartyChild   = "child"   // a second process using vramguard, through a recording proxy
+	PartyChild   = "child"   // a second process using vramguard, recording its own sends (ChildTransport)
 )
 
 // Send is one request as it went to the server.
@@ -332,17 +332,38 @@ func (p *proxy) Close() {
 	p.tr.CloseIdleConnections()
 }
 
-// childLine is what a child process prints on stdout: its sends, its
-// verdicts and its outcome.
-type childLine struct {
+// ChildLine is what a child process prints on stdout after
+// "oracle-child: ": its sends, its verdicts and its outcome.
+type ChildLine struct {
+	Sends    []Send    `json:"sends"`
 	Verdicts []Verdict `json:"verdicts"`
 	Err      string    `json:"err,omitempty"`
 	Kind     string    `json:"kind,omitempty"`
 }
 
-func readChildLine(out []byte) (childLine, bool) {
-	var cl childLine
+// ChildTransport records a child process's own generate and chat requests
+// as the recorder of this process does; sends returns them. The child
+// reaches the server directly, as a user's second program would: through a
+// proxy it would talk to a listener that is this test binary, not the
+// server, and its runner check (tied to the process that owns the socket
+// at the client's port) would rightly not be made.
+func ChildTransport(next http.RoundTripper) (rt http.RoundTripper, sends func() []Send) {
+	tr := &Trace{}
+	return &recorder{party: PartyChild, trace: tr, next: next}, func() []Send {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		out := make([]Send, len(tr.Sends))
+		for i, s := range tr.Sends {
+			out[i] = *s
+		}
+		return out
+	}
+}
+
+func readChildLine(out []byte) (ChildLine, bool) {
+	var cl ChildLine
 	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
 		if l := sc.Bytes(); bytes.HasPrefix(l, []byte("oracle-child: ")) {
 			if json.Unmarshal(bytes.TrimPrefix(l, []byte("oracle-child: ")), &cl) == nil {

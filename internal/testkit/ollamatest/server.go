@@ -413,6 +413,16 @@ func (s *Server) CloseIdleConnections() { s.tr.CloseIdleConnections() }
 // Version returns the version the server was started for (such as
 // "0.17.4", or CustomVersion for EnvBin). A module-built server itself
 // reports 0.0.0. For an external server it is what /api/version said.
+// ModelsDir is the server's OLLAMA_MODELS folder ("" for an external
+// server): a second server started with OLLAMA_MODELS set to it serves the
+// same weights files, as two servers of one user on one machine do.
+func (s *Server) ModelsDir() string {
+	if s.dir == "" {
+		return ""
+	}
+	return filepath.Join(s.dir, "models")
+}
+
 func (s *Server) Version() string { return s.version }
 
 // External reports whether the server is the one EnvHost names. Tests must
