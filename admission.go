@@ -192,7 +192,6 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	if berr != nil {
 		return nil, newError(op, model, KindOutOfMemory, berr)
 	}
-	hook(c, c.opts.Hooks.OnAdmit, ModelEvent{Model: model, Size: est.Total})
 	p := &admitted{model: model, need: need}
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -68,20 +68,6 @@ func (c *OllamaClient) callError(ctx context.Context, op, model string, err erro
 	return newError(op, model, classify(err), err)
 }
 
-// hook calls a hook with ev, unless the hook is nil; a panic in it is
-// recovered and logged.
-func hook[E any](c *OllamaClient, h func(E), ev E) {
-	if h == nil {
-		return
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			c.log.Error("hook panicked", "panic", r)
-		}
-	}()
-	h(ev)
-}
-
 // sleepCtx sleeps for d or until ctx is done, returning context.Cause(ctx).
 func sleepCtx(ctx context.Context, d time.Duration) error { return sleep.Ctx(ctx, d) }
 

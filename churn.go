@@ -54,8 +54,8 @@ const (
 	ReloadForeign ReloadCause = "unloaded or evicted by another program"
 )
 
-// ReloadEvent says why a model loaded again (Generation.Reload,
-// Hooks.OnReload).
+// ReloadEvent says why a model loaded again (Generation.Reload, which
+// Hooks.OnCallEnd sees).
 type ReloadEvent struct {
 	Model  string
 	Server string // the client's Ollama server, as Options.Host names it
@@ -268,7 +268,6 @@ func (c *OllamaClient) noteLoad(ctx context.Context, gen *Generation, ka KeepAli
 	ev.Server = c.host
 	gen.Reload = ev
 	c.log.Info("model loaded again", "model", ev.Model, "cause", string(ev.Cause), "since", ev.Since.Round(time.Millisecond), "evidence", ev.Evidence)
-	hookCtx(c, c.opts.Hooks.OnReload, ctx, *ev)
 }
 
 // servingServer is the pid of the `ollama serve` whose runner serves the

@@ -98,8 +98,9 @@ func churnCases() []churnCase {
 }
 
 // The churn report names why a model loaded again, in each case the client
-// can tell apart, on the simulator: Generation.Reload, Hooks.OnReload (with
-// the call's context) and one INFO log line carry the same cause.
+// can tell apart, on the simulator: Generation.Reload, the Generation
+// Hooks.OnCallEnd is told (with the call's context) and one INFO log line
+// carry the same cause.
 func TestReloadCauses(t *testing.T) {
 	for _, tc := range churnCases() {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,11 +114,13 @@ func TestReloadCauses(t *testing.T) {
 					OnCallStart: func(ctx context.Context, _ vramguard.CallStart) context.Context {
 						return context.WithValue(ctx, key{}, "call")
 					},
-					OnReload: func(ctx context.Context, ev vramguard.ReloadEvent) {
+					OnCallEnd: func(ctx context.Context, e vramguard.CallEnd) {
 						if ctx.Value(key{}) != "call" {
-							t.Error("OnReload did not get the call's context")
+							t.Error("OnCallEnd did not get the call's context")
 						}
-						hooked = append(hooked, ev)
+						if e.Generation != nil && e.Generation.Reload != nil {
+							hooked = append(hooked, *e.Generation.Reload)
+						}
 					},
 				},
 			})
@@ -147,7 +150,7 @@ func TestReloadCauses(t *testing.T) {
 				t.Errorf("evidence %q; want it to say %q", r.Evidence, tc.evid)
 			}
 			if len(hooked) != 1 || hooked[0].Cause != tc.want {
-				t.Errorf("OnReload saw %+v; want one event with cause %q", hooked, tc.want)
+				t.Errorf("OnCallEnd saw reloads %+v; want one with cause %q", hooked, tc.want)
 			}
 			if n := strings.Count(logs.String(), "model loaded again"); n != 1 || !strings.Contains(logs.String(), `cause="`+string(tc.want)+`"`) {
 				t.Errorf("log %q: want one line naming the cause", logs.String())

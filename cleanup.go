@@ -241,14 +241,14 @@ func (c *OllamaClient) cleanup(ctx context.Context, opts CleanupOptions) (*Clean
 	rep.Elapsed = time.Since(start)
 	err := errors.Join(errs...)
 	if err != nil {
-		c.cleanupFailed(err)
+		c.cleanupFailed(ctx, err)
 	}
 	return rep, err
 }
 
-func (c *OllamaClient) cleanupFailed(err error) {
+func (c *OllamaClient) cleanupFailed(ctx context.Context, err error) {
 	c.log.Warn("cleanup failed", "err", err)
-	hook(c, c.opts.Hooks.OnCleanupFailed, ModelEvent{Err: err})
+	hookCtx(c, c.opts.Hooks.OnCleanupFailed, ctx, CleanupEvent{Server: c.host, Err: err})
 }
 
 // CleanupTask is a cleanup running in the background. Its methods are safe
@@ -289,7 +289,7 @@ func (c *OllamaClient) CleanupAsync(ctx context.Context, opts CleanupOptions) *C
 		defer func() {
 			if r := recover(); r != nil {
 				t.err = newError("cleanup", "", KindInternal, fmt.Errorf("panic: %v", r))
-				c.cleanupFailed(t.err)
+				c.cleanupFailed(ctx, t.err)
 				err = t.err
 			}
 		}()

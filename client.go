@@ -333,7 +333,7 @@ func validCommon(op, model string, t Timeouts, opts map[string]any, format json.
 // ErrNoVision, while older runners answer as if there were no image.
 //
 // With Options.VRAM, a load that put the model partly on the CPU is
-// reported in Generation.Offload, Hooks.OnOffload and the log; with
+// reported in Generation.Offload (which Hooks.OnCallEnd sees) and the log; with
 // Options.FailOnOffload the call fails instead (KindOutOfMemory,
 // ErrOffloaded) and unloads the model.
 func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateRequest, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
@@ -528,7 +528,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 		return nil, newError(op, req.Model, e.Kind, errors.Join(e.Err,
 			fmt.Errorf("fallback refused: %w: %s", ErrFallbackUnsupported, strings.Join(dropped, ", "))))
 	}
-	hook(c, c.opts.Hooks.OnFallback, ModelEvent{Model: req.Model, Err: err})
+	hookCtx(c, c.opts.Hooks.OnFallback, ctx, FallbackEvent{Model: req.Model, Server: c.host, Err: err})
 	c.log.Warn("generation failed; trying the ollama CLI", "model", req.Model, "err", err)
 	if len(dropped) > 0 {
 		c.log.Warn("the ollama CLI runs without options it cannot carry", "model", req.Model, "dropped", dropped)
@@ -562,10 +562,7 @@ func (c *OllamaClient) succeeded(ctx context.Context, cl *call, gen *Generation,
 func (c *OllamaClient) reportLoad(gen *Generation) {
 	if gen.Loaded {
 		c.log.Debug("model loaded", "model", gen.Model, "load", gen.Metrics.LoadDuration)
-		hook(c, c.opts.Hooks.OnLoad, ModelEvent{Model: gen.Model, LoadDuration: gen.Metrics.LoadDuration})
-		return
 	}
-	hook(c, c.opts.Hooks.OnReuse, ModelEvent{Model: gen.Model})
 }
 
 // streamState is what the chunk callback accumulates.

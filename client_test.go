@@ -293,7 +293,11 @@ func TestInvalidInput(t *testing.T) {
 func TestUnloadModelVerified(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{UnloadDelay: 50 * time.Millisecond}, vramguardtest.ModelConfig{Name: "tiny", Size: 3 << 30})
 	var verified []UnloadReport
-	c := newTestClient(t, s, Options{Hooks: Hooks{OnEvictionVerified: func(r UnloadReport) { verified = append(verified, r) }}})
+	c := newTestClient(t, s, Options{Hooks: Hooks{OnUnloadEnd: func(_ context.Context, e UnloadEnd) {
+		if e.Err == nil && e.Report.Verified {
+			verified = append(verified, *e.Report)
+		}
+	}}})
 	if _, err := c.GenerateStreaming(t.Context(), &GenerateRequest{Model: "tiny", Prompt: "x"}, KeepAliveServerDefault, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +316,7 @@ func TestUnloadModelVerified(t *testing.T) {
 		t.Errorf("elapsed %v is shorter than the server's unload delay", rep.Elapsed)
 	}
 	if len(verified) != 1 {
-		t.Errorf("OnEvictionVerified called %d times", len(verified))
+		t.Errorf("OnUnloadEnd told %d verified unloads; want 1", len(verified))
 	}
 
 	// Not loaded: verified at once, nothing was loaded.
@@ -334,7 +338,7 @@ func TestUnloadLostDuringLoadIsResent(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", LoadLatency: 300 * time.Millisecond})
 	var sent atomic.Int32
 	c, err := NewClient(Options{Host: s.URL().String(), PollInterval: 5 * time.Millisecond,
-		Hooks: Hooks{OnUnloadRequested: func(ModelEvent) { sent.Add(1) }}})
+		HTTPClient: unloadSpy(func(string) { sent.Add(1) })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -502,7 +506,7 @@ func (panicReader) Snapshot(context.Context) (*VRAMSnapshot, error) { panic("dri
 func TestCleanupAsyncRecoversPanic(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{})
 	var failed atomic.Int32
-	c, err := NewClient(Options{Host: s.URL().String(), VRAM: panicReader{}, Hooks: Hooks{OnCleanupFailed: func(ModelEvent) { failed.Add(1) }}})
+	c, err := NewClient(Options{Host: s.URL().String(), VRAM: panicReader{}, Hooks: Hooks{OnCleanupFailed: func(context.Context, CleanupEvent) { failed.Add(1) }}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -255,8 +255,8 @@ func TestFailureBeforeAnyLoadIsOneError(t *testing.T) {
 			var unloads atomic.Int32
 			c, err := vramguard.NewClient(vramguard.Options{
 				Host: tt.host, PollInterval: 5 * time.Millisecond,
-				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
-				Hooks:  vramguard.Hooks{OnUnloadRequested: func(vramguard.ModelEvent) { unloads.Add(1) }},
+				Logger:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+				HTTPClient: unloadSpy(func(string) { unloads.Add(1) }),
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -399,7 +399,7 @@ func TestGuardDoesNotWaitForOthers(t *testing.T) {
 	eventually(t, s, "model gone after the other request ended", func() bool { return !s.Listed("a") })
 }
 
-// TestUnloadCauses: every call that unloads says so, in OnUnloadRequested
+// TestUnloadCauses: every call that unloads says so, in OnUnloadStart
 // and in its UnloadReport, so that a program can tell the budget's
 // evictions from its own unloads.
 func TestUnloadCauses(t *testing.T) {
@@ -473,10 +473,11 @@ func TestUnloadCauses(t *testing.T) {
 			s := threeModelSim(t, vramguardtest.Config{})
 			var mu sync.Mutex
 			var causes []vramguard.UnloadCause
-			opts := vramguard.Options{VRAM: s.GPU(), Hooks: vramguard.Hooks{OnUnloadRequested: func(e vramguard.ModelEvent) {
+			opts := vramguard.Options{VRAM: s.GPU(), Hooks: vramguard.Hooks{OnUnloadStart: func(ctx context.Context, e vramguard.UnloadStart) context.Context {
 				mu.Lock()
 				defer mu.Unlock()
 				causes = append(causes, e.Cause)
+				return ctx
 			}}}
 			if tt.want == vramguard.CauseBudget {
 				opts.Budget = &vramguard.Budget{MakeRoom: true}
@@ -486,7 +487,7 @@ func TestUnloadCauses(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			if len(causes) == 0 || causes[0] != tt.want {
-				t.Errorf("OnUnloadRequested causes %q, want %q first", causes, tt.want)
+				t.Errorf("OnUnloadStart causes %q, want %q first", causes, tt.want)
 			}
 			switch tt.want {
 			case vramguard.CauseGuard, vramguard.CauseBudget, vramguard.CauseClose: // seen by the hook only

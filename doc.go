@@ -92,16 +92,17 @@
 //
 // Every error is an [*Error] with a [Kind]: errors.Is(err, KindTimeout);
 // causes stay reachable with errors.As. Options.Logger takes a
-// *slog.Logger; Options.Hooks take one struct each. The hooks that carry
-// a context (OnCallStart and OnCallEnd, OnUnloadStart and OnUnloadEnd,
-// OnAdmission, OnVRAMWait, OnReload, OnPlace) are what the adapters are
+// *slog.Logger; [Hooks] are told one event struct each, with the context
+// of the call it describes (OnCallStart and OnCallEnd, OnUnloadStart and
+// OnUnloadEnd, OnAdmission, OnVRAMWait, OnFallback, OnCleanupFailed,
+// OnPlace); no two report the same event. They are what the adapters are
 // built on: package vramotel (OpenTelemetry traces and metrics) and
 // package vramprom (a Prometheus collector). A program that imports
 // neither compiles no OpenTelemetry or Prometheus code; [JoinHooks] lets
 // several watch one client.
 //
 // A model that loads again soon after it left says why, in
-// Generation.Reload, Hooks.OnReload and an INFO log line: this client's
+// Generation.Reload (which Hooks.OnCallEnd sees) and an INFO log line: this client's
 // unload or its budget's eviction, another program's unload, the
 // keep-alive, a restart of the server, or a changed context size (see
 // [ReloadCause]). It is the answer to "why does it reload every request".

@@ -172,7 +172,7 @@ var (
 	// ErrOffloaded: with Options.FailOnOffload, the model runs partly on
 	// the CPU (/api/ps size_vram below size on a server with a GPU). The
 	// generation fails with KindOutOfMemory, as if the GPU had run out,
-	// and the model is unloaded.
+	// and the model is unloaded; errors.As finds its *Offload.
 	ErrOffloaded = errors.New("model partly on the CPU")
 )
 

@@ -64,7 +64,11 @@ func ExampleJoinHooks() {
 		},
 	}
 	loads := 0
-	mine := vramguard.Hooks{OnLoad: func(vramguard.ModelEvent) { loads++ }}
+	mine := vramguard.Hooks{OnCallEnd: func(_ context.Context, ev vramguard.CallEnd) {
+		if ev.Generation != nil && ev.Generation.Loaded {
+			loads++
+		}
+	}}
 	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), Hooks: vramguard.JoinHooks(tracing, mine)})
 	if err != nil {
 		log.Fatal(err)

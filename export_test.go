@@ -35,9 +35,6 @@ func InFlight(c *OllamaClient, model string) int {
 // Host is the base URL c sends to.
 func Host(c *OllamaClient) string { return c.host }
 
-// SetOnLoad replaces c's OnLoad hook; call it before c is used.
-func SetOnLoad(c *OllamaClient, f func(ModelEvent)) { c.opts.Hooks.OnLoad = f }
-
 // WrapPSList wraps c's /api/ps request; call it before c is used.
 func WrapPSList(c *OllamaClient, wrap func(inner func(context.Context) (*api.ProcessResponse, error)) func(context.Context) (*api.ProcessResponse, error)) {
 	c.ps.list = wrap(c.ps.list)

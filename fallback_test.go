@@ -2,6 +2,7 @@ package vramguard_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -41,7 +42,11 @@ func TestFallbackAfterTransientFailure(t *testing.T) {
 	cli, argsFile := fakeCLI(t, `printf 'from the cli: '; cat; printf '\n'`)
 	var fellBack atomic.Int32
 	c := newTestClient(t, s, Options{Fallback: true, CLIPath: cli,
-		Hooks: Hooks{OnFallback: func(ModelEvent) { fellBack.Add(1) }}})
+		Hooks: Hooks{OnFallback: func(_ context.Context, e FallbackEvent) {
+			if e.Model == "tiny" && e.Err != nil {
+				fellBack.Add(1)
+			}
+		}}})
 	if err := s.FailNext("tiny", vramguardtest.Busy()); err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +194,7 @@ func TestFallbackOptions(t *testing.T) {
 			var logs bytes.Buffer
 			c := newTestClient(t, s, Options{Fallback: true, FallbackDropOptions: tt.drop, CLIPath: cli,
 				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-				Hooks:  Hooks{OnFallback: func(ModelEvent) { fellBack.Add(1) }}})
+				Hooks:  Hooks{OnFallback: func(context.Context, FallbackEvent) { fellBack.Add(1) }}})
 			if err := s.FailNext("tiny", tt.fault); err != nil {
 				t.Fatal(err)
 			}

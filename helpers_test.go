@@ -1,7 +1,12 @@
 package vramguard_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,4 +96,39 @@ func chatOf(req *GenerateRequest) *ChatRequest {
 	}
 	msgs = append(msgs, api.Message{Role: "user", Content: req.Prompt, Images: req.Images})
 	return &ChatRequest{Model: req.Model, Messages: msgs, Format: req.Format, Think: req.Think, Options: req.Options, Timeouts: req.Timeouts}
+}
+
+// unloadSpy returns an HTTP client whose transport calls sent with the
+// model of each unload request (a generate with no prompt and keep_alive
+// 0) as it goes out, before the server sees it: the moment Hooks no longer
+// report on their own (OnUnloadStart is the unload's, not each request's).
+func unloadSpy(sent func(model string)) *http.Client {
+	return &http.Client{Transport: spyTransport{next: http.DefaultTransport.(*http.Transport).Clone(), sent: sent}}
+}
+
+type spyTransport struct {
+	next http.RoundTripper
+	sent func(model string)
+}
+
+func (s spyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Path == "/api/generate" && req.Body != nil {
+		body, err := io.ReadAll(req.Body)
+		req.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		var m struct {
+			Model     string          `json:"model"`
+			Prompt    string          `json:"prompt"`
+			KeepAlive json.RawMessage `json:"keep_alive"`
+		}
+		if json.Unmarshal(body, &m) == nil && m.Prompt == "" {
+			if ka := strings.Trim(string(m.KeepAlive), `"`); ka == "0" || ka == "0s" {
+				s.sent(m.Model)
+			}
+		}
+	}
+	return s.next.RoundTrip(req)
 }

@@ -64,8 +64,12 @@ func TestFunctionLength(t *testing.T) {
 // diff; one that removes some lowers the pins.
 func TestAPIBudget(t *testing.T) {
 	const (
-		maxIdents = 214 // 221 at c60ae07; #34 made four "no room" errors one
-		maxDecls  = 139 // types + funcs + methods; 146 at c60ae07
+		// 221 at c60ae07; #34 made four "no room" errors one (214); #35's
+		// one style of hooks (215): FallbackEvent and CleanupEvent for
+		// ModelEvent, seven callbacks that reported other hooks' events
+		// gone (Hooks' fields are not counted here).
+		maxIdents = 215
+		maxDecls  = 140 // types + funcs + methods; 146 at c60ae07, 139 after #34
 	)
 	fset := token.NewFileSet()
 	names, err := filepath.Glob("*.go")

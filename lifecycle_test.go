@@ -132,14 +132,13 @@ func TestConcurrentGuardsNeverUnloadInUse(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Chunks: 4, TokenLatency: time.Millisecond, LoadLatency: 5 * time.Millisecond})
 	var c *OllamaClient
 	var violations, unloads atomic.Int32
-	c = newTestClient(t, s, Options{Hooks: Hooks{OnUnloadRequested: func(e ModelEvent) {
-		m := e.Model
+	c = newTestClient(t, s, Options{HTTPClient: unloadSpy(func(m string) {
 		unloads.Add(1)
 		if n, f := c.Users(m), InFlight(c, m); n != 0 || f != 0 {
 			violations.Add(1)
 			t.Errorf("unload of %s requested with %d users and %d in-flight generations", m, n, f)
 		}
-	}}})
+	})})
 	const workers, rounds = 8, 6
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -211,9 +210,12 @@ func TestPhaseAvoidsReloads(t *testing.T) {
 	})
 	t.Run("phase", func(t *testing.T) {
 		s := newSim(t, vramguardtest.Config{}, models...)
-		c := newTestClient(t, s, Options{})
 		var loads atomic.Int32
-		SetOnLoad(c, func(ModelEvent) { loads.Add(1) })
+		c := newTestClient(t, s, Options{Hooks: Hooks{OnCallEnd: func(_ context.Context, e CallEnd) {
+			if e.Generation != nil && e.Generation.Loaded {
+				loads.Add(1)
+			}
+		}}})
 		p, err := c.StartPhase(t.Context(), "prompts", PhaseOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -229,7 +231,7 @@ func TestPhaseAvoidsReloads(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got := s.Loads(""); got != 2 || loads.Load() != 2 {
-			t.Errorf("phase mode: %d server loads, %d OnLoad calls; want 2", got, loads.Load())
+			t.Errorf("phase mode: %d server loads, %d loads OnCallEnd saw; want 2", got, loads.Load())
 		}
 		if len(s.Running()) != 0 {
 			t.Errorf("resident at the end: %v", s.Running())

@@ -1,13 +1,54 @@
 package vramguard
 
-// The hooks that carry a context: what tracing and metrics adapters
-// (vramotel, vramprom) are built on, and JoinHooks, which lets several of
-// them watch one client.
+// The hooks, every event they are told, and JoinHooks, which lets several
+// watchers (vramotel, vramprom, a program's own) share one client.
 
 import (
 	"context"
 	"time"
 )
+
+// Hooks are optional callbacks for lifecycle events, for tracing, metrics
+// and tests. Each is told one event, with the context of the call it
+// describes, and no two report the same event: a load or a reuse, an
+// offload and a reload are fields of the Generation OnCallEnd is told; an
+// unload request's count and its verdict are fields of the UnloadReport
+// OnUnloadEnd is told. They run synchronously on the goroutine that caused
+// the event and must not block; a panicking hook is recovered and logged.
+// Join several with JoinHooks.
+type Hooks struct {
+	// OnCallStart: a generation or chat begins. The context it returns
+	// (nil: ctx) is the one the call runs under, so that what the call
+	// does (admission, waits, its guard's unloads) and OnCallEnd see it:
+	// a span, for instance.
+	OnCallStart func(context.Context, CallStart) context.Context
+	// OnCallEnd: the call ended, with its Generation (whether it loaded
+	// its model, Loaded and Metrics.LoadDuration; Offload; Reload;
+	// Placement) or its failure.
+	OnCallEnd func(context.Context, CallEnd)
+	// OnUnloadStart: an unload begins (every cause: UnloadModel, guards,
+	// phases, cleanups, evictions, the budget's room-making). The context
+	// it returns (nil: ctx) is the one OnUnloadEnd receives.
+	OnUnloadStart func(context.Context, UnloadStart) context.Context
+	// OnUnloadEnd: the unload ended, verified or not (Report.Verified,
+	// Report.Attempts: the requests it sent), or left because a lease
+	// keeps the model (Report.Leased).
+	OnUnloadEnd func(context.Context, UnloadEnd)
+	// OnAdmission: Options.Budget admitted or refused a load.
+	OnAdmission func(context.Context, AdmissionEvent)
+	// OnVRAMWait: a wait for free device memory ended (see EnsureFree).
+	OnVRAMWait func(context.Context, VRAMWaitEvent)
+	// OnFallback: the subprocess fallback is about to run after a failed
+	// generation.
+	OnFallback func(context.Context, FallbackEvent)
+	// OnCleanupFailed: Cleanup, CleanupAsync or Close failed; each
+	// unload's own failure is also its OnUnloadEnd.
+	OnCleanupFailed func(context.Context, CleanupEvent)
+	// OnPlace: a pool (NewPool) chose the member a call goes to; it runs
+	// before the request is sent, so a call that fails is placed too.
+	// Generation.Placement is the same value.
+	OnPlace func(context.Context, Placement)
+}
 
 // CallStart is what Hooks.OnCallStart is told: a generation or a chat
 // begins.
@@ -63,6 +104,32 @@ type AdmissionEvent struct {
 	Err      error
 }
 
+// VRAMWaitEvent is what Hooks.OnVRAMWait is told: a wait for free device
+// memory ended.
+type VRAMWaitEvent struct {
+	Device int
+	Server string // the client's Ollama server, as Options.Host names it
+	Need   uint64
+	Free   uint64
+	Waited time.Duration
+	Err    error
+}
+
+// FallbackEvent is what Hooks.OnFallback is told: the subprocess fallback
+// is about to run Model after the generation failed with Err.
+type FallbackEvent struct {
+	Model  string
+	Server string
+	Err    error
+}
+
+// CleanupEvent is what Hooks.OnCleanupFailed is told: Err is what
+// Cleanup, CleanupAsync's task or Close returned.
+type CleanupEvent struct {
+	Server string
+	Err    error
+}
+
 // JoinHooks returns Hooks that call each of hs in order, so that a tracing
 // adapter, a metrics adapter and a program's own hooks can watch one
 // client. The context an OnCallStart or OnUnloadStart returns is the one
@@ -72,35 +139,15 @@ type AdmissionEvent struct {
 func JoinHooks(hs ...Hooks) Hooks {
 	var j Hooks
 	for _, h := range hs {
-		j.OnLoad = join1(j.OnLoad, h.OnLoad)
-		j.OnAdmit = join1(j.OnAdmit, h.OnAdmit)
-		j.OnReuse = join1(j.OnReuse, h.OnReuse)
-		j.OnUnloadRequested = join1(j.OnUnloadRequested, h.OnUnloadRequested)
-		j.OnEvictionVerified = join1(j.OnEvictionVerified, h.OnEvictionVerified)
-		j.OnCleanupFailed = join1(j.OnCleanupFailed, h.OnCleanupFailed)
-		j.OnFallback = join1(j.OnFallback, h.OnFallback)
-		j.OnOffload = join1(j.OnOffload, h.OnOffload)
-		j.OnVRAMWait = join2(j.OnVRAMWait, h.OnVRAMWait)
 		j.OnAdmission = join2(j.OnAdmission, h.OnAdmission)
-		j.OnReload = join2(j.OnReload, h.OnReload)
+		j.OnVRAMWait = join2(j.OnVRAMWait, h.OnVRAMWait)
+		j.OnFallback = join2(j.OnFallback, h.OnFallback)
+		j.OnCleanupFailed = join2(j.OnCleanupFailed, h.OnCleanupFailed)
 		j.OnPlace = join2(j.OnPlace, h.OnPlace)
 		j.OnCallStart, j.OnCallEnd = joinPair(j.OnCallStart, j.OnCallEnd, h.OnCallStart, h.OnCallEnd)
 		j.OnUnloadStart, j.OnUnloadEnd = joinPair(j.OnUnloadStart, j.OnUnloadEnd, h.OnUnloadStart, h.OnUnloadEnd)
 	}
 	return j
-}
-
-func join1[E any](a, b func(E)) func(E) {
-	if a == nil || b == nil {
-		if a == nil {
-			return b
-		}
-		return a
-	}
-	return func(ev E) {
-		defer b(ev)
-		a(ev)
-	}
 }
 
 func join2[E any](a, b func(context.Context, E)) func(context.Context, E) {

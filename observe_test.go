@@ -48,7 +48,8 @@ func (r *recorder) hooks() vramguard.Hooks {
 			return context.WithValue(ctx, k, r.name+" call")
 		},
 		OnCallEnd: func(ctx context.Context, ev vramguard.CallEnd) {
-			r.add("call end " + ev.Model + " ctx=" + mine(ctx) + " kind=" + vramguard.KindOf(ev.Err).String())
+			r.add("call end " + ev.Model + " ctx=" + mine(ctx) + " kind=" + vramguard.KindOf(ev.Err).String() +
+				" loaded=" + map[bool]string{true: "yes", false: "no"}[ev.Generation != nil && ev.Generation.Loaded])
 		},
 		OnUnloadStart: func(ctx context.Context, ev vramguard.UnloadStart) context.Context {
 			r.add("unload start " + ev.Model + " " + string(ev.Cause))
@@ -57,7 +58,6 @@ func (r *recorder) hooks() vramguard.Hooks {
 		OnUnloadEnd: func(ctx context.Context, ev vramguard.UnloadEnd) {
 			r.add("unload end " + ev.Model + " ctx=" + mine(ctx) + " verified=" + map[bool]string{true: "yes", false: "no"}[ev.Report.Verified])
 		},
-		OnLoad: func(ev vramguard.ModelEvent) { r.add("load " + ev.Model) },
 	}
 }
 
@@ -82,8 +82,7 @@ func TestJoinHooks(t *testing.T) {
 	for _, r := range []*recorder{a, b} {
 		want := []string{
 			"call start generate tiny",
-			"load tiny",
-			"call end tiny ctx=" + r.name + " call kind=unknown",
+			"call end tiny ctx=" + r.name + " call kind=unknown loaded=yes",
 			"unload start tiny unload",
 			"unload end tiny ctx=" + r.name + " unload verified=yes",
 		}
@@ -287,7 +286,7 @@ func TestJoinHooksPanickingSide(t *testing.T) {
 			if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveUnload, nil); err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Contains(a.lines(), "call end tiny ctx=a call kind=unknown") {
+			if !slices.Contains(a.lines(), "call end tiny ctx=a call kind=unknown loaded=yes") {
 				t.Errorf("a saw %q; want its end hook with its own context", a.lines())
 			}
 		})

@@ -20,9 +20,11 @@ type Offload struct {
 // CPUBytes returns the model's share in system memory: Size-SizeVRAM.
 func (o *Offload) CPUBytes() int64 { return o.Size - o.SizeVRAM }
 
-// String gives the split in bytes, as ErrOffloaded's message names it:
-// "3221225472 of 6442450944 bytes on the GPU, 3221225472 on the CPU".
-func (o *Offload) String() string {
+// Error gives the split in bytes: "3221225472 of 6442450944 bytes on the
+// GPU, 3221225472 on the CPU". An *Offload is also the error
+// Options.FailOnOffload's failure wraps beside ErrOffloaded, so that
+// errors.As finds the sizes of a generation that was refused.
+func (o *Offload) Error() string {
 	return fmt.Sprintf("%d of %d bytes on the GPU, %d on the CPU", o.SizeVRAM, o.Size, o.CPUBytes())
 }
 
@@ -63,10 +65,9 @@ func (c *OllamaClient) offloadOf(ctx context.Context, model string, since time.T
 	return &Offload{Size: e.Size, SizeVRAM: e.SizeVRAM}
 }
 
-// reportOffload logs off and calls Hooks.OnOffload.
+// reportOffload logs off.
 func (c *OllamaClient) reportOffload(model string, off *Offload) {
 	c.log.Warn("model partly on the CPU", "model", model, "size", off.Size, "size_vram", off.SizeVRAM, "cpu", off.CPUBytes())
-	hook(c, c.opts.Hooks.OnOffload, ModelEvent{Model: model, Size: off.Size, SizeVRAM: off.SizeVRAM})
 }
 
 // errOffloadStop ends a stream from the chunk callback when the model is
@@ -82,7 +83,7 @@ var errOffloadStop = errors.New("offloaded")
 // KindOutOfMemory.
 func (c *OllamaClient) failOffloaded(ctx context.Context, op, model string, off *Offload) error {
 	c.reportOffload(model, off)
-	cause := fmt.Errorf("%w: %v", ErrOffloaded, off)
+	cause := fmt.Errorf("%w: %w", ErrOffloaded, off)
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.CleanupTimeout)
 	defer cancel()
 	if _, err := c.unloadModel(uctx, model, unloadMode{keepLoads: true, cause: CauseOffload}); err != nil {

@@ -36,18 +36,35 @@ func offloadSim(t *testing.T, reserve uint64, mods ...func(*vramguardtest.ModelC
 	return s
 }
 
-// offloadClient returns a client for s whose OnOffload events are
-// collected, and whose log is written to the returned buffer.
-func offloadClient(t *testing.T, s *vramguardtest.Server, opts vramguard.Options) (*vramguard.OllamaClient, func() []vramguard.ModelEvent, *syncBuffer) {
+// offloadEvent is an offload a call's end reported to Hooks.OnCallEnd: in
+// its Generation, or in the error of a generation FailOnOffload refused.
+type offloadEvent struct {
+	Model          string
+	Size, SizeVRAM int64
+}
+
+// offloadClient returns a client for s whose calls' offloads, as
+// OnCallEnd is told them, are collected, and whose log is written to the
+// returned buffer.
+func offloadClient(t *testing.T, s *vramguardtest.Server, opts vramguard.Options) (*vramguard.OllamaClient, func() []offloadEvent, *syncBuffer) {
 	t.Helper()
 	var mu sync.Mutex
-	var events []vramguard.ModelEvent
+	var events []offloadEvent
 	opts.Host = s.URL().String()
 	opts.PollInterval = 5 * time.Millisecond
-	opts.Hooks.OnOffload = func(e vramguard.ModelEvent) {
+	opts.Hooks.OnCallEnd = func(_ context.Context, e vramguard.CallEnd) {
+		off := &vramguard.Offload{}
+		if e.Generation != nil {
+			off = e.Generation.Offload
+		} else if !errors.As(e.Err, &off) {
+			off = nil
+		}
+		if off == nil {
+			return
+		}
 		mu.Lock()
 		defer mu.Unlock()
-		events = append(events, e)
+		events = append(events, offloadEvent{Model: e.Model, Size: off.Size, SizeVRAM: off.SizeVRAM})
 	}
 	logs := &syncBuffer{}
 	opts.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -56,10 +73,10 @@ func offloadClient(t *testing.T, s *vramguardtest.Server, opts vramguard.Options
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return c, func() []vramguard.ModelEvent {
+	return c, func() []offloadEvent {
 		mu.Lock()
 		defer mu.Unlock()
-		return append([]vramguard.ModelEvent(nil), events...)
+		return append([]offloadEvent(nil), events...)
 	}, logs
 }
 
@@ -149,7 +166,7 @@ func TestOffloadReported(t *testing.T) {
 			}
 			ev := events()
 			if len(ev) != wantEvents || ev[0].Model != "a" || ev[0].Size != 6*gib || ev[0].SizeVRAM != 3*gib {
-				t.Errorf("OnOffload events %+v, want %d for a", ev, wantEvents)
+				t.Errorf("offloads OnCallEnd saw %+v, want %d for a", ev, wantEvents)
 			}
 		})
 	}
@@ -177,7 +194,7 @@ func TestFailOnOffload(t *testing.T) {
 			t.Error("offloaded model still listed")
 		}
 		if ev := events(); len(ev) != 1 || ev[0].SizeVRAM != 3*gib {
-			t.Errorf("OnOffload events %+v", ev)
+			t.Errorf("offloads OnCallEnd saw %+v; want the refused one, from the error", ev)
 		}
 		if st := s.Stats("a"); st.Completed != 0 || st.Cancelled != 1 {
 			t.Errorf("the server finished the request: %+v", st)

@@ -2,7 +2,6 @@ package vramguard
 
 import (
 	"cmp"
-	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -111,12 +110,12 @@ type Options struct {
 	// detached from the caller's cancellation.
 	CleanupTimeout time.Duration
 	// LoadThreshold: a generation whose reported load_duration reaches it
-	// counts as a load (Generation.Loaded, Hooks.OnLoad); zero means
+	// counts as a load (Generation.Loaded); zero means
 	// 10 ms (see DefaultOptions).
 	LoadThreshold time.Duration
 	// ReloadWindow is how long after this client last used or unloaded a
 	// model a new load of it is reported as a reload, with the reason the
-	// model had left (Generation.Reload, Hooks.OnReload, an INFO log line);
+	// model had left (Generation.Reload, an INFO log line);
 	// zero means 10 minutes.
 	ReloadWindow time.Duration
 	// KeepModelsOnClose stops Close from unloading the models this client
@@ -260,87 +259,4 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-}
-
-// Hooks are optional callbacks for lifecycle events, for metrics and tests.
-// They run synchronously on the goroutine that caused the event and must
-// not block; a panicking hook is recovered and logged.
-type Hooks struct {
-	// OnLoad: a generation loaded its model (Model, LoadDuration).
-	OnLoad func(ModelEvent)
-	// OnAdmit: Options.Budget admitted a load (Model; Size: the
-	// estimate the budget was checked with).
-	OnAdmit func(ModelEvent)
-	// OnReuse: a generation found its model already loaded (Model).
-	OnReuse func(ModelEvent)
-	// OnUnloadRequested: an unload request is about to be sent (Model).
-	OnUnloadRequested func(ModelEvent)
-	// OnEvictionVerified: UnloadModel saw the model gone (and, with
-	// VerifyVRAM, the memory back).
-	OnEvictionVerified func(UnloadReport)
-	// OnCleanupFailed: Cleanup, CleanupAsync or Close failed (Err).
-	OnCleanupFailed func(ModelEvent)
-	// OnFallback: the subprocess fallback is about to run after a failed
-	// generation (Model, Err).
-	OnFallback func(ModelEvent)
-	// OnVRAMWait: a wait for free device memory ended (see EnsureFree),
-	// with the context of the call that waited.
-	OnVRAMWait func(context.Context, VRAMWaitEvent)
-	// OnOffload: a generation's load put the model partly on the CPU
-	// (Model, Size, SizeVRAM), once per such generation; with
-	// Options.FailOnOffload, before the call fails. See Generation.Offload.
-	OnOffload func(ModelEvent)
-
-	// The hooks below carry the context of the call they describe; they
-	// are what the tracing and metrics adapters (vramotel, vramprom) are
-	// built on. Join several with JoinHooks.
-
-	// OnCallStart: a generation or chat begins. The context it returns
-	// (nil: ctx) is the one the call runs under, so that what the call
-	// does (admission, waits, its guard's unloads) and OnCallEnd see it:
-	// a span, for instance.
-	OnCallStart func(context.Context, CallStart) context.Context
-	// OnCallEnd: the call ended, with its Generation or its failure.
-	OnCallEnd func(context.Context, CallEnd)
-	// OnUnloadStart: an unload begins (every cause: UnloadModel, guards,
-	// phases, cleanups, evictions). The context it returns (nil: ctx) is
-	// the one OnUnloadEnd receives.
-	OnUnloadStart func(context.Context, UnloadStart) context.Context
-	// OnUnloadEnd: the unload ended, verified or not, or left because a
-	// lease keeps the model.
-	OnUnloadEnd func(context.Context, UnloadEnd)
-	// OnAdmission: Options.Budget admitted or refused a load.
-	OnAdmission func(context.Context, AdmissionEvent)
-	// OnReload: a generation loaded a model this client had used within
-	// Options.ReloadWindow; the event says why the model had left (see
-	// ReloadCause). It runs before OnCallEnd; Generation.Reload is the
-	// same event.
-	OnReload func(context.Context, ReloadEvent)
-	// OnPlace: a pool (NewPool) chose the member a call goes to; it runs
-	// before the request is sent. Generation.Placement is the same value.
-	OnPlace func(context.Context, Placement)
-}
-
-// ModelEvent is what a hook is told about a model; each hook says which
-// fields it sets.
-type ModelEvent struct {
-	Model        string
-	LoadDuration time.Duration // OnLoad: the load_duration the server reported
-	Err          error         // OnFallback: the failure; OnCleanupFailed: the cleanup's
-	// Size and SizeVRAM, set by OnOffload, are the model's bytes in all
-	// and on the GPU, as /api/ps lists them.
-	Size, SizeVRAM int64
-	// Cause, set by OnUnloadRequested, is the call that sends the unload:
-	// CauseBudget when Budget.MakeRoom evicts the model to admit another.
-	Cause UnloadCause
-}
-
-// VRAMWaitEvent describes a finished wait for free device memory.
-type VRAMWaitEvent struct {
-	Device int
-	Server string // the client's Ollama server, as Options.Host names it
-	Need   uint64
-	Free   uint64
-	Waited time.Duration
-	Err    error
 }

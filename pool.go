@@ -176,8 +176,7 @@ func newPoolMember(m PoolMember, opts Options) (*poolMember, error) {
 	mo := Options{Host: m.Host, HTTPClient: hc, VRAM: m.VRAM, Protected: opts.Protected, Leases: opts.Leases,
 		Logger: opts.Logger, PollInterval: opts.PollInterval, UnloadTimeout: opts.UnloadTimeout,
 		VRAMPollInterval: opts.VRAMPollInterval, KeepModelsOnClose: true,
-		Hooks: Hooks{OnUnloadRequested: h.OnUnloadRequested, OnEvictionVerified: h.OnEvictionVerified,
-			OnCleanupFailed: h.OnCleanupFailed, OnVRAMWait: h.OnVRAMWait, OnUnloadStart: h.OnUnloadStart, OnUnloadEnd: h.OnUnloadEnd}}
+		Hooks: Hooks{OnCleanupFailed: h.OnCleanupFailed, OnVRAMWait: h.OnVRAMWait, OnUnloadStart: h.OnUnloadStart, OnUnloadEnd: h.OnUnloadEnd}}
 	mc, err := NewClient(mo)
 	if err != nil {
 		return nil, err

@@ -463,10 +463,12 @@ func TestPoolEvictionReported(t *testing.T) {
 			starts = append(starts, u)
 			return ctx
 		},
-		OnEvictionVerified: func(r vramguard.UnloadReport) {
+		OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
 			mu.Lock()
 			defer mu.Unlock()
-			verified = append(verified, r.Model)
+			if e.Err == nil && e.Report.Verified {
+				verified = append(verified, e.Model)
+			}
 		},
 	}})
 	poolGen(t, c, "b") // gpu0

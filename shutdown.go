@@ -82,7 +82,7 @@ func (c *OllamaClient) shutdown() error {
 		_, err := c.unloadMany(ctx, warm, unloadMode{keepLoads: true, cause: CauseClose})
 		cancel()
 		if err != nil {
-			c.cleanupFailed(err)
+			c.cleanupFailed(ctx, err)
 		}
 		errs = append(errs, err)
 	}

@@ -192,7 +192,7 @@ type unloadMode struct {
 }
 
 // UnloadCause says which call of this client unloaded a model: it is
-// UnloadReport.Cause and, for OnUnloadRequested, ModelEvent.Cause, so that
+// UnloadReport.Cause and UnloadStart.Cause, so that
 // a program can tell an eviction to make room from its own unloads.
 type UnloadCause string
 
@@ -478,7 +478,6 @@ func (u *unload) verdict() (*UnloadReport, error) {
 	}
 	c.log.Debug("eviction verified", "model", u.model, "was_loaded", rep.WasLoaded,
 		"attempts", rep.Attempts, "elapsed", rep.Elapsed)
-	hook(c, c.opts.Hooks.OnEvictionVerified, *rep)
 	return rep, nil
 }
 
@@ -486,7 +485,6 @@ func (u *unload) verdict() (*UnloadReport, error) {
 // Failures have the shapes of the api client's (api.StatusError for a
 // status of 400 and up), so classify treats both paths alike.
 func (c *OllamaClient) sendUnload(ctx context.Context, model string, cause UnloadCause) error {
-	hook(c, c.opts.Hooks.OnUnloadRequested, ModelEvent{Model: model, Cause: cause})
 	stream := false
 	req := &api.GenerateRequest{Model: model, KeepAlive: &api.Duration{Duration: 0}, Stream: &stream}
 	if c.hc == nil {

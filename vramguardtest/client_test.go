@@ -22,7 +22,11 @@ func TestDoubleAgreesWithClient(t *testing.T) {
 	var loads int
 	c := vramguardtest.NewClient(t, s, vramguard.Options{
 		Leases: vramguard.LeaseOptions{Dir: privateDir(t)},
-		Hooks:  vramguard.Hooks{OnLoad: func(vramguard.ModelEvent) { loads++ }},
+		Hooks: vramguard.Hooks{OnCallEnd: func(_ context.Context, e vramguard.CallEnd) {
+			if e.Generation != nil && e.Generation.Loaded {
+				loads++
+			}
+		}},
 	})
 	for i, wantLoaded := range []bool{true, false} {
 		gen, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil)

@@ -1,7 +1,7 @@
 package vramotel
 
-// The spans and metrics of generations and chats: OnCallStart, OnCallEnd,
-// OnReload and OnPlace.
+// The spans and metrics of generations and chats: OnCallStart, OnCallEnd
+// (with the call's reload, from Generation.Reload) and OnPlace.
 
 import (
 	"context"
@@ -64,6 +64,13 @@ func (i *Instrumentation) callEnd(ctx context.Context, ce vramguard.CallEnd) {
 				attribute.String(AttrReloadCause, reloadCause(gen)))
 			i.loadSpan(ctx, ce, gen)
 		}
+		if ev := gen.Reload; ev != nil {
+			span.AddEvent(EventReload, trace.WithAttributes(
+				attribute.String(AttrRequestModel, ev.Model),
+				attribute.String(AttrReloadCause, string(ev.Cause)),
+				attribute.Float64(AttrReloadSince, ev.Since.Seconds()),
+				attribute.String(AttrReloadEvidence, ev.Evidence)))
+		}
 		span.SetAttributes(kv...)
 	}
 	if ce.Err != nil {
@@ -119,20 +126,6 @@ func (i *Instrumentation) recordCall(ctx context.Context, ce vramguard.CallEnd, 
 			i.m.reloads.Add(ctx, 1, metric.WithAttributes(kv...))
 		}
 	}
-}
-
-// reload adds the event "reload" to the call's span. The reload counter is
-// counted at the call's end, from Generation.Reload, with the loads.
-func (i *Instrumentation) reload(ctx context.Context, ev vramguard.ReloadEvent) {
-	span, ok := ctx.Value(callSpanKey{}).(trace.Span)
-	if !ok {
-		return
-	}
-	span.AddEvent(EventReload, trace.WithAttributes(
-		attribute.String(AttrRequestModel, ev.Model),
-		attribute.String(AttrReloadCause, string(ev.Cause)),
-		attribute.Float64(AttrReloadSince, ev.Since.Seconds()),
-		attribute.String(AttrReloadEvidence, ev.Evidence)))
 }
 
 // place adds the event "placement" to the call's span and counts the

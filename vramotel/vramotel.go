@@ -126,9 +126,8 @@ func (m *instruments) make(meter metric.Meter) error {
 
 // Hooks returns the hooks that report to i, for vramguard.Options.Hooks;
 // join them with a program's own through vramguard.JoinHooks. They set
-// only the hooks that carry a context (OnCallStart, OnCallEnd,
-// OnUnloadStart, OnUnloadEnd, OnAdmission, OnVRAMWait, OnReload,
-// OnPlace).
+// OnCallStart, OnCallEnd, OnUnloadStart, OnUnloadEnd, OnAdmission,
+// OnVRAMWait and OnPlace.
 func (i *Instrumentation) Hooks() vramguard.Hooks {
 	return vramguard.Hooks{
 		OnCallStart:   i.callStart,
@@ -137,7 +136,6 @@ func (i *Instrumentation) Hooks() vramguard.Hooks {
 		OnUnloadEnd:   i.unloadEnd,
 		OnAdmission:   i.admission,
 		OnVRAMWait:    i.vramWait,
-		OnReload:      i.reload,
 		OnPlace:       i.place,
 	}
 }

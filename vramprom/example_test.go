@@ -32,7 +32,11 @@ func Example() {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(col)
-	mine := vramguard.Hooks{OnLoad: func(e vramguard.ModelEvent) { fmt.Println("loaded", e.Model) }}
+	mine := vramguard.Hooks{OnCallEnd: func(_ context.Context, e vramguard.CallEnd) {
+		if e.Generation != nil && e.Generation.Loaded {
+			fmt.Println("loaded", e.Model)
+		}
+	}}
 	client, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), Hooks: vramguard.JoinHooks(mine, col.Hooks())})
 	if err != nil {
 		log.Fatal(err)

@@ -443,7 +443,6 @@ func (c *Collector) Hooks() vramguard.Hooks {
 	return vramguard.Hooks{
 		OnCallEnd:   c.callEnd,
 		OnUnloadEnd: c.unloadEnd,
-		OnReload:    c.reload,
 		OnAdmission: c.admission,
 		OnVRAMWait:  c.vramWaited,
 		OnPlace:     c.placed,
@@ -491,6 +490,9 @@ func (c *Collector) callEnd(_ context.Context, e vramguard.CallEnd) {
 		c.loads.WithLabelValues(model, server, cause).Inc()
 		c.loadDuration.WithLabelValues(model, server).Observe(g.Metrics.LoadDuration.Seconds())
 	}
+	if r := g.Reload; r != nil {
+		c.reloads.WithLabelValues(vramguard.NormalizeModelName(r.Model), serverLabel(r.Server), string(r.Cause)).Inc()
+	}
 }
 
 // unloadOutcome is an unload's outcome label.
@@ -515,10 +517,6 @@ func (c *Collector) unloadEnd(_ context.Context, e vramguard.UnloadEnd) {
 	if out != outcomeLeased {
 		c.unloadDuration.WithLabelValues(model, server, out).Observe(e.Report.Elapsed.Seconds())
 	}
-}
-
-func (c *Collector) reload(_ context.Context, e vramguard.ReloadEvent) {
-	c.reloads.WithLabelValues(vramguard.NormalizeModelName(e.Model), serverLabel(e.Server), string(e.Cause)).Inc()
 }
 
 func (c *Collector) admission(_ context.Context, e vramguard.AdmissionEvent) {

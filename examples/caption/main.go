@@ -193,7 +193,7 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 		Getenv:            c.getenv,
 		KeepModelsOnClose: cfg.keep,
 		Timeouts:          vramguard.Timeouts{Total: cfg.timeout},
-		Hooks:             vramguard.Hooks{OnEvictionVerified: unloads.add},
+		Hooks:             vramguard.Hooks{OnUnloadEnd: unloads.add},
 	}
 	client, err := vramguard.NewClient(opts)
 	if err != nil {
@@ -295,16 +295,19 @@ func (c *cmd) report(model string, keep bool, unloads []vramguard.UnloadReport) 
 	}
 }
 
-// reports collects the verified unloads (Hooks.OnEvictionVerified).
+// reports collects the verified unloads (Hooks.OnUnloadEnd).
 type reports struct {
 	mu  sync.Mutex
 	got []vramguard.UnloadReport
 }
 
-func (r *reports) add(u vramguard.UnloadReport) {
+func (r *reports) add(_ context.Context, e vramguard.UnloadEnd) {
+	if e.Err != nil || !e.Report.Verified {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.got = append(r.got, u)
+	r.got = append(r.got, *e.Report)
 }
 
 func (r *reports) list() []vramguard.UnloadReport {

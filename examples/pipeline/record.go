@@ -63,24 +63,38 @@ func newRecorder() *recorder { return &recorder{start: time.Now()} }
 
 func (r *recorder) now() time.Duration { return time.Since(r.start) }
 
-func (r *recorder) event(kind, model string) {
+func (r *recorder) event(kind, model string) { r.eventAt(time.Now(), kind, model) }
+
+func (r *recorder) eventAt(at time.Time, kind, model string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.events = append(r.events, event{at: r.now(), kind: kind, model: model})
+	r.events = append(r.events, event{at: at.Sub(r.start), kind: kind, model: model})
 }
 
 func (r *recorder) hooks() vramguard.Hooks {
 	return vramguard.Hooks{
-		OnAdmit: func(e vramguard.ModelEvent) { r.event("admitted", e.Model) },
-		OnLoad:  func(e vramguard.ModelEvent) { r.event("load", e.Model) },
-		OnUnloadRequested: func(e vramguard.ModelEvent) {
-			r.event("unload requested", e.Model)
-			if e.Cause == vramguard.CauseBudget {
-				r.event("budget eviction", e.Model)
-				r.note("budget made room: unloaded " + e.Model)
+		OnAdmission: func(_ context.Context, e vramguard.AdmissionEvent) {
+			if e.Err == nil {
+				r.event("admitted", e.Model)
 			}
 		},
-		OnEvictionVerified: func(u vramguard.UnloadReport) { r.event("eviction verified", u.Model) },
+		OnCallEnd: func(_ context.Context, e vramguard.CallEnd) {
+			if e.Generation != nil && e.Generation.Loaded {
+				r.event("load", e.Generation.Model)
+			}
+		},
+		OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
+			if e.Report.Attempts > 0 { // a request went (not a model a lease kept)
+				r.eventAt(e.Start, "unload requested", e.Model)
+				if e.Cause == vramguard.CauseBudget {
+					r.eventAt(e.Start, "budget eviction", e.Model)
+					r.note("budget made room: unloaded " + e.Model)
+				}
+			}
+			if e.Err == nil && e.Report.Verified {
+				r.event("eviction verified", e.Model)
+			}
+		},
 	}
 }
 

@@ -3,8 +3,10 @@ package integration_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"os"
@@ -196,6 +198,13 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 					polls = append(polls, time.Now())
 					mu.Unlock()
 				}
+				if isUnloadRequest(r) {
+					mu.Lock()
+					if cut.IsZero() {
+						cut = time.Now()
+					}
+					mu.Unlock()
+				}
 				resp, err := tr.RoundTrip(r)
 				if r.URL.Path == "/api/generate" && err == nil {
 					mu.Lock()
@@ -204,13 +213,6 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 				}
 				return resp, err
 			})},
-			Hooks: vramguard.Hooks{OnUnloadRequested: func(vramguard.ModelEvent) {
-				mu.Lock()
-				defer mu.Unlock()
-				if cut.IsZero() {
-					cut = time.Now()
-				}
-			}},
 		})
 		blob := blobOf(t, c)
 		// The baseline: a whole load, in this run.
@@ -294,6 +296,31 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// isUnloadRequest reports whether r is an unload request (a generate with
+// no prompt and keep_alive 0), leaving its body to be read again: the
+// moment each such request goes out is the transport's to see (the hooks
+// report each unload once, not each of its requests).
+func isUnloadRequest(r *http.Request) bool {
+	if r.URL.Path != "/api/generate" || r.Body == nil {
+		return false
+	}
+	body, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return false
+	}
+	var m struct {
+		Prompt    string          `json:"prompt"`
+		KeepAlive json.RawMessage `json:"keep_alive"`
+	}
+	ka := ""
+	if json.Unmarshal(body, &m) == nil {
+		ka = strings.Trim(string(m.KeepAlive), `"`)
+	}
+	return m.Prompt == "" && (ka == "0" || ka == "0s")
+}
 
 // waitFor polls cond every 2 ms until it holds, or fails after limit.
 func waitFor(limit time.Duration, cond func() bool) error {

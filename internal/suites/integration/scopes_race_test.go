@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptrace"
 	"strings"
 	"sync"
@@ -95,18 +96,26 @@ func TestGuardCleanupSeesOthersLoad(t *testing.T) {
 					sent     []time.Time
 					verified *vramguard.UnloadReport
 				)
-				c := newClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{
-					OnUnloadRequested: func(vramguard.ModelEvent) {
+				tr := http.DefaultTransport.(*http.Transport).Clone()
+				t.Cleanup(tr.CloseIdleConnections)
+				c := newClient(t, s, vramguard.Options{
+					HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+						if isUnloadRequest(r) {
+							mu.Lock()
+							sent = append(sent, time.Now())
+							mu.Unlock()
+						}
+						return tr.RoundTrip(r)
+					})},
+					Hooks: vramguard.Hooks{OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
+						if e.Err != nil || !e.Report.Verified {
+							return
+						}
 						mu.Lock()
 						defer mu.Unlock()
-						sent = append(sent, time.Now())
-					},
-					OnEvictionVerified: func(r vramguard.UnloadReport) {
-						mu.Lock()
-						defer mu.Unlock()
-						verified = &r
-					},
-				}})
+						verified = e.Report
+					}},
+				})
 				g := vramguard.Guard{Client: c}
 				var (
 					wrote    time.Time

@@ -55,7 +55,11 @@ func TestOriginalWorkflow(t *testing.T) {
 		})
 		t.Run("phase", func(t *testing.T) {
 			var hookLoads atomic.Int32
-			c := newClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{OnLoad: func(vramguard.ModelEvent) { hookLoads.Add(1) }}})
+			c := newClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{OnCallEnd: func(_ context.Context, e vramguard.CallEnd) {
+				if e.Generation != nil && e.Generation.Loaded {
+					hookLoads.Add(1)
+				}
+			}}})
 			start := time.Now()
 			p, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{})
 			if err != nil {
@@ -87,7 +91,7 @@ func TestOriginalWorkflow(t *testing.T) {
 				t.Errorf("phase mode: %d runner starts, want 2", loads)
 			}
 			if h := int(hookLoads.Load()); h < loads || h != reported {
-				t.Errorf("OnLoad called %d times for %d loads (%d generations reported Loaded)", h, loads, reported)
+				t.Errorf("OnCallEnd told %d loads for %d loads (%d generations reported Loaded)", h, loads, reported)
 			}
 			t.Logf("phase: %d loads (%d reported), %v, %d verified unloads", loads, reported, time.Since(start), len(rep.Cleanup.Unloads))
 		})

@@ -27,7 +27,7 @@
 // process's by the child itself (ChildTransport: it reaches the server
 // directly, since its runner check is tied to the process that listens at
 // its client's port, and a proxy is not the server). Verified unloads come
-// from Hooks.OnEvictionVerified (the child prints its own). A watcher
+// from Hooks.OnUnloadEnd (the child prints its own). A watcher
 // looks at the server every 15 ms: /api/ps and
 // the runner processes serving each model's weights (Obs).
 //

@@ -61,7 +61,11 @@ func child(arg string) int {
 		UnloadTimeout: 10 * time.Second,
 		Timeouts:      vramguard.Timeouts{FirstChunk: 15 * time.Second, Total: 20 * time.Second},
 		HTTPClient:    &http.Client{Transport: rt},
-		Hooks: vramguard.Hooks{OnEvictionVerified: func(r vramguard.UnloadReport) {
+		Hooks: vramguard.Hooks{OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
+			r := e.Report
+			if e.Err != nil || !r.Verified {
+				return
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			line.Verdicts = append(line.Verdicts, oracle.Verdict{T: time.Now(), Model: oracle.Group(r.Model), Checked: r.Checked, NoRunnerCheck: r.NoRunnerCheck,

@@ -259,11 +259,17 @@ func (p *player) newClient() error {
 		CleanupTimeout: cleanupTimeout,
 		Timeouts:       vramguard.Timeouts{FirstChunk: firstChunk, Total: totalTimeout},
 		Hooks: vramguard.Hooks{
-			OnEvictionVerified: func(r vramguard.UnloadReport) {
-				p.trace.verdict(Verdict{T: time.Now(), Party: PartyOwn, Model: Group(r.Model), Checked: r.Checked, NoRunnerCheck: r.NoRunnerCheck,
-					Elapsed: r.Elapsed, Attempts: r.Attempts})
+			OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
+				if r := e.Report; e.Err == nil && r.Verified {
+					p.trace.verdict(Verdict{T: time.Now(), Party: PartyOwn, Model: Group(r.Model), Checked: r.Checked, NoRunnerCheck: r.NoRunnerCheck,
+						Elapsed: r.Elapsed, Attempts: r.Attempts})
+				}
 			},
-			OnLoad: func(e vramguard.ModelEvent) { p.trace.load(e.LoadDuration) },
+			OnCallEnd: func(_ context.Context, e vramguard.CallEnd) {
+				if g := e.Generation; g != nil && g.Loaded {
+					p.trace.load(g.Metrics.LoadDuration)
+				}
+			},
 		},
 	})
 	if err != nil {

@@ -47,7 +47,7 @@ type Send struct {
 }
 
 // Verdict is a verified unload as a client reported it
-// (Hooks.OnEvictionVerified).
+// (Hooks.OnUnloadEnd, verified).
 type Verdict struct {
 	T       time.Time
 	Party   string

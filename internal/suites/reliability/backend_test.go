@@ -159,16 +159,25 @@ func newProxy(t *testing.T, u *url.URL) *faultproxy.Proxy {
 	return p
 }
 
-// counters are the lifecycle hooks a scenario checks.
+// counters are what the lifecycle hooks told a scenario: the unloads
+// begun, the verified ones and the failed cleanups (the unload requests
+// that reached the server are the proxy's Stats.Unloads).
 type counters struct {
-	unloadRequested, evictionVerified, cleanupFailed atomic.Int32
+	unloadStarted, evictionVerified, cleanupFailed atomic.Int32
 }
 
 func (c *counters) hooks() vramguard.Hooks {
 	return vramguard.Hooks{
-		OnUnloadRequested:  func(vramguard.ModelEvent) { c.unloadRequested.Add(1) },
-		OnEvictionVerified: func(vramguard.UnloadReport) { c.evictionVerified.Add(1) },
-		OnCleanupFailed:    func(vramguard.ModelEvent) { c.cleanupFailed.Add(1) },
+		OnUnloadStart: func(ctx context.Context, _ vramguard.UnloadStart) context.Context {
+			c.unloadStarted.Add(1)
+			return ctx
+		},
+		OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
+			if e.Err == nil && e.Report.Verified {
+				c.evictionVerified.Add(1)
+			}
+		},
+		OnCleanupFailed: func(context.Context, vramguard.CleanupEvent) { c.cleanupFailed.Add(1) },
 	}
 }
 

@@ -34,6 +34,7 @@ type Options struct {
 // others are totals since New.
 type Stats struct {
 	Requests     int          // requests received
+	Unloads      int          // of them, unload requests (Request.IsUnload)
 	Faults       map[Kind]int // faults applied, by kind (KindPass not counted)
 	Accepted     int          // client connections accepted
 	Open         int          // client connections open now
@@ -323,6 +324,9 @@ func (p *Proxy) take(r *http.Request, body []byte) (f Fault, stop <-chan struct{
 	}
 	p.update(func(s *Stats) {
 		s.Requests++
+		if req.IsUnload() {
+			s.Unloads++
+		}
 		s.Handlers++
 		if f.Kind != KindPass {
 			s.Faults[f.Kind]++
