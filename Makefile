@@ -104,6 +104,11 @@ oracle:
 	$(if $(VERSIONS),VRAMGUARD_OLLAMA_VERSIONS=$(VERSIONS)) $(GO) test -count=1 -run 'TestOracle$$' -v -timeout 0 -parallel 64 ./internal/suites/oracle \
 		-oracle.seed $(SEED) -oracle.n $(N) -oracle.budget $(BUDGET) -oracle.servers $(SERVERS) -oracle.report $(abspath $(ORACLE_REPORT))
 
+## compose: the composition oracle on the simulator, N schedules from fresh seeds (SEED=<seed> N=1 replays one)
+COMPOSE_N ?= 1000
+compose:
+	$(GO) test -count=1 -run 'TestCompose$$' -v . -compose.n $(COMPOSE_N) $(if $(SEED),-compose.seed $(SEED))
+
 ## oracle-mutants: the oracle must find each mutant of the unload (scripts/oracle-mutants.sh)
 oracle-mutants:
 	./scripts/oracle-mutants.sh
