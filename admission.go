@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ollama/ollama/api"
 )
 
 // ErrOverBudget: a load would break Options.Budget. The error is an
@@ -146,18 +148,10 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	if findRunning(ms, model) != nil {
 		return func() {}, nil
 	}
-	a.mu.Lock()
-	var pending uint64 // loads admitted but not listed yet hold nothing the device shows
-	for p := range a.pending {
-		if NormalizeModelName(p.model) == NormalizeModelName(model) {
-			a.mu.Unlock()
-			return func() {}, nil // its load was admitted already
-		}
-		if findRunning(ms, p.model) == nil {
-			pending += p.need
-		}
+	pending, same := a.pendingBytes(ms, model)
+	if same {
+		return func() {}, nil // its load was admitted already
 	}
-	a.mu.Unlock()
 	ev := AdmissionEvent{Model: model, Server: c.host, Device: b.Device, Start: time.Now()}
 	checked := true // a budget found off is no check
 	defer func() {
@@ -184,6 +178,18 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	if err != nil {
 		return nil, err
 	}
+	if berr != nil && b.MakeRoom && pending > 0 {
+		// A load admitted before this one, not listed yet, lands while
+		// room is made: the device would show its memory and the target
+		// still count it, and the wait could never end. Room is made
+		// once those loads are listed (or have failed), and measured.
+		if pending, err = c.awaitPending(ctx, model); err != nil {
+			return nil, err
+		}
+		if berr, err = c.checkBudget(ctx, b, model, need+pending); err != nil {
+			return nil, err
+		}
+	}
 	if berr != nil && b.MakeRoom {
 		if berr, ev.MadeRoom, err = c.budgetRoom(ctx, b, model, need+pending, berr); err != nil {
 			return nil, err
@@ -204,6 +210,41 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		defer a.mu.Unlock()
 		delete(a.pending, p)
 	}, nil
+}
+
+// pendingBytes is what the loads this client admitted and the server does
+// not list yet (in ms) will hold, and whether one of them is of model.
+func (a *admission) pendingBytes(ms []api.ProcessModelResponse, model string) (pending uint64, same bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for p := range a.pending {
+		if NormalizeModelName(p.model) == NormalizeModelName(model) {
+			return 0, true
+		}
+		if findRunning(ms, p.model) == nil {
+			pending += p.need
+		}
+	}
+	return pending, false
+}
+
+// awaitPending waits, within ctx, until every load this client admitted
+// is listed by the server or has ended (its generation failed), and
+// returns what those still unlisted hold (zero unless ctx ended first).
+func (c *OllamaClient) awaitPending(ctx context.Context, model string) (uint64, error) {
+	for {
+		ms, err := c.running(ctx)
+		if err != nil {
+			return 0, err
+		}
+		pending, _ := c.admission.pendingBytes(ms, model)
+		if pending == 0 {
+			return 0, nil
+		}
+		if err := sleepCtx(ctx, c.opts.PollInterval); err != nil {
+			return 0, newError("budget", model, KindCanceled, err)
+		}
+	}
 }
 
 // checkBudget reads the device and returns a *RoomError when a load of
@@ -254,12 +295,23 @@ func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, 
 		target = max(target, berr.Free+(berr.Held+need-b.MaxBytes))
 	}
 	c.log.Debug("making room for a load", "model", model, "need", need, "target", target)
-	erep, eerr := c.ensureFree(ctx, EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom, WaitForLeases: b.WaitForLeases},
-		unloadMode{keepLoads: true, cause: CauseBudget})
+	rq, err := c.roomRequestOf(EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom, WaitForLeases: b.WaitForLeases},
+		unloadMode{keepLoads: true, cause: CauseBudget}, nil, true)
+	if err != nil {
+		return nil, false, err
+	}
+	rq.forLoad = model
+	erep, eerr := c.makeRoom(ctx, rq)
 	if erep != nil {
 		for _, r := range erep.Evicted {
 			madeRoom = madeRoom || r.Verified
 		}
+	}
+	if errors.Is(eerr, errListedMeanwhile) {
+		// Another party loaded the model while room was made: a listed
+		// model is no load, and is not checked.
+		c.log.Debug("making room: the model was loaded meanwhile", "model", model)
+		return nil, madeRoom, nil
 	}
 	var re *RoomError
 	if errors.As(eerr, &re) {

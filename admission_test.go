@@ -203,3 +203,75 @@ func TestBudgetThatTravels(t *testing.T) {
 		}
 	})
 }
+
+// TestBudgetRoomBesidePendingLoad (the composition oracle's seed
+// 1796172427729402862: a phase's two models loading at once under a budget
+// that makes room): a load admitted first and still loading lands while
+// the second makes room; the room's target counted the first load's
+// memory, which the device then showed too, so the wait could not end and
+// the second load was refused after its timeout. It now waits for the
+// first to be listed, measures, and makes the room it needs.
+func TestBudgetRoomBesidePendingLoad(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{TotalVRAM: 8 * gib},
+		vramguardtest.ModelConfig{Name: "z", Size: 2 * gib},
+		vramguardtest.ModelConfig{Name: "a", Size: 2 * gib, LoadLatency: 300 * time.Millisecond},
+		vramguardtest.ModelConfig{Name: "c", Size: 4 * gib})
+	loadForever(t, s, "z") // another program's idle model
+	c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{MakeRoom: true},
+		Timeouts: vramguard.Timeouts{FirstChunk: 3 * time.Second, Total: 3 * time.Second}})
+	errs := make(chan error, 2)
+	go func() {
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil)
+		errs <- err
+	}()
+	if err := s.WaitFor(t.Context(), func() bool { return s.Requests("a") > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil)
+	if err != nil {
+		t.Errorf("c, admitted while a loads: %v; want room made and the load admitted", err)
+	}
+	if err := <-errs; err != nil {
+		t.Errorf("a: %v", err)
+	}
+	// a (idle once its generation ended) and z are both 2 GiB: the
+	// policy's fewest bytes may take either.
+	if !s.Listed("c") || s.Listed("a") == s.Listed("z") {
+		t.Errorf("resident %v; want c, and one of a and z unloaded to make room", s.Running())
+	}
+}
+
+// TestBudgetRoomEndsWhenLoadedElsewhere (the composition oracle's seed
+// 1796173904511439337): another program loads the model while this
+// client's budget makes room for the same load. Its runner's memory, not
+// listed yet, was waited for until the call's timeout, and the load was
+// refused although the model was then loaded: a listed model is no load.
+// The wait now ends when the server lists the model, and the call runs on
+// it.
+func TestBudgetRoomEndsWhenLoadedElsewhere(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{TotalVRAM: 8 * gib},
+		vramguardtest.ModelConfig{Name: "c", Size: 4 * gib, LoadLatency: 300 * time.Millisecond})
+	if err := s.Reserve("other", 2*gib); err != nil {
+		t.Fatal(err)
+	}
+	c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{MakeRoom: true},
+		Timeouts: vramguard.Timeouts{FirstChunk: 5 * time.Second, Total: 5 * time.Second}})
+	other := make(chan error, 1)
+	go func() {
+		other <- s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "c", Prompt: "x", KeepAlive: &api.Duration{Duration: time.Minute}},
+			func(api.GenerateResponse) error { return nil })
+	}()
+	if err := s.WaitFor(t.Context(), func() bool { r := s.Running(); return len(r) == 1 && r[0].Loading }); err != nil {
+		t.Fatal(err)
+	}
+	gen, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil)
+	if err != nil {
+		t.Fatalf("c while another program loads it: %v; want the call to run on the model it loaded", err)
+	}
+	if gen.Loaded || s.Loads("c") != 1 {
+		t.Errorf("Loaded %v, %d loads; want the other program's one load, reused", gen.Loaded, s.Loads("c"))
+	}
+	if err := <-other; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -193,6 +193,11 @@ func (g *Guard) Run(ctx context.Context, model string, fn func(ctx context.Conte
 		s.ended.Store(true)
 		wantUnload := g.Phase == nil && !g.KeepLoaded
 		last, unload := release(wantUnload)
+		if g.Phase != nil {
+			// The phase keeps the model: its End unloads it, and with it
+			// what an earlier user of the model wanted.
+			unload = false
+		}
 		if cerr := g.cleanup(ctx, model, last && unload, !normal); cerr != nil {
 			err = errors.Join(err, unverified("guard cleanup", model, cerr))
 		}

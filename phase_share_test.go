@@ -106,3 +106,48 @@ func TestPhaseHandoverSparesOtherPhase(t *testing.T) {
 		t.Error("a's hand-over evicted the model phase b keeps")
 	}
 }
+
+// TestPhaseGuardKeepsItsModel (the composition oracle's seed
+// 1796173682162242647): a plain guard and a phase's guard use one model at
+// once and the plain one ends first, wanting the model unloaded. The
+// phase's guard ended last and honoured that wish, unloading the model its
+// phase keeps (the phase's next step loaded it again). The phase keeps it
+// now, and its End unloads it, verified.
+func TestPhaseGuardKeepsItsModel(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny"})
+	c := newTestClient(t, s, vramguard.Options{})
+	p, err := c.StartPhase(t.Context(), "p", vramguard.PhaseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inPhase, plainDone := make(chan struct{}), make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		pg := p.Guard()
+		errs <- pg.Run(t.Context(), "tiny", func(ctx context.Context, ss *vramguard.Session) error {
+			_, err := ss.Generate(ctx, &vramguard.GenerateRequest{Prompt: "x"}, nil)
+			close(inPhase)
+			<-plainDone // the plain guard ends first
+			return err
+		})
+	}()
+	<-inPhase
+	g := vramguard.Guard{Client: c}
+	if _, err := g.Generate(t.Context(), &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	close(plainDone)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if !s.Listed("tiny") {
+		t.Fatalf("after both guards ended the phase's model is gone (%d loads); want it warm until End", s.Loads("tiny"))
+	}
+	rep, err := p.End(t.Context())
+	if err != nil || len(rep.Cleanup.Unloads) != 1 || !rep.Cleanup.Unloads[0].Verified || s.Listed("tiny") {
+		t.Fatalf("End: %+v, %v, listed %v; want tiny unloaded, verified", rep, err, s.Listed("tiny"))
+	}
+	if n := s.Loads("tiny"); n != 1 {
+		t.Errorf("%d loads; want 1", n)
+	}
+}

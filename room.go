@@ -720,6 +720,11 @@ type roomRequest struct {
 	// rules gathers what keeps models (nil: the client's own); a pool
 	// passes its own for a member.
 	rules func() roomRules
+	// forLoad is, for a budget's admission, the model whose load the room
+	// is for: a wait for the room also ends (errListedMeanwhile) when the
+	// server lists it, loaded meanwhile by another party, since a listed
+	// model is no load.
+	forLoad string
 	// own: the client makes room for itself, so its tenants are asked
 	// and its ReleaseVRAM runs; a pool's member client does neither (the
 	// pool client holds them, and a GC in this process frees nothing on
@@ -844,7 +849,9 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 				// room: wait for it (bounded) and look again, rather than
 				// refuse what the driver is about to give back.
 				rechecked = true
-				_, _ = c.awaitBounded(ctx, rq, min(v.total, v.free+v.unlisted))
+				if _, werr := c.awaitBounded(ctx, rq, min(v.total, v.free+v.unlisted)); errors.Is(werr, errListedMeanwhile) {
+					return v, roomPlan{}, werr
+				}
 				if ctx.Err() == nil {
 					continue
 				}
@@ -893,6 +900,11 @@ func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released ma
 	listed, err := c.running(ctx)
 	if err != nil {
 		return roomView{}, snap, err
+	}
+	if rq.forLoad != "" && findRunning(listed, rq.forLoad) != nil {
+		// Loaded meanwhile by another party: no load needs the room, and
+		// the model is not evicted to make it.
+		return roomView{}, snap, errListedMeanwhile
 	}
 	rules := c.ownRules(rq.mode)
 	if rq.rules != nil {
@@ -1037,7 +1049,44 @@ func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target 
 	ctx, cancel := context.WithTimeoutCause(ctx, rq.timeout,
 		fmt.Errorf("the device did not show it within %v (EnsureRequest.Timeout, else Options.UnloadTimeout): %w", rq.timeout, context.DeadlineExceeded))
 	defer cancel()
-	return AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval})
+	if rq.forLoad != "" {
+		var stop func()
+		ctx, stop = c.untilListed(ctx, rq.forLoad, rq.interval)
+		defer stop()
+	}
+	snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval})
+	if err != nil && errors.Is(context.Cause(ctx), errListedMeanwhile) {
+		return snap, errListedMeanwhile
+	}
+	return snap, err
+}
+
+// errListedMeanwhile ends a budget's wait for room when the server lists
+// the model the room is for (roomRequest.forLoad).
+var errListedMeanwhile = errors.New("the model was loaded meanwhile")
+
+// untilListed returns ctx canceled with errListedMeanwhile once the
+// server lists model (looked at every interval); stop ends the watch.
+func (c *OllamaClient) untilListed(ctx context.Context, model string, interval time.Duration) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if ms, err := c.running(ctx); err == nil && findRunning(ms, model) != nil {
+				cancel(errListedMeanwhile)
+				return
+			}
+		}
+	}()
+	return ctx, func() { cancel(nil); <-done }
 }
 
 // makeRoomAll is EnsureRequest.AllModels: every listed model not kept,

@@ -152,24 +152,33 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 }
 
 func (c *OllamaClient) ensureFreeRules(ctx context.Context, req EnsureRequest, mode unloadMode, rules func() roomRules, own bool) (*EnsureReport, error) {
+	rq, err := c.roomRequestOf(req, mode, rules, own)
+	if err != nil {
+		return nil, err
+	}
+	return c.makeRoom(ctx, rq)
+}
+
+// roomRequestOf checks req and makes it the room-making's request.
+func (c *OllamaClient) roomRequestOf(req EnsureRequest, mode unloadMode, rules func() roomRules, own bool) (roomRequest, error) {
 	const op = "ensure free"
 	if req.Bytes > maxBytes || req.Reserve > maxBytes {
-		return nil, invalid(op, "", "%d bytes (+%d reserve) is more than %d", req.Bytes, req.Reserve, uint64(maxBytes))
+		return roomRequest{}, invalid(op, "", "%d bytes (+%d reserve) is more than %d", req.Bytes, req.Reserve, uint64(maxBytes))
 	}
 	if req.Device < 0 || req.PollInterval < 0 || req.Timeout < 0 {
-		return nil, invalid(op, "", "negative device, poll interval or timeout")
+		return roomRequest{}, invalid(op, "", "negative device, poll interval or timeout")
 	}
 	if c.opts.VRAM == nil && !req.AllModels {
-		return nil, newError(op, "", KindInvalidInput,
+		return roomRequest{}, newError(op, "", KindInvalidInput,
 			fmt.Errorf("%w; set AllModels to unload every model the server lists, other programs' included", ErrNoVRAMReader))
 	}
-	return c.makeRoom(ctx, roomRequest{
+	return roomRequest{
 		op: op, device: req.Device, need: req.Bytes + req.Reserve,
 		interval:   cmp.Or(req.PollInterval, c.opts.VRAMPollInterval),
 		timeout:    cmp.Or(req.Timeout, c.opts.UnloadTimeout),
 		waitLeases: req.WaitForLeases, dryRun: req.DryRun, all: req.AllModels,
 		mode: mode, rules: rules, own: own,
-	})
+	}, nil
 }
 
 // readerError types a VRAM reader's failure: KindCanceled when ctx is
