@@ -19,7 +19,7 @@ UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /internal/suites/oracle -e /i
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(shell $(GO) env GOPATH)/bin/staticcheck)
 FUZZTIME  ?= 1s
 
-.PHONY: test tools check check-importer check-copy test-unit test-nocgo test-integration fuzz-short fuzz bench soak oracle oracle-mutants install-ollama
+.PHONY: test tools check check-importer check-copy test-unit test-nocgo test-integration fuzz-short fuzz bench soak oracle oracle-mutants compose compose-mutants install-ollama
 
 ## test: everything CI checks (installs what is missing first), timing each stage
 test:
@@ -104,10 +104,14 @@ oracle:
 	$(if $(VERSIONS),VRAMGUARD_OLLAMA_VERSIONS=$(VERSIONS)) $(GO) test -count=1 -run 'TestOracle$$' -v -timeout 0 -parallel 64 ./internal/suites/oracle \
 		-oracle.seed $(SEED) -oracle.n $(N) -oracle.budget $(BUDGET) -oracle.servers $(SERVERS) -oracle.report $(abspath $(ORACLE_REPORT))
 
-## compose: the composition oracle on the simulator, N schedules from fresh seeds (SEED=<seed> N=1 replays one)
+## compose: the composition oracle on the simulator, COMPOSE_N schedules from fresh seeds (SEED=<seed> COMPOSE_N=1 replays one)
 COMPOSE_N ?= 1000
 compose:
 	$(GO) test -count=1 -run 'TestCompose$$' -v . -compose.n $(COMPOSE_N) $(if $(SEED),-compose.seed $(SEED))
+
+## compose-mutants: the composition oracle's CI sweep must find each mutant (scripts/compose-mutants.sh)
+compose-mutants:
+	./scripts/compose-mutants.sh
 
 ## oracle-mutants: the oracle must find each mutant of the unload (scripts/oracle-mutants.sh)
 oracle-mutants:

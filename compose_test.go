@@ -279,7 +279,7 @@ func (w *composeWorld) run(ctx context.Context, id int, o composeOp) composeResu
 		}
 		_, r.err = p.End(ctx)
 	case "ensure":
-		_, r.err = w.c.EnsureFree(ctx, vramguard.EnsureRequest{Device: o.device, Bytes: o.bytes, Timeout: 3 * time.Second})
+		_, r.err = w.c.EnsureFree(ctx, vramguard.EnsureRequest{Device: o.device, Bytes: o.bytes, Timeout: time.Second})
 	case "reserve":
 		// Another program takes no more than the device's models leave
 		// it: the fake devices share one server's ledger, and a device

@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
 	. "github.com/vramguard/vramguard"
 
 	"github.com/ollama/ollama/api"
+	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -119,15 +119,12 @@ func (s spyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		req.Body = io.NopCloser(bytes.NewReader(body))
-		var m struct {
-			Model     string          `json:"model"`
-			Prompt    string          `json:"prompt"`
-			KeepAlive json.RawMessage `json:"keep_alive"`
-		}
-		if json.Unmarshal(body, &m) == nil && m.Prompt == "" {
-			if ka := strings.Trim(string(m.KeepAlive), `"`); ka == "0" || ka == "0s" {
-				s.sent(m.Model)
+		if (&faultproxy.Request{Method: req.Method, Path: req.URL.Path, Body: body}).IsUnload() {
+			var m struct {
+				Model string `json:"model"`
 			}
+			_ = json.Unmarshal(body, &m)
+			s.sent(m.Model)
 		}
 	}
 	return s.next.RoundTrip(req)

@@ -10,17 +10,13 @@
 # Usage: scripts/compose-mutants.sh [N]
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$repo/scripts/mutant-tree.sh"
 n=${1:-100}
 status=0
 for patch in "$repo"/testdata/compose-mutants/*.patch; do
 	name=$(basename "$patch" .patch)
-	tmp=$(mktemp -d)
+	tmp=$(mutant_tree "$repo" "$patch") || exit 1
 	trap 'rm -rf "$tmp"' EXIT
-	(cd "$repo" && git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$tmp")
-	if ! (cd "$tmp" && patch -p1 --quiet <"$patch"); then
-		echo "compose-mutants: $name: the patch no longer applies" >&2
-		exit 1
-	fi
 	start=$(date +%s)
 	log="$tmp/compose.log"
 	(cd "$tmp" && go test -count=1 -run 'TestCompose$' -v . -compose.n "$n") >"$log" 2>&1 || true

@@ -13,19 +13,15 @@
 # the mutation check gets a minute.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$repo/scripts/mutant-tree.sh"
 budget=${1:-60s}
 race=-race
 [ "${2:-}" = norace ] && race=
 status=0
 for patch in "$repo"/internal/suites/oracle/testdata/mutants/*.patch; do
 	name=$(basename "$patch" .patch)
-	tmp=$(mktemp -d)
+	tmp=$(mutant_tree "$repo" "$patch") || exit 1
 	trap 'rm -rf "$tmp"' EXIT
-	(cd "$repo" && git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$tmp")
-	if ! (cd "$tmp" && patch -p1 --quiet <"$patch"); then
-		echo "oracle-mutants: $name: the patch no longer applies" >&2
-		exit 1
-	fi
 	start=$(date +%s)
 	log="$tmp/oracle.log"
 	(cd "$tmp" && go test $race -count=1 -run 'TestOracle$' -v -parallel 4 -timeout 30m ./internal/suites/oracle \

@@ -3,7 +3,6 @@ package integration_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"github.com/ollama/ollama/api"
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/procs"
+	"github.com/vramguard/vramguard/internal/testkit/faultproxy"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 )
 
@@ -308,18 +308,7 @@ func isUnloadRequest(r *http.Request) bool {
 	body, err := io.ReadAll(r.Body)
 	r.Body.Close()
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	if err != nil {
-		return false
-	}
-	var m struct {
-		Prompt    string          `json:"prompt"`
-		KeepAlive json.RawMessage `json:"keep_alive"`
-	}
-	ka := ""
-	if json.Unmarshal(body, &m) == nil {
-		ka = strings.Trim(string(m.KeepAlive), `"`)
-	}
-	return m.Prompt == "" && (ka == "0" || ka == "0s")
+	return err == nil && (&faultproxy.Request{Method: r.Method, Path: r.URL.Path, Body: body}).IsUnload()
 }
 
 // waitFor polls cond every 2 ms until it holds, or fails after limit.
