@@ -275,3 +275,38 @@ func TestBudgetRoomEndsWhenLoadedElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBudgetRoomBesideAnotherLoad (the composition oracle's seed
+// 1796174817253588299, in the 10,000-schedule run): another program's
+// model is loading when this client's budget must make room. Its runner's
+// memory, not listed yet, was waited for as if it were leaving, for the
+// whole wait, and the load was refused. The wait now also ends when that
+// model is listed, and the room is planned with it: the other program's
+// model, idle once loaded, is unloaded, verified, and the load admitted.
+func TestBudgetRoomBesideAnotherLoad(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{TotalVRAM: 8 * gib},
+		vramguardtest.ModelConfig{Name: "c", Size: 4 * gib, LoadLatency: 300 * time.Millisecond},
+		vramguardtest.ModelConfig{Name: "b", Size: 3 * gib})
+	if err := s.Reserve("other", 2*gib); err != nil {
+		t.Fatal(err)
+	}
+	c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{MakeRoom: true},
+		Timeouts: vramguard.Timeouts{FirstChunk: 3 * time.Second, Total: 3 * time.Second}})
+	other := make(chan error, 1)
+	go func() {
+		other <- s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "c", Prompt: "x", KeepAlive: &api.Duration{Duration: time.Minute}},
+			func(api.GenerateResponse) error { return nil })
+	}()
+	if err := s.WaitFor(t.Context(), func() bool { r := s.Running(); return len(r) == 1 && r[0].Loading }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil); err != nil {
+		t.Fatalf("b while another program loads c: %v; want c unloaded once listed and b admitted", err)
+	}
+	if err := <-other; err != nil {
+		t.Fatal(err)
+	}
+	if s.Listed("c") || !s.Listed("b") {
+		t.Errorf("resident %v; want b, c unloaded to make room", s.Running())
+	}
+}

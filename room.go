@@ -420,8 +420,9 @@ type roomView struct {
 	// unlisted is the memory of runners on the device whose model the
 	// listing lacks: loading (Ollama lists a model once its load ends)
 	// or leaving (the listing was read after the runner exited). Its
-	// fate is not known from one reading.
-	unlisted uint64
+	// fate is not known from one reading. unlistedModels names them.
+	unlisted       uint64
+	unlistedModels []string
 }
 
 // buildRoomView reads device from snap and the server's listing: each
@@ -452,6 +453,7 @@ func buildRoomView(snap *VRAMSnapshot, d *DeviceMemory, listed []api.ProcessMode
 	for k, b := range here {
 		if !inList[k] {
 			v.unlisted += b
+			v.unlistedModels = append(v.unlistedModels, k)
 		}
 	}
 	for _, m := range listed {
@@ -826,6 +828,9 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 	rechecked := false
 	for waited := false; ; waited = true {
 		v, snap, err := c.viewRoom(ctx, rq, nil)
+		if errors.Is(err, errListedMeanwhile) {
+			return v, roomPlan{}, err
+		}
 		if err != nil && !(waited && ctx.Err() == nil && KindOf(err) != KindNotFound && KindOf(err) != KindInvalidInput) {
 			return v, roomPlan{}, err
 		}
@@ -848,10 +853,12 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 				// or leaving, and if leaving its memory would make the
 				// room: wait for it (bounded) and look again, rather than
 				// refuse what the driver is about to give back.
+				// A loading one is listed when its load ends: the wait ends
+				// then too, and the room is planned with it.
 				rechecked = true
-				if _, werr := c.awaitBounded(ctx, rq, min(v.total, v.free+v.unlisted)); errors.Is(werr, errListedMeanwhile) {
-					return v, roomPlan{}, werr
-				}
+				wctx, stop := c.untilListed(ctx, v.unlistedModels, rq.interval)
+				_, _ = c.awaitBounded(wctx, rq, min(v.total, v.free+v.unlisted))
+				stop()
 				if ctx.Err() == nil {
 					continue
 				}
@@ -1051,7 +1058,7 @@ func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target 
 	defer cancel()
 	if rq.forLoad != "" {
 		var stop func()
-		ctx, stop = c.untilListed(ctx, rq.forLoad, rq.interval)
+		ctx, stop = c.untilListed(ctx, []string{rq.forLoad}, rq.interval)
 		defer stop()
 	}
 	snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval})
@@ -1066,9 +1073,13 @@ func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target 
 var errListedMeanwhile = errors.New("the model was loaded meanwhile")
 
 // untilListed returns ctx canceled with errListedMeanwhile once the
-// server lists model (looked at every interval); stop ends the watch.
-func (c *OllamaClient) untilListed(ctx context.Context, model string, interval time.Duration) (_ context.Context, stop func()) {
+// server lists one of models (looked at every interval); stop ends the
+// watch. With no models it watches nothing.
+func (c *OllamaClient) untilListed(ctx context.Context, models []string, interval time.Duration) (_ context.Context, stop func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
+	if len(models) == 0 {
+		return ctx, func() { cancel(nil) }
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -1080,7 +1091,7 @@ func (c *OllamaClient) untilListed(ctx context.Context, model string, interval t
 				return
 			case <-t.C:
 			}
-			if ms, err := c.running(ctx); err == nil && findRunning(ms, model) != nil {
+			if ms, err := c.running(ctx); err == nil && slices.ContainsFunc(models, func(m string) bool { return findRunning(ms, m) != nil }) {
 				cancel(errListedMeanwhile)
 				return
 			}
