@@ -60,7 +60,8 @@ func ExampleJoinHooks() {
 			return context.WithValue(ctx, spanKey{}, ev.Op+" "+ev.Model)
 		},
 		OnCallEnd: func(ctx context.Context, ev vramguard.CallEnd) {
-			fmt.Println("span ended:", ctx.Value(spanKey{}), "loaded:", ev.Generation.Loaded)
+			// Generation is nil when the call failed (ev.Err).
+			fmt.Println("span ended:", ctx.Value(spanKey{}), "loaded:", ev.Generation != nil && ev.Generation.Loaded)
 		},
 	}
 	loads := 0

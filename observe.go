@@ -24,11 +24,16 @@ type Hooks struct {
 	OnCallStart func(context.Context, CallStart) context.Context
 	// OnCallEnd: the call ended, with its Generation (whether it loaded
 	// its model, Loaded and Metrics.LoadDuration; Offload; Reload;
-	// Placement) or its failure.
+	// Placement) or its failure, Err, with Generation nil: a generation
+	// Options.FailOnOffload refused is errors.Is ErrOffloaded, and
+	// errors.As finds its *Offload.
 	OnCallEnd func(context.Context, CallEnd)
 	// OnUnloadStart: an unload begins (every cause: UnloadModel, guards,
 	// phases, cleanups, evictions, the budget's room-making). The context
-	// it returns (nil: ctx) is the one OnUnloadEnd receives.
+	// it returns (nil: ctx) is the one OnUnloadEnd receives. A generation
+	// sent with KeepAliveUnload is no unload by itself: the server unloads
+	// the model when the request ends (a Guard's cleanup after it is an
+	// unload of its own).
 	OnUnloadStart func(context.Context, UnloadStart) context.Context
 	// OnUnloadEnd: the unload ended, verified or not (Report.Verified,
 	// Report.Attempts: the requests it sent), or left because a lease

@@ -536,7 +536,13 @@ func (s *Server) KillRunner(name string) bool {
 // Restart plays a restart of the server process: every client connection
 // is cut, so requests in flight fail as they do when a server dies, and
 // every runner is gone at once (a loading one is unloaded as soon as its
-// load ends, if it ends). Models stay registered.
+// load ends, if it ends). Models stay registered. A client's idle
+// keep-alive connection is cut too: its next request may fail once with
+// EOF (vramguard.KindTransient), as against a real server that
+// restarted. The double has no `ollama serve` process, so a client tells
+// the restart (vramguard.ReloadRestarted) only from a connection that
+// failed in between, not from an idle restart: a model that left then
+// reads as another program's unload.
 func (s *Server) Restart() {
 	s.hs.CloseClientConnections()
 	s.mu.Lock()
