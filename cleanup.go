@@ -147,7 +147,7 @@ func runRelease(ctx context.Context, fn ReleaseFunc) (err error) {
 // CleanupOptions says what Cleanup does. The zero value does nothing but
 // report; set Models, AllModels and/or Release.
 type CleanupOptions struct {
-	Models    []string // unload these, verified
+	Models    []string // unload these, verified (a model named twice, "tiny" and "TINY:latest" alike, once)
 	AllModels bool     // unload every model the server lists, and those this client is loading, verified
 	Release   bool     // run ReleaseVRAM after the unloads
 	// Timeout bounds the whole cleanup; zero means Options.CleanupTimeout.

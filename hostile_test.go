@@ -3,6 +3,7 @@ package vramguard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"strings"
@@ -163,7 +164,10 @@ func TestHostileClientInputs(t *testing.T) {
 			return err
 		}, invalidOnly},
 		{"cleanup 200 duplicate models", func(ctx context.Context) error {
-			_, err := c.Cleanup(ctx, vramguard.CleanupOptions{Models: repeat("TINY:latest", 200)})
+			rep, err := c.Cleanup(ctx, vramguard.CleanupOptions{Models: append(repeat("TINY:latest", 200), "tiny")})
+			if err == nil && len(rep.Unloads) != 1 {
+				return fmt.Errorf("%d unload reports for one model named 201 times; want one", len(rep.Unloads))
+			}
 			return err
 		}, successOnly},
 		{"cleanup unknown models", func(ctx context.Context) error {

@@ -587,8 +587,8 @@ func (c *OllamaClient) UnloadAll(ctx context.Context) ([]UnloadReport, error) {
 	return reps, err
 }
 
-// unloadMany unloads models concurrently and joins every failure (mode
-// as for unloadModel).
+// unloadMany unloads models concurrently, each once however often it is
+// named, and joins every failure (mode as for unloadModel).
 func (c *OllamaClient) unloadMany(ctx context.Context, models []string, mode unloadMode) ([]UnloadReport, error) {
 	var (
 		mu      sync.Mutex
@@ -596,7 +596,15 @@ func (c *OllamaClient) unloadMany(ctx context.Context, models []string, mode unl
 		errs    []error
 		g       errgroup.Group
 	)
+	seen := make(map[string]bool, len(models))
 	for _, m := range models {
+		// One unload per model, however often it is named: an unload of
+		// "tiny" and one of "TINY:latest" would wait for each other.
+		key := NormalizeModelName(m)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
 		g.Go(func() error {
 			rep, err := c.unloadModel(ctx, m, mode)
 			mu.Lock()
