@@ -3,7 +3,7 @@ package vramguard_test
 import (
 	"context"
 	"fmt"
-	"runtime"
+	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
@@ -60,29 +60,41 @@ func TestPollerJoinedByClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := c.Running(ctx); err == nil {
-		t.Fatal("Running returned before the delayed /api/ps reply")
-	}
+	// The call runs under a profiler label, which the goroutines it
+	// starts inherit: the checks below look at this client's shared
+	// request only, not at another test's client.
+	label := pprof.Labels("test", t.Name())
+	pprof.Do(t.Context(), label, func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		if _, err := c.Running(ctx); err == nil {
+			t.Fatal("Running returned before the delayed /api/ps reply")
+		}
+	})
 	// The caller gave up; its request is still in flight, so the check
 	// below can see one.
-	if !fetching() {
+	if !fetching(t.Name()) {
 		t.Fatal("no shared /api/ps request in flight after the caller gave up: the check below would prove nothing")
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if fetching() {
+	if fetching(t.Name()) {
 		t.Error("a shared /api/ps request still runs after Close returned")
 	}
 }
 
-// fetching reports whether a goroutine of the poller's shared request runs.
-func fetching() bool {
-	buf := make([]byte, 1<<20)
-	n := runtime.Stack(buf, true)
-	return strings.Contains(string(buf[:n]), "(*poller).fetch")
+// fetching reports whether a goroutine of the poller's shared request
+// runs with the profiler label test=name.
+func fetching(name string) bool {
+	var b strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+	for _, rec := range strings.Split(b.String(), "\n\n") {
+		if strings.Contains(rec, "(*poller).fetch") && strings.Contains(rec, `"test":"`+name+`"`) {
+			return true
+		}
+	}
+	return false
 }
 
 // Found by the race oracle (#23, ollama 0.34.4, seed 161203832554445): a
