@@ -256,14 +256,7 @@ func TestBudgetRoomEndsWhenLoadedElsewhere(t *testing.T) {
 	}
 	c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{MakeRoom: true},
 		Timeouts: vramguard.Timeouts{FirstChunk: 5 * time.Second, Total: 5 * time.Second}})
-	other := make(chan error, 1)
-	go func() {
-		other <- s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "c", Prompt: "x", KeepAlive: &api.Duration{Duration: time.Minute}},
-			func(api.GenerateResponse) error { return nil })
-	}()
-	if err := s.WaitFor(t.Context(), func() bool { r := s.Running(); return len(r) == 1 && r[0].Loading }); err != nil {
-		t.Fatal(err)
-	}
+	other := loadingElsewhere(t, s, "c")
 	gen, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil)
 	if err != nil {
 		t.Fatalf("c while another program loads it: %v; want the call to run on the model it loaded", err)
@@ -292,14 +285,7 @@ func TestBudgetRoomBesideAnotherLoad(t *testing.T) {
 	}
 	c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{MakeRoom: true},
 		Timeouts: vramguard.Timeouts{FirstChunk: 3 * time.Second, Total: 3 * time.Second}})
-	other := make(chan error, 1)
-	go func() {
-		other <- s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "c", Prompt: "x", KeepAlive: &api.Duration{Duration: time.Minute}},
-			func(api.GenerateResponse) error { return nil })
-	}()
-	if err := s.WaitFor(t.Context(), func() bool { r := s.Running(); return len(r) == 1 && r[0].Loading }); err != nil {
-		t.Fatal(err)
-	}
+	other := loadingElsewhere(t, s, "c")
 	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil); err != nil {
 		t.Fatalf("b while another program loads c: %v; want c unloaded once listed and b admitted", err)
 	}
@@ -309,4 +295,20 @@ func TestBudgetRoomBesideAnotherLoad(t *testing.T) {
 	if s.Listed("c") || !s.Listed("b") {
 		t.Errorf("resident %v; want b, c unloaded to make room", s.Running())
 	}
+}
+
+// loadingElsewhere starts another program's load of model on s (the raw
+// API client, kept warm a minute) and returns once s shows it loading;
+// the channel gets the request's outcome.
+func loadingElsewhere(t *testing.T, s *vramguardtest.Server, model string) <-chan error {
+	t.Helper()
+	other := make(chan error, 1)
+	go func() {
+		other <- s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: &api.Duration{Duration: time.Minute}},
+			func(api.GenerateResponse) error { return nil })
+	}()
+	if err := s.WaitFor(t.Context(), func() bool { r := s.Running(); return len(r) == 1 && r[0].Loading }); err != nil {
+		t.Fatal(err)
+	}
+	return other
 }
