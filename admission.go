@@ -296,7 +296,7 @@ func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, 
 	}
 	c.log.Debug("making room for a load", "model", model, "need", need, "target", target)
 	rq, err := c.roomRequestOf(EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom, WaitForLeases: b.WaitForLeases},
-		unloadMode{keepLoads: true, cause: CauseBudget}, nil, true)
+		unloadMode{keepLoads: true, cause: CauseBudget})
 	if err != nil {
 		return nil, false, err
 	}

@@ -40,9 +40,10 @@ const (
 	// reset or cut mid-reply: a restart, a crash of the server, or a proxy
 	// that dropped it; Evidence says which was seen). A keep-alive this
 	// client sent that ran out before the load is reported first, as
-	// ReloadExpired. A pool (NewPool) does not report restarts: its
-	// members are servers of their own, and a member that went away is
-	// told apart from another program's unload by no record of its own.
+	// ReloadExpired. A pool (package pool) reports no restart for a
+	// member that went away: its failures do not reach the client as a
+	// connection lost to its own address (they are the pool's typed
+	// errors, ErrUnreachable), except a stream cut mid-reply.
 	ReloadRestarted ReloadCause = "server restarted"
 	// ReloadExpired: the model's keep-alive ran out before the load
 	// (ReloadEvent.KeepAlive says which one); a keep-alive of 0
@@ -257,10 +258,7 @@ func (c *OllamaClient) noteLoad(ctx context.Context, gen *Generation, ka KeepAli
 		return
 	}
 	numCtx := numCtxOf(options)
-	server := 0
-	if c.pool == nil { // a pool's members are servers of their own: a pid that changes says nothing
-		server = c.servingServer(ctx, gen.Model)
-	}
+	server := c.servingServer(ctx, gen.Model)
 	ev := c.churn.loadedAgain(gen.Model, ka, numCtx, server, start, end, c.opts.ReloadWindow)
 	if ev == nil {
 		return

@@ -67,24 +67,6 @@ type ReleaseReport struct {
 	Elapsed     time.Duration
 }
 
-// FreedAllDevices returns the rise in free memory summed over every device
-// between Before and After, that is across the release functions' run
-// only, or 0 when either snapshot is missing. EnsureReport.Freed, by
-// contrast, measures one device across a whole EnsureFree.
-func (r *ReleaseReport) FreedAllDevices() int64 {
-	if r == nil || r.Before == nil || r.After == nil {
-		return 0
-	}
-	var b, a uint64
-	for _, d := range r.Before.Devices {
-		b += d.Free
-	}
-	for _, d := range r.After.Devices {
-		a += d.Free
-	}
-	return int64(a) - int64(b)
-}
-
 // ReleaseVRAM runs the registered release functions, then runtime.GC and
 // debug.FreeOSMemory, and reports device memory before and after when a
 // VRAM reader is configured. It never fails for want of a GPU; it returns

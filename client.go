@@ -53,7 +53,6 @@ type OllamaClient struct {
 	ps        *poller     // the /api/ps requests unloads share (poller.go)
 	admission admission   // Options.Budget's checks (admission.go)
 	churn     churn       // why models loaded again (churn.go)
-	pool      *pool       // the members of a pool client (pool.go); nil for one server
 	leases    leases      // the host's lease directory and the leases this client holds (lease.go)
 	closing   closeState  // Close and Shutdown (client.go)
 }
@@ -157,7 +156,7 @@ func (c *OllamaClient) API() *api.Client { return c.api }
 // Host returns the client's server as a URL ("http://127.0.0.1:11434"),
 // as hooks report it (CallStart.Server) and leases name it; "" for a
 // client made with a caller's api.Client and no Options.Host. A pool's
-// client (NewPool) returns the pool's own name; Members lists the members'.
+// client (package pool) returns the pool's own address, pool.Host.
 func (c *OllamaClient) Host() string { return c.host }
 
 // GenerateRequest is one generation. Model and Prompt are required.
@@ -239,10 +238,7 @@ type Generation struct {
 	// had used or unloaded within Options.ReloadWindow: it says why the
 	// model had left (see ReloadCause). Nil for a first load, a reuse and
 	// the CLI fallback.
-	Reload *ReloadEvent
-	// Placement is where a pool (NewPool) sent the call and why; nil for
-	// a client of one server.
-	Placement  *Placement
+	Reload     *ReloadEvent
 	FirstChunk time.Duration // time to the first chunk
 	Elapsed    time.Duration
 }
@@ -411,14 +407,8 @@ var errCallPanicked = errors.New("the call panicked (its chunk function, or a ho
 // run is the path every generation and chat takes: checks, admission,
 // the book's accounting, the stream, the offload check and the fallback.
 // The call hooks see it whole: OnCallEnd runs also when fn panics (with
-// the panic as Err, before the panic goes on), and a pool's placement is
-// on the Generation by then.
+// the panic as Err, before the panic goes on).
 func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (gen *Generation, err error) {
-	var slot *placementSlot
-	if c.pool != nil {
-		slot = &placementSlot{}
-		ctx = context.WithValue(ctx, placementKey{}, slot)
-	}
 	h := &c.opts.Hooks
 	if h.OnCallStart != nil || h.OnCallEnd != nil {
 		cs := CallStart{Op: cl.op, Model: cl.model, Server: c.host, Start: time.Now()}
@@ -432,17 +422,10 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 			hookCtx(c, h.OnCallEnd, ctx, end)
 		}()
 		gen, err = c.runCall(ctx, cl, keepAlive, fn)
-		if gen != nil && slot != nil {
-			gen.Placement = slot.get()
-		}
 		ended = true
 		return gen, err
 	}
-	gen, err = c.runCall(ctx, cl, keepAlive, fn)
-	if gen != nil && slot != nil {
-		gen.Placement = slot.get()
-	}
-	return gen, err
+	return c.runCall(ctx, cl, keepAlive, fn)
 }
 
 func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
@@ -500,9 +483,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 		c.book.unsent(f)
 	}
 	if err != nil {
-		if c.pool == nil { // a pool's failures are its members', each a server of its own
-			c.churn.connLost(err, time.Now())
-		}
+		c.churn.connLost(err, time.Now())
 	}
 	if err == nil {
 		c.succeeded(ctx, cl, gen, st, keepAlive, start)

@@ -71,7 +71,7 @@
 // # Room-making
 //
 // EnsureFree, Budget.MakeRoom, Phase.End's hand-over and a pool's
-// placement make room through one owner with one victim policy. A model
+// placement (through EnsureFree) make room through one owner with one victim policy. A model
 // counts for the device its runner's memory is on, by the reader's
 // attribution; a reader of several devices that cannot say keeps the
 // model ([ErrUnattributed]) rather than evict blind. Arithmetic comes
@@ -81,7 +81,7 @@
 // First ([OllamaClient.RegisterTenant]: a diffusion server's cache, say),
 // the fewest bytes of idle Ollama models, this client's own leased
 // models, the other tenants; never a protected or leased model, nor, for
-// a budget or a pool, one in use.
+// a budget or EnsureFree with KeepInUse (a pool's), one in use.
 // Every step is verified and every wait for the driver is bounded by the
 // call's own timeouts. Whichever call refused, the error is one
 // [RoomError] naming the need, the free bytes, the holders, the kept
@@ -94,8 +94,8 @@
 // causes stay reachable with errors.As. Options.Logger takes a
 // *slog.Logger; [Hooks] are told one event struct each, with the context
 // of the call it describes (OnCallStart and OnCallEnd, OnUnloadStart and
-// OnUnloadEnd, OnAdmission, OnVRAMWait, OnFallback, OnCleanupFailed,
-// OnPlace); no two report the same event. They are what the adapters are
+// OnUnloadEnd, OnAdmission, OnVRAMWait, OnFallback, OnCleanupFailed); no
+// two report the same event. They are what the adapters are
 // built on: package vramotel (OpenTelemetry traces and metrics) and
 // package vramprom (a Prometheus collector). A program that imports
 // neither compiles no OpenTelemetry or Prometheus code; [JoinHooks] lets
@@ -109,12 +109,15 @@
 //
 // # Several GPUs
 //
-// [NewPool] returns a client over several Ollama servers, one per GPU
-// (each started with CUDA_VISIBLE_DEVICES and its own OLLAMA_HOST). Each
-// load goes where the model is warm, else to the device with the most
-// measured room, else where making room costs least; a refusal is a
-// [RoomError] with each device's free bytes and holders (RoomError.Devices).
-// Guards, sessions, phases and the nodes work on it unchanged.
+// Package pool (github.com/vramguard/vramguard/pool) puts one client over
+// several Ollama servers, one per GPU (each started with
+// CUDA_VISIBLE_DEVICES and its own OLLAMA_HOST): an ordinary
+// [OllamaClient] whose transport routes each request to a member and whose
+// VRAM reader shows member i's device as device i, so every rule of this
+// package holds on it. Each load goes where the model is warm, else to the
+// device with the most measured room, else where making room costs least,
+// through [OllamaClient.EnsureFree]. Guards, sessions, phases and the
+// nodes work on it unchanged.
 //
 // Each [OllamaClient] owns its state (its requests, guards, phases, its
 // poller of /api/ps). The package-level variables are the error sentinels

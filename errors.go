@@ -125,12 +125,12 @@ func KindOf(err error) Kind {
 }
 
 func newError(op, model string, kind Kind, err error) *Error {
-	// A pool's own refusal reaches the call wrapped by net/http in a
-	// *url.Error naming the pool's made-up address: the call's error is
-	// the pool's, without it.
+	// A transport's own *Error (a pool's refusal) reaches the call wrapped
+	// by net/http in a *url.Error naming an address no server has: the
+	// call's error is the transport's, without it.
 	var ue *url.Error
 	var pe *Error
-	if errors.As(err, &ue) && errors.As(ue.Err, &pe) && pe.Op == poolPlaceOp {
+	if errors.As(err, &ue) && errors.As(ue.Err, &pe) {
 		return &Error{Op: op, Model: model, Kind: pe.Kind, Err: pe.Err}
 	}
 	return &Error{Op: op, Model: model, Kind: kind, Err: err}

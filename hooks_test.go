@@ -83,9 +83,6 @@ func hookCases() []hookCase {
 				t.Fatal("Close with a reader that panics: nil error")
 			}
 		}},
-		{"OnPlace", func(t *testing.T, h vramguard.Hooks) {
-			poolGen(t, newTestPool(t, poolSims(t, 16*gib), vramguard.Options{Hooks: h}), "a")
-		}},
 	}
 }
 

@@ -45,6 +45,11 @@ type LeaseOptions struct {
 	// Off makes this client neither take leases (its phases run without)
 	// nor honour other programs' leases.
 	Off bool
+	// Honour names other servers ("host:port", as Options.Host) whose
+	// leases this client honours as its own server's: the servers its
+	// requests reach under another address (a proxy's upstream, a pool's
+	// members). Its own leases still name its own server.
+	Honour []string
 }
 
 // LeaseInfo describes a lease, as every vramguard client on the host sees it.
@@ -135,6 +140,16 @@ func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
 	if err != nil {
 		c.log.Warn("leases not read", "model", model, "err", err)
 		return nil
+	}
+	if c.host != "" {
+		for _, h := range c.opts.Leases.Honour {
+			more, err := d.Live(h, model)
+			if err != nil {
+				c.log.Warn("leases not read", "model", model, "server", h, "err", err)
+				continue
+			}
+			rs = append(rs, more...)
+		}
 	}
 	var out []LeaseInfo
 	for _, r := range rs {
@@ -317,4 +332,29 @@ func (c *OllamaClient) leftLeased(model string, mode unloadMode) (rep *UnloadRep
 		return rep, newError("unload", model, KindRefused, &LeasedError{Model: model, Leases: ls}), true
 	}
 	return rep, nil, true
+}
+
+// ownLeases are the leases this client holds.
+func (c *OllamaClient) ownLeases() []LeaseInfo {
+	c.leases.mu.Lock()
+	defer c.leases.mu.Unlock()
+	out := make([]LeaseInfo, 0, len(c.leases.held))
+	for l := range c.leases.held {
+		info := l.info
+		info.Model = NormalizeModelName(info.Model)
+		out = append(out, info)
+	}
+	return out
+}
+
+// ownLeased is the set of models (normalized) this client holds leases on:
+// its phases' and HoldModel's.
+func (c *OllamaClient) ownLeased() map[string]bool {
+	c.leases.mu.Lock()
+	defer c.leases.mu.Unlock()
+	out := make(map[string]bool, len(c.leases.held))
+	for l := range c.leases.held {
+		out[NormalizeModelName(l.info.Model)] = true
+	}
+	return out
 }

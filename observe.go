@@ -23,8 +23,7 @@ type Hooks struct {
 	// a span, for instance.
 	OnCallStart func(context.Context, CallStart) context.Context
 	// OnCallEnd: the call ended, with its Generation (whether it loaded
-	// its model, Loaded and Metrics.LoadDuration; Offload; Reload;
-	// Placement) or its failure, Err, with Generation nil: a generation
+	// its model, Loaded and Metrics.LoadDuration; Offload; Reload) or its failure, Err, with Generation nil: a generation
 	// Options.FailOnOffload refused is errors.Is ErrOffloaded, and
 	// errors.As finds its *Offload.
 	OnCallEnd func(context.Context, CallEnd)
@@ -49,10 +48,6 @@ type Hooks struct {
 	// OnCleanupFailed: Cleanup, CleanupAsync or Close failed; each
 	// unload's own failure is also its OnUnloadEnd.
 	OnCleanupFailed func(context.Context, CleanupEvent)
-	// OnPlace: a pool (NewPool) chose the member a call goes to; it runs
-	// before the request is sent, so a call that fails is placed too.
-	// Generation.Placement is the same value.
-	OnPlace func(context.Context, Placement)
 }
 
 // CallStart is what Hooks.OnCallStart is told: a generation or a chat
@@ -148,7 +143,6 @@ func JoinHooks(hs ...Hooks) Hooks {
 		j.OnVRAMWait = join2(j.OnVRAMWait, h.OnVRAMWait)
 		j.OnFallback = join2(j.OnFallback, h.OnFallback)
 		j.OnCleanupFailed = join2(j.OnCleanupFailed, h.OnCleanupFailed)
-		j.OnPlace = join2(j.OnPlace, h.OnPlace)
 		j.OnCallStart, j.OnCallEnd = joinPair(j.OnCallStart, j.OnCallEnd, h.OnCallStart, h.OnCallEnd)
 		j.OnUnloadStart, j.OnUnloadEnd = joinPair(j.OnUnloadStart, j.OnUnloadEnd, h.OnUnloadStart, h.OnUnloadEnd)
 	}

@@ -314,16 +314,3 @@ func TestCallEndOnPanic(t *testing.T) {
 		t.Errorf("OnCallEnd saw %+v; want one end with a KindInternal error", ends)
 	}
 }
-
-// On a pool, OnCallEnd sees the call's placement on its Generation.
-func TestCallEndSeesPlacement(t *testing.T) {
-	sims := poolSims(t, 16*gib)
-	var seen []*vramguard.Placement
-	c := newTestPool(t, sims, vramguard.Options{Hooks: vramguard.Hooks{
-		OnCallEnd: func(_ context.Context, e vramguard.CallEnd) { seen = append(seen, e.Generation.Placement) },
-	}})
-	poolGen(t, c, "a")
-	if len(seen) != 1 || seen[0] == nil || seen[0].Member != "gpu0" {
-		t.Errorf("OnCallEnd saw placements %+v; want gpu0's", seen)
-	}
-}

@@ -10,22 +10,18 @@ import (
 // Offload reports a model that Ollama loaded partly on the CPU: VRAM was
 // short, so Ollama put the layers that did not fit in system memory, and
 // generation runs many times slower, with no error. Sizes are bytes as
-// /api/ps lists them (size and size_vram); the CPU holds Size-SizeVRAM
-// (CPUBytes).
+// /api/ps lists them (size and size_vram); the CPU holds Size-SizeVRAM.
 type Offload struct {
 	Size     int64 // the whole model
 	SizeVRAM int64 // its share on the GPU, below Size
 }
-
-// CPUBytes returns the model's share in system memory: Size-SizeVRAM.
-func (o *Offload) CPUBytes() int64 { return o.Size - o.SizeVRAM }
 
 // Error gives the split in bytes: "3221225472 of 6442450944 bytes on the
 // GPU, 3221225472 on the CPU". An *Offload is also the error
 // Options.FailOnOffload's failure wraps beside ErrOffloaded, so that
 // errors.As finds the sizes of a generation that was refused.
 func (o *Offload) Error() string {
-	return fmt.Sprintf("%d of %d bytes on the GPU, %d on the CPU", o.SizeVRAM, o.Size, o.CPUBytes())
+	return fmt.Sprintf("%d of %d bytes on the GPU, %d on the CPU", o.SizeVRAM, o.Size, o.Size-o.SizeVRAM)
 }
 
 // offloadOf reads /api/ps and returns model's Offload when it is listed
@@ -67,7 +63,7 @@ func (c *OllamaClient) offloadOf(ctx context.Context, model string, since time.T
 
 // reportOffload logs off.
 func (c *OllamaClient) reportOffload(model string, off *Offload) {
-	c.log.Warn("model partly on the CPU", "model", model, "size", off.Size, "size_vram", off.SizeVRAM, "cpu", off.CPUBytes())
+	c.log.Warn("model partly on the CPU", "model", model, "size", off.Size, "size_vram", off.SizeVRAM, "cpu", off.Size-off.SizeVRAM)
 }
 
 // errOffloadStop ends a stream from the chunk callback when the model is

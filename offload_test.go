@@ -146,8 +146,8 @@ func TestOffloadReported(t *testing.T) {
 				}
 				return
 			}
-			if got := gen.Offload.CPUBytes(); got != 3*gib {
-				t.Errorf("CPUBytes = %d", got)
+			if got := gen.Offload.Size - gen.Offload.SizeVRAM; got != 3*gib {
+				t.Errorf("Size-SizeVRAM = %d", got)
 			}
 			if !strings.Contains(logs.String(), `level=WARN msg="model partly on the CPU" model=a size=6442450944 size_vram=3221225472`) {
 				t.Errorf("no warning in the log:\n%s", logs)

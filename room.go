@@ -1,7 +1,7 @@
 package vramguard
 
 // Room-making has one owner, this file. EnsureFree, the budget's MakeRoom,
-// Phase.End's hand-over and a pool's placement all ask it: what a device
+// Phase.End's hand-over and a pool's placement (through EnsureFree) all ask it: what a device
 // holds (roomView, from one snapshot and one listing), the one victim
 // policy (planRoom, a pure function), the steps that carry a plan out
 // (tenants' releases and verified unloads, each followed by a bounded wait
@@ -39,8 +39,8 @@ type KeptModel struct {
 	SizeVRAM  int64 // as /api/ps lists it
 	Protected bool  // named in Options.Protected
 	Leases    []LeaseInfo
-	// InUse: a generation of this client (of the pool, on a pool) runs
-	// on it. A budget's and a pool's room-making keep it; EnsureFree and
+	// InUse: a generation of this client runs on it. A budget's
+	// room-making and EnsureFree with KeepInUse (a pool's) keep it; EnsureFree and
 	// Phase.End's hand-over take it last instead (EnsureFree cuts such a
 	// generation while it is still loading, as its unloads do; the
 	// hand-over waits for it).
@@ -69,10 +69,10 @@ func (k KeptModel) why() string {
 
 // RoomError is the one "no room" error: every call that did not get the
 // free memory it needed on a device says so with it, whichever refused
-// (EnsureFree, Budget, Budget.MakeRoom, Phase.End's hand-over, a pool's
-// placement, AwaitFree), so one errors.As finds it. It names what was
-// needed, what was free, who holds the rest, the models room-making kept
-// and when to try again.
+// (EnsureFree, Budget, Budget.MakeRoom, Phase.End's hand-over, AwaitFree;
+// package pool's refusal holds one per member), so one errors.As finds
+// it. It names what was needed, what was free, who holds the rest, the
+// models room-making kept and when to try again.
 //
 // Err is nil when the room was refused by arithmetic, before anything was
 // unloaded (free memory plus everything that may be evicted cannot reach
@@ -85,9 +85,6 @@ type RoomError struct {
 	// AwaitFree and a phase's hand-over.
 	Model  string
 	Device int
-	// Member is, on a side of a pool's refusal, the member whose device
-	// it is (PoolMember.Name).
-	Member string
 	Need   uint64 // bytes needed free: the request or estimate, plus headroom
 	Free   uint64 // free bytes at the last reading
 	Total  uint64 // the device's memory
@@ -106,11 +103,6 @@ type RoomError struct {
 	RetryAfter time.Duration
 	// Budget is the budget that refused the load; nil when none did.
 	Budget *Budget
-	// Devices are, for a pool's refusal, each member's side (Member,
-	// Device, Need, Free, Holders, Kept; Err when it could not be
-	// measured: its server did not answer, or its device could not be
-	// read). The refusal's own Device, Free and Total are zero then.
-	Devices []RoomError
 	// Err is why the wait for the room ended (nil: refused before any
 	// wait, by arithmetic): the ctx's cause or the call's timeout, both
 	// matched by errors.Is(err, context.DeadlineExceeded) when a deadline
@@ -121,18 +113,6 @@ type RoomError struct {
 func (e *RoomError) Error() string {
 	var b strings.Builder
 	switch {
-	case len(e.Devices) > 0:
-		fmt.Fprintf(&b, "%s needs %s", cmp.Or(e.Model, "the load"), vramFormatBytes(e.Need))
-		for _, d := range e.Devices {
-			fmt.Fprintf(&b, "; %s (device %d): ", d.Member, d.Device)
-			if d.Err != nil {
-				fmt.Fprintf(&b, "not measured: %v", d.Err)
-				continue
-			}
-			fmt.Fprintf(&b, "%s free of %s", vramFormatBytes(d.Free), vramFormatBytes(d.Total))
-			d.writeRest(&b)
-		}
-		return b.String()
 	case e.Model != "" && e.Budget != nil && e.Budget.Headroom > 0 && e.Need >= e.Budget.Headroom:
 		fmt.Fprintf(&b, "%s needs %s on device %d (%s for the model, %s headroom)", e.Model, vramFormatBytes(e.Need), e.Device,
 			vramFormatBytes(e.Need-e.Budget.Headroom), vramFormatBytes(e.Budget.Headroom))
@@ -140,8 +120,6 @@ func (e *RoomError) Error() string {
 	case e.Model != "":
 		fmt.Fprintf(&b, "%s needs %s on device %d", e.Model, vramFormatBytes(e.Need), e.Device)
 		fmt.Fprintf(&b, "; %s free of %s", vramFormatBytes(e.Free), vramFormatBytes(e.Total))
-	case e.Member != "":
-		fmt.Fprintf(&b, "%s (device %d) has %s free of %s, needs %s", e.Member, e.Device, vramFormatBytes(e.Free), vramFormatBytes(e.Total), vramFormatBytes(e.Need))
 	default:
 		fmt.Fprintf(&b, "device %d has %s free of %s, needs %s", e.Device, vramFormatBytes(e.Free), vramFormatBytes(e.Total), vramFormatBytes(e.Need))
 	}
@@ -223,17 +201,14 @@ func describeHolder(h MemoryHolder) string {
 }
 
 // Unwrap returns ErrOverBudget when a budget refused, ErrLeased,
-// ErrProtected and ErrUnattributed as the kept models (a pool's sides'
-// included) apply, and Err and LastErr.
+// ErrProtected and ErrUnattributed as the kept models apply, and Err and
+// LastErr.
 func (e *RoomError) Unwrap() []error {
 	var errs []error
 	if e.Budget != nil {
 		errs = append(errs, ErrOverBudget)
 	}
-	kept := slices.Clone(e.Kept)
-	for _, d := range e.Devices {
-		kept = append(kept, d.Kept...)
-	}
+	kept := e.Kept
 	if slices.ContainsFunc(kept, func(k KeptModel) bool { return len(k.Leases) > 0 }) {
 		errs = append(errs, ErrLeased)
 	}
@@ -397,7 +372,7 @@ type roomCand struct {
 }
 
 // roomRules are what keeps a model from room-making, gathered by the
-// caller (a client for itself, a pool for a member).
+// client for a room-making call.
 type roomRules struct {
 	protected func(model string) bool
 	leases    []LeaseInfo     // other holders' live leases on the server
@@ -405,7 +380,8 @@ type roomRules struct {
 	// busyLast makes in-use models the last models to go (their
 	// generations are waited for) instead of kept: for a caller that
 	// demands the memory itself (EnsureFree, Phase.End's hand-over), not
-	// for a load that would evict another's model (a budget, a pool).
+	// for a load that would evict another's model (a budget, EnsureFree
+	// with KeepInUse).
 	busyLast bool
 	own      map[string]bool // normalized: the caller's own leases
 }
@@ -719,19 +695,11 @@ type roomRequest struct {
 	dryRun     bool
 	all        bool // EnsureRequest.AllModels
 	mode       unloadMode
-	// rules gathers what keeps models (nil: the client's own); a pool
-	// passes its own for a member.
-	rules func() roomRules
 	// forLoad is, for a budget's admission, the model whose load the room
 	// is for: a wait for the room also ends (errListedMeanwhile) when the
 	// server lists it, loaded meanwhile by another party, since a listed
 	// model is no load.
 	forLoad string
-	// own: the client makes room for itself, so its tenants are asked
-	// and its ReleaseVRAM runs; a pool's member client does neither (the
-	// pool client holds them, and a GC in this process frees nothing on
-	// the member's device).
-	own bool
 }
 
 // maxRoomRounds bounds the steps of one room-making call: one per tier,
@@ -745,12 +713,15 @@ const maxRoomRounds = 5
 // as leases of theirs.
 func (c *OllamaClient) ownRules(mode unloadMode) func() roomRules {
 	return func() roomRules {
-		r := roomRules{protected: c.isProtected, inUse: c.book.inFlightModels(), own: c.ownLeased(), busyLast: mode.cause != CauseBudget}
+		r := roomRules{protected: c.isProtected, inUse: c.book.inFlightModels(), own: c.ownLeased(), busyLast: mode.cause != CauseBudget && !mode.keepInUse}
 		if !mode.force {
 			r.leases = c.heldLeases("")
 		}
 		if mode.phase != nil {
 			r.leases = append(r.leases, c.phaseHolds(mode.phase)...)
+		}
+		if mode.keepOwn {
+			r.leases = append(r.leases, c.ownLeases()...)
 		}
 		return r
 	}
@@ -806,12 +777,10 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		}
 		p = planRoom(v, rq.need)
 	}
-	if rq.own {
-		rr, err := c.releaseVRAM(ctx)
-		rep.Release = rr
-		if err != nil {
-			errs = append(errs, err)
-		}
+	rr, err := c.releaseVRAM(ctx)
+	rep.Release = rr
+	if err != nil {
+		errs = append(errs, err)
 	}
 	if _, werr := c.awaitRoom(ctx, rq, v, rep, rq.need); werr != nil {
 		errs = append([]error{werr}, errs...) // the outcome first: KindOf reads it
@@ -913,15 +882,8 @@ func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released ma
 		// the model is not evicted to make it.
 		return roomView{}, snap, errListedMeanwhile
 	}
-	rules := c.ownRules(rq.mode)
-	if rq.rules != nil {
-		rules = rq.rules
-	}
-	var ts []tenantEntry
-	if rq.own {
-		ts = slices.DeleteFunc(c.tenants.on(rq.device), func(e tenantEntry) bool { return released[e.id] })
-	}
-	return buildRoomView(snap, d, listed, rules(), ts), snap, nil
+	ts := slices.DeleteFunc(c.tenants.on(rq.device), func(e tenantEntry) bool { return released[e.id] })
+	return buildRoomView(snap, d, listed, c.ownRules(rq.mode)(), ts), snap, nil
 }
 
 // readDevice takes a snapshot and finds rq's device in it: KindNotFound
@@ -1133,11 +1095,9 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 		rep.Evicted = reps
 		errs = append(errs, err)
 	}
-	if rq.own {
-		rr, err := c.releaseVRAM(ctx)
-		rep.Release = rr
-		errs = append(errs, err)
-	}
+	rr, err := c.releaseVRAM(ctx)
+	rep.Release = rr
+	errs = append(errs, err)
 	if c.opts.VRAM != nil {
 		_, err := c.awaitRoom(ctx, rq, v, rep, rq.need)
 		errs = append(errs, err)

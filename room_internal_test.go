@@ -187,34 +187,3 @@ func TestBuildRoomView(t *testing.T) {
 		t.Errorf("tenants %q, want %q", strings.Join(got, " "), want)
 	}
 }
-
-// TestDecideMadeRoom: of the members whose room can be made, the pool
-// takes the one whose plan spares its own leased models, then the fewest
-// bytes; planRoom makes each member's plan.
-func TestDecideMadeRoom(t *testing.T) {
-	view := func(free uint64, cs ...roomCand) memberView {
-		return memberView{up: true, measured: true, room: roomView{free: free * roomGiB, cands: cs}}
-	}
-	tests := []struct {
-		name   string
-		views  []memberView
-		need   uint64
-		member int
-		evict  string
-		ok     bool
-	}{
-		{name: "cheapest member", views: []memberView{view(1, model("a", 8)), view(1, model("b", 5))}, need: 5, member: 1, evict: "b", ok: true},
-		{name: "spares own on another member", views: []memberView{view(1, roomCand{name: "p", bytes: 4 * roomGiB, known: true, tier: tierOwnModel}), view(1, model("b", 8))},
-			need: 5, member: 1, evict: "b", ok: true},
-		{name: "down and unmeasured members skipped", views: []memberView{{up: false}, {up: true}, view(0, model("c", 6))}, need: 5, member: 2, evict: "c", ok: true},
-		{name: "none can", views: []memberView{view(1, model("a", 2)), view(1)}, need: 5, ok: false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d, ok := decide(tt.views, tt.need*roomGiB)
-			if ok != tt.ok || (ok && (d.member != tt.member || d.reason != PlaceMadeRoom || strings.Join(d.evict, " ") != tt.evict)) {
-				t.Errorf("decide = %+v, %v; want member %d evicting %q, %v", d, ok, tt.member, tt.evict, tt.ok)
-			}
-		})
-	}
-}

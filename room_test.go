@@ -510,3 +510,48 @@ func TestBudgetAsksTenants(t *testing.T) {
 		})
 	}
 }
+
+// EnsureRequest.KeepInUse keeps a model a generation of this client runs
+// on, and KeepOwn the models this client's own leases hold (named with
+// their lease, ErrLeased); without them EnsureFree takes both, last.
+func TestEnsureFreeKeepInUseAndKeepOwn(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{TotalVRAM: 10 * gib, StrictVRAM: true},
+		vramguardtest.ModelConfig{Name: "busy", SizeVRAM: 3 * gib, TokenLatency: 20 * time.Millisecond, Chunks: 10000},
+		vramguardtest.ModelConfig{Name: "held", SizeVRAM: 3 * gib})
+	c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), Leases: vramguard.LeaseOptions{Dir: leaseDir(t)}})
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "held", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.HoldModel(t.Context(), "held", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	ctx, cancel := context.WithCancel(t.Context())
+	started := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var once sync.Once
+		_, _ = c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "busy", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour),
+			func(vramguard.Chunk) error { once.Do(func() { close(started) }); return nil })
+	}()
+	defer func() { cancel(); <-done }()
+	<-started
+	req := vramguard.EnsureRequest{Bytes: 9 * gib, DryRun: true} // 4 GiB free: both must go
+	rep, err := c.EnsureFree(t.Context(), req)
+	if err != nil || !slices.Equal(rep.Plan, []string{"held:latest", "busy:latest"}) {
+		t.Fatalf("dry run = %+v, %v; want both planned, the leased one first and the busy one last", rep, err)
+	}
+	req.KeepInUse = true
+	_, err = c.EnsureFree(t.Context(), req)
+	var re *vramguard.RoomError
+	if !errors.As(err, &re) || len(re.Kept) != 1 || re.Kept[0].Model != "busy:latest" || !re.Kept[0].InUse {
+		t.Errorf("KeepInUse = %v; want a refusal keeping busy (in use)", err)
+	}
+	req.KeepInUse, req.KeepOwn = false, true
+	_, err = c.EnsureFree(t.Context(), req)
+	if !errors.As(err, &re) || !errors.Is(err, vramguard.ErrLeased) || len(re.Kept) != 1 || re.Kept[0].Model != "held:latest" || len(re.Kept[0].Leases) != 1 {
+		t.Errorf("KeepOwn = %v; want a refusal keeping held by this client's lease", err)
+	}
+}

@@ -89,8 +89,5 @@ func (c *OllamaClient) shutdown() error {
 	// A shared /api/ps request whose waiters gave up ends within the
 	// unload timeout; none outlives Close.
 	_ = c.ps.join(context.Background())
-	if c.pool != nil {
-		errs = append(errs, c.pool.close())
-	}
 	return errors.Join(errs...)
 }

@@ -43,7 +43,9 @@ type UnloadReport struct {
 	// appear afterwards.
 	Checked Checks
 	// NoRunnerCheck says why CheckRunnerProcesses is missing from Checked
-	// ("remote server"; no `ollama serve` this machine shows listens at
+	// ("remote server" and its address, or without one for a client on a
+	// caller's api.Client; a pool's address, pool.Host, is no local one;
+	// no `ollama serve` this machine shows listens at
 	// the client's port, as for the test double, a server in a container
 	// or another PID namespace, or one whose open files cannot be read;
 	// the failure to read procfs or to resolve the model's weights blob);
@@ -94,9 +96,6 @@ const (
 	CheckSettled
 )
 
-// Has reports whether every check in x is in c.
-func (c Checks) Has(x Checks) bool { return c&x == x }
-
 // String names the checks, joined with "+": "ps+runner-processes"; "none"
 // for the empty set.
 func (c Checks) String() string {
@@ -105,7 +104,7 @@ func (c Checks) String() string {
 		c    Checks
 		name string
 	}{{CheckPS, "ps"}, {CheckRunnerProcesses, "runner-processes"}, {CheckDeviceMemory, "device-memory"}, {CheckSettled, "settled"}} {
-		if c.Has(k.c) {
+		if c&k.c != 0 {
 			names = append(names, k.name)
 			c &^= k.c
 		}
@@ -186,6 +185,12 @@ type unloadMode struct {
 	refuseLeased bool
 	// force: leases are ignored (ForceUnloadModel).
 	force bool
+	// keepInUse: room-making keeps the models this client's generations
+	// run on (EnsureRequest.KeepInUse), as a budget's does.
+	keepInUse bool
+	// keepOwn: room-making keeps this client's own leased models
+	// (EnsureRequest.KeepOwn), as its leases keep them from others.
+	keepOwn bool
 	// phase is the phase whose End (or guard) sends the unload: the
 	// client's other live phases keep the models they use from it.
 	phase *Phase

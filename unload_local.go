@@ -61,17 +61,11 @@ type runnerWatch struct {
 }
 
 // servingServers returns the PIDs of the `ollama serve` processes that
-// listen at the client's address (each member's, on a pool), or why the
+// listen at the client's address, or why the
 // runner check cannot be tied to them: a runner of another server on this
 // machine must not pass for one of the client's.
 func (c *OllamaClient) servingServers() (map[int]bool, string) {
 	hosts := []string{c.host}
-	if c.pool != nil {
-		hosts = hosts[:0]
-		for _, m := range c.pool.members {
-			hosts = append(hosts, m.c.host)
-		}
-	}
 	out := make(map[int]bool, len(hosts))
 	for _, h := range hosts {
 		hp := lease.NormalizeServer(h)
@@ -97,6 +91,9 @@ func (c *OllamaClient) servingServers() (map[int]bool, string) {
 // is still to be made, and the unload may not be verified without it.
 func (c *OllamaClient) watchRunners(ctx context.Context, model string) (w *runnerWatch, why string, again bool) {
 	if !isLocalHost(c.host) {
+		if c.host != "" {
+			return nil, "remote server " + c.host, false
+		}
 		return nil, "remote server", false
 	}
 	path, blob, err := c.modelWeights(ctx, model)

@@ -422,10 +422,10 @@ func FuzzUnloadState(f *testing.F) {
 				if s.check == checkPending {
 					t.Fatal("verified while the process check is still to be made")
 				}
-				if s.checks.Has(CheckRunnerProcesses) && (s.check != checkRunners || counted != 0 || now.Sub(s.lastSent) < r.settle) {
+				if s.checks&CheckRunnerProcesses != 0 && (s.check != checkRunners || counted != 0 || now.Sub(s.lastSent) < r.settle) {
 					t.Fatalf("verified by the processes with check %v, count %d, %v after the last request", s.check, counted, now.Sub(s.lastSent))
 				}
-				if s.checks.Has(CheckRunnerProcesses) && sawRunner && (zeroSince.IsZero() || now.Sub(zeroSince) < r.settle) {
+				if s.checks&CheckRunnerProcesses != 0 && sawRunner && (zeroSince.IsZero() || now.Sub(zeroSince) < r.settle) {
 					t.Fatalf("verified by the processes %v after the runner was first seen gone", now.Sub(zeroSince))
 				}
 			}
@@ -442,7 +442,7 @@ func FuzzUnloadState(f *testing.F) {
 				if s.phase == phHeldByOthers && !heldOK {
 					t.Fatal("held by others without heldOK")
 				}
-				if s.phase == phVerified && !s.checks.Has(CheckPS) {
+				if s.phase == phVerified && s.checks&CheckPS == 0 {
 					t.Fatalf("verified on %v", s.checks)
 				}
 				todo = todo[:0]

@@ -40,10 +40,16 @@ type EnsureRequest struct {
 	// within Timeout, until they end (looking again every PollInterval),
 	// instead of failing at once with a *RoomError.
 	WaitForLeases bool
-	// Member is, on a pool (NewPool), the member whose device is made
-	// room on, by PoolMember.Name; Device is then that member's. It must
-	// be set on a pool and empty otherwise.
-	Member string
+	// KeepInUse keeps the models this client's generations run on, as a
+	// budget's room-making does (KeptModel.InUse), instead of taking them
+	// last: for a caller that makes room for a load of its own beside its
+	// other calls, not for memory it will take itself.
+	KeepInUse bool
+	// KeepOwn keeps the models this client's own leases hold (its phases',
+	// HoldModel's) as another program's leases are kept (KeptModel.Leases
+	// names them), instead of taking them last: a caller that would rather
+	// make room elsewhere than unload what its phases keep warm.
+	KeepOwn bool
 }
 
 // EnsureReport says what EnsureFree did.
@@ -62,19 +68,13 @@ type EnsureReport struct {
 	// when none has an end.
 	RetryAfter time.Duration
 	Tenants    []TenantRelease // the tenants asked, in order
-	Release    *ReleaseReport  // ReleaseVRAM's run; nil when none ran (no room to make, a refusal, a dry run, a pool)
+	Release    *ReleaseReport  // ReleaseVRAM's run; nil when none ran (no room to make, a refusal, a dry run)
 	FreeBefore uint64          // free bytes on the device before (0 without a reader)
 	FreeAfter  uint64
 	Snapshot   *VRAMSnapshot // the last snapshot taken; nil without a reader
 	Source     string        // the snapshot's source, or SourceNone
 	Elapsed    time.Duration
 }
-
-// Freed returns the rise in free memory on the device EnsureFree was asked
-// about (EnsureRequest.Device), FreeAfter minus FreeBefore: from before the
-// unloads to the end of the wait. Release.FreedAllDevices measures only
-// the release functions' run, summed over every device.
-func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeBefore) }
 
 // EnsureFree makes room for a load of req.Bytes (plus req.Reserve) on
 // req.Device. This is the call an orchestrator makes right before loading a
@@ -89,8 +89,9 @@ func (r *EnsureReport) Freed() int64 { return int64(r.FreeAfter) - int64(r.FreeB
 // kept. Otherwise it asks the registered tenants marked First
 // (RegisterTenant), unloads Ollama models on that device, verified, the
 // fewest bytes that make the room (never a model Options.Protected names,
-// one a lease keeps, any vramguard client's on the host, or one this
-// client has a generation on; this client's own leased models last),
+// or one a lease keeps, any vramguard client's on the host; this client's
+// own leased models, then the ones its generations run on, last, or never
+// with req.KeepInUse),
 // asks the other tenants if the room is still missing, runs ReleaseVRAM,
 // and waits with AwaitFree, polling every req.PollInterval, until the GPU
 // itself reports the room. Each wait is bounded by req.Timeout; one that
@@ -113,46 +114,14 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if err := c.checkOpen("ensure free", ""); err != nil {
 		return nil, err
 	}
-	if c.pool != nil || req.Member != "" {
-		return c.ensureFreeOn(ctx, req)
-	}
-	return c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree})
-}
-
-// ensureFreeOn is EnsureFree on one member of a pool, made by the
-// member's own client (verified there as on one server), with the pool's
-// rules for what is kept.
-func (c *OllamaClient) ensureFreeOn(ctx context.Context, req EnsureRequest) (*EnsureReport, error) {
-	const op = "ensure free"
-	if c.pool == nil {
-		return nil, invalid(op, "", "EnsureRequest.Member %q: the client is no pool", req.Member)
-	}
-	if req.Member == "" {
-		return nil, invalid(op, "", "on a pool EnsureRequest.Member must name the member whose device to make room on")
-	}
-	for _, m := range c.pool.members {
-		if m.name == req.Member {
-			req.Member, req.Device = "", m.device
-			rep, err := m.c.ensureFreeRules(ctx, req, unloadMode{cause: CauseEnsureFree}, c.pool.rulesFor(m), false)
-			var re *RoomError
-			if errors.As(err, &re) {
-				re.Member = m.name
-			}
-			return rep, err
-		}
-	}
-	return nil, invalid(op, "", "the pool has no member %q (EnsureRequest.Member)", req.Member)
+	return c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree, keepLoads: req.KeepInUse, keepInUse: req.KeepInUse, keepOwn: req.KeepOwn})
 }
 
 // ensureFree is EnsureFree for the library's own calls too (Phase.End,
 // which Close makes too, and Budget.MakeRoom). mode is the unloads' (the
 // library's own calls do not cut the client's generations: unloadMode{keepLoads: true}).
 func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode unloadMode) (*EnsureReport, error) {
-	return c.ensureFreeRules(ctx, req, mode, nil, true)
-}
-
-func (c *OllamaClient) ensureFreeRules(ctx context.Context, req EnsureRequest, mode unloadMode, rules func() roomRules, own bool) (*EnsureReport, error) {
-	rq, err := c.roomRequestOf(req, mode, rules, own)
+	rq, err := c.roomRequestOf(req, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +129,7 @@ func (c *OllamaClient) ensureFreeRules(ctx context.Context, req EnsureRequest, m
 }
 
 // roomRequestOf checks req and makes it the room-making's request.
-func (c *OllamaClient) roomRequestOf(req EnsureRequest, mode unloadMode, rules func() roomRules, own bool) (roomRequest, error) {
+func (c *OllamaClient) roomRequestOf(req EnsureRequest, mode unloadMode) (roomRequest, error) {
 	const op = "ensure free"
 	if req.Bytes > maxBytes || req.Reserve > maxBytes {
 		return roomRequest{}, invalid(op, "", "%d bytes (+%d reserve) is more than %d", req.Bytes, req.Reserve, uint64(maxBytes))
@@ -177,7 +146,7 @@ func (c *OllamaClient) roomRequestOf(req EnsureRequest, mode unloadMode, rules f
 		interval:   cmp.Or(req.PollInterval, c.opts.VRAMPollInterval),
 		timeout:    cmp.Or(req.Timeout, c.opts.UnloadTimeout),
 		waitLeases: req.WaitForLeases, dryRun: req.DryRun, all: req.AllModels,
-		mode: mode, rules: rules, own: own,
+		mode: mode,
 	}, nil
 }
 

@@ -1,7 +1,7 @@
 package vramotel
 
 // The spans and metrics of generations and chats: OnCallStart, OnCallEnd
-// (with the call's reload, from Generation.Reload) and OnPlace.
+// (with the call's reload, from Generation.Reload), and Place for a pool's OnPlace.
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/pool"
 )
 
 // callSpanKey marks, in the context OnCallStart returns, the call's span, so
@@ -128,9 +129,10 @@ func (i *Instrumentation) recordCall(ctx context.Context, ce vramguard.CallEnd, 
 	}
 }
 
-// place adds the event "placement" to the call's span and counts the
-// placement.
-func (i *Instrumentation) place(ctx context.Context, p vramguard.Placement) {
+// Place adds the event "placement" to the call's span (the pool calls it
+// with the call's context, which carries the span) and counts the
+// placement: set pool.Options.OnPlace to it.
+func (i *Instrumentation) Place(ctx context.Context, p pool.Placement) {
 	i.m.placements.Add(ctx, 1, metric.WithAttributes(
 		attribute.String(AttrPoolMember, p.Member),
 		attribute.String(AttrPlacementReason, string(p.Reason)),

@@ -33,8 +33,9 @@
 //     and the /api/ps polls; a lease that kept the model adds the event
 //     "lease refusal" naming the holders;
 //   - the event "reload" on the call's span: why a model loaded again;
-//   - the event "placement" on the call's span, for a pool client
-//     ([vramguard.NewPool]): the member the call went to, why ("warm",
+//   - the event "placement" on the call's span, for a pool
+//     ([pool.New], with [Instrumentation.Place] as its OnPlace): the
+//     member the call went to, why ("warm",
 //     "room", "made room"), the need and free bytes, and the models
 //     unloaded to make room.
 //

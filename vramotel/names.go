@@ -54,8 +54,8 @@ const (
 	AttrAdmissionNeedBytes = "vramguard.admission.need_bytes"
 	AttrAdmissionMadeRoom  = "vramguard.admission.made_room" // bool: Budget.MakeRoom unloaded models
 
-	AttrPoolMember       = "vramguard.pool.member"            // a vramguard.PoolMember's name
-	AttrPlacementReason  = "vramguard.pool.placement.reason"  // a vramguard.PlaceReason: "warm", "room", "made room"
+	AttrPoolMember       = "vramguard.pool.member"            // a pool.Member's name
+	AttrPlacementReason  = "vramguard.pool.placement.reason"  // a pool.PlaceReason: "warm", "room", "made room"
 	AttrPlacementEvicted = "vramguard.pool.placement.evicted" // the models a "made room" placement unloaded
 )
 
@@ -84,7 +84,7 @@ const (
 	// EventLeaseOverride: a forced unload (ForceUnloadModel) overrode
 	// leases.
 	EventLeaseOverride = "lease override"
-	// EventPlacement: on a call's span, the pool member (vramguard.NewPool)
+	// EventPlacement: on a call's span, the pool member (package pool)
 	// the call went to and why: member, reason, device, need and free
 	// bytes, evicted models.
 	EventPlacement = "placement"

@@ -126,8 +126,9 @@ func (m *instruments) make(meter metric.Meter) error {
 
 // Hooks returns the hooks that report to i, for vramguard.Options.Hooks;
 // join them with a program's own through vramguard.JoinHooks. They set
-// OnCallStart, OnCallEnd, OnUnloadStart, OnUnloadEnd, OnAdmission,
-// OnVRAMWait and OnPlace.
+// OnCallStart, OnCallEnd, OnUnloadStart, OnUnloadEnd, OnAdmission and
+// OnVRAMWait. A pool's placements reach i through pool.Options.OnPlace:
+// set it to i.Place.
 func (i *Instrumentation) Hooks() vramguard.Hooks {
 	return vramguard.Hooks{
 		OnCallStart:   i.callStart,
@@ -136,7 +137,6 @@ func (i *Instrumentation) Hooks() vramguard.Hooks {
 		OnUnloadEnd:   i.unloadEnd,
 		OnAdmission:   i.admission,
 		OnVRAMWait:    i.vramWait,
-		OnPlace:       i.place,
 	}
 }
 

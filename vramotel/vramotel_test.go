@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/pool"
 	"github.com/vramguard/vramguard/vramguardtest"
 	"github.com/vramguard/vramguard/vramotel"
 )
@@ -499,13 +500,13 @@ func TestPool(t *testing.T) {
 	const gib = 1 << 30
 	r := newRig(t, vramotel.Config{})
 	var sims []*vramguardtest.Server
-	var ms []vramguard.PoolMember
+	var ms []pool.Member
 	for i, total := range []uint64{16 * gib, 24 * gib} {
 		s := newSim(t, vramguardtest.Config{TotalVRAM: total, StrictVRAM: true}, vramguardtest.ModelConfig{Name: "tiny", Size: 2 * gib, LoadLatency: loadLatency})
 		sims = append(sims, s)
-		ms = append(ms, vramguard.PoolMember{Name: "gpu" + strconv.Itoa(i), Host: s.URL().String(), VRAM: s.GPU()})
+		ms = append(ms, pool.Member{Name: "gpu" + strconv.Itoa(i), Host: s.URL().String(), VRAM: s.GPU()})
 	}
-	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, ProbeInterval: 20 * time.Millisecond},
+	c, err := pool.New(pool.Options{Members: ms, ProbeInterval: 20 * time.Millisecond, OnPlace: r.inst.Place},
 		vramguard.Options{Hooks: r.inst.Hooks(), PollInterval: 5 * time.Millisecond, Leases: vramguard.LeaseOptions{Dir: r.leases}})
 	if err != nil {
 		t.Fatal(err)
@@ -515,21 +516,21 @@ func TestPool(t *testing.T) {
 			t.Errorf("Close: %v", err)
 		}
 	})
-	stop := r.inst.Watch(c)
+	stop := r.inst.WatchPool(c)
 	defer stop()
 
-	var placed []*vramguard.Placement
+	var placed []pool.Placement
 	for range 2 {
-		g, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
-		if err != nil {
+		ctx, got := pool.WithPlacements(t.Context())
+		if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
 			t.Fatal(err)
 		}
-		if g.Placement == nil {
-			t.Fatal("a pool's generation without a placement")
+		if len(got()) != 1 {
+			t.Fatalf("a pool's generation with placements %+v; want one", got())
 		}
-		placed = append(placed, g.Placement)
+		placed = append(placed, got()[0])
 	}
-	if placed[0].Member != "gpu1" || placed[0].Reason != vramguard.PlaceRoom || placed[1].Member != "gpu1" || placed[1].Reason != vramguard.PlaceWarm || !sims[1].Listed("tiny") {
+	if placed[0].Member != "gpu1" || placed[0].Reason != pool.PlaceRoom || placed[1].Member != "gpu1" || placed[1].Reason != pool.PlaceWarm || !sims[1].Listed("tiny") {
 		t.Fatalf("placements %+v, %+v; want room then warm, on gpu1", placed[0], placed[1])
 	}
 
@@ -552,7 +553,7 @@ func TestPool(t *testing.T) {
 		e := evs[0]
 		if eventAttr(e, vramotel.AttrPoolMember).AsString() != p.Member || eventAttr(e, vramotel.AttrPlacementReason).AsString() != string(p.Reason) ||
 			eventAttr(e, vramotel.AttrVRAMNeedBytes).AsInt64() != int64(p.Need) || eventAttr(e, vramotel.AttrVRAMFreeBytes).AsInt64() != int64(p.Free) ||
-			eventAttr(e, vramotel.AttrDeviceIndex).AsInt64() != 0 || eventAttr(e, vramotel.AttrPlacementEvicted).Type() != attribute.STRINGSLICE ||
+			eventAttr(e, vramotel.AttrDeviceIndex).AsInt64() != 1 || eventAttr(e, vramotel.AttrPlacementEvicted).Type() != attribute.STRINGSLICE ||
 			len(eventAttr(e, vramotel.AttrPlacementEvicted).AsStringSlice()) != 0 {
 			t.Errorf("call %d: placement event %v; want %+v", k, e.Attributes, p)
 		}
@@ -563,7 +564,7 @@ func TestPool(t *testing.T) {
 
 	rm := r.collect()
 	member := attribute.String(vramotel.AttrPoolMember, "gpu1")
-	for _, reason := range []vramguard.PlaceReason{vramguard.PlaceRoom, vramguard.PlaceWarm} {
+	for _, reason := range []pool.PlaceReason{pool.PlaceRoom, pool.PlaceWarm} {
 		if n := total(t, rm, vramotel.MetricPoolPlacements, member, attribute.String(vramotel.AttrPlacementReason, string(reason)), model("tiny:latest")); n != 1 {
 			t.Errorf("%d placements %q on gpu1, want 1: %v", n, reason, points(t, rm, vramotel.MetricPoolPlacements))
 		}
@@ -580,9 +581,9 @@ func TestPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := attribute.String(vramotel.AttrServerAddress, u.Hostname())
-	if ps := points(t, rm, vramotel.MetricModelResident, pool, model("tiny:latest")); len(ps) != 1 {
-		t.Errorf("resident points %v, want tiny:latest at %v", points(t, rm, vramotel.MetricModelResident), pool)
+	addr := attribute.String(vramotel.AttrServerAddress, u.Hostname())
+	if ps := points(t, rm, vramotel.MetricModelResident, addr, model("tiny:latest")); len(ps) != 1 {
+		t.Errorf("resident points %v, want tiny:latest at %v", points(t, rm, vramotel.MetricModelResident), addr)
 	}
 	stop()
 	if ps := points(t, r.collect(), vramotel.MetricPoolMemberUp); len(ps) != 0 {

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/pool"
 )
 
 // collectTimeout bounds one collection's reads (/api/ps of every watched
@@ -29,7 +30,15 @@ const collectTimeout = 2 * time.Second
 type watchList struct {
 	mu      sync.Mutex
 	clients []*vramguard.OllamaClient // one entry per Watch call
+	pools   map[*vramguard.OllamaClient]*pool.Pool
 	closed  bool
+}
+
+// pool is the pool whose client c is, when WatchPool watched it.
+func (w *watchList) pool(c *vramguard.OllamaClient) *pool.Pool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pools[c]
 }
 
 func (w *watchList) add(c *vramguard.OllamaClient) bool {
@@ -48,6 +57,9 @@ func (w *watchList) remove(c *vramguard.OllamaClient) {
 	defer w.mu.Unlock()
 	if k := slices.Index(w.clients, c); k >= 0 {
 		w.clients = slices.Delete(w.clients, k, k+1)
+	}
+	if !slices.Contains(w.clients, c) {
+		delete(w.pools, c)
 	}
 }
 
@@ -74,10 +86,7 @@ func (w *watchList) close() {
 // a timeout of 2 s shared with the other reads of the collection), until
 // stop is called. The points carry the model as /api/ps names it
 // ("llama3.2:latest") and the server as c.Host() names it (server.address,
-// server.port), as the call spans and metrics of c's hooks do. For a pool
-// client (vramguard.NewPool) that server is the pool's own address, and
-// the gauge vramguard.pool.member.up reports each member (c.Members, which
-// reads no server): 1 while it answers, else 0. A failed listing leaves
+// server.port), as the call spans and metrics of c's hooks do. A failed listing leaves
 // that client's residency points out of the collection and is returned
 // to the SDK, which reports it through its error handler; stop the watch
 // before closing c, whose listings then fail.
@@ -89,6 +98,23 @@ func (i *Instrumentation) Watch(c *vramguard.OllamaClient) (stop func()) {
 		return func() {}
 	}
 	return sync.OnceFunc(func() { i.watch.remove(c) })
+}
+
+// WatchPool is Watch of the pool's client (whose server is the pool's own
+// address, pool.Host), and the gauge vramguard.pool.member.up reports each
+// member (Pool.Members, which reads no server): 1 while it answers, else
+// 0. A nil pool watches nothing.
+func (i *Instrumentation) WatchPool(p *pool.Pool) (stop func()) {
+	if p == nil || !i.watch.add(p.OllamaClient) {
+		return func() {}
+	}
+	i.watch.mu.Lock()
+	if i.watch.pools == nil {
+		i.watch.pools = map[*vramguard.OllamaClient]*pool.Pool{}
+	}
+	i.watch.pools[p.OllamaClient] = p
+	i.watch.mu.Unlock()
+	return sync.OnceFunc(func() { i.watch.remove(p.OllamaClient) })
 }
 
 // observe is the gauges' callback.
@@ -114,7 +140,11 @@ func (i *Instrumentation) observe(ctx context.Context, o metric.Observer) error 
 	}
 	wg.Wait()
 	for k, c := range clients {
-		for _, m := range c.Members() { // nil for a client of one server
+		var members []pool.MemberStatus
+		if p := i.watch.pool(c); p != nil {
+			members = p.Members()
+		}
+		for _, m := range members {
 			up := int64(0)
 			if m.Up {
 				up = 1

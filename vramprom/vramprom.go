@@ -50,10 +50,10 @@
 // was sent), "failed" (the unload returned an error) or "unverified" (it
 // ended without proof or error, as for a protected model UnloadAll left). Its cause is the vramguard.UnloadCause
 // ("unload", "guard", "phase end", "budget", ...); a reload's cause is the
-// vramguard.ReloadCause. A placement is a pool's (vramguard.NewPool)
-// choice of the member a call goes to, counted as Hooks.OnPlace reports
-// it: member is the PoolMember's name, reason the vramguard.PlaceReason
-// ("warm", "room", "made room").
+// vramguard.ReloadCause. A placement is a pool's (package pool)
+// choice of the member a call goes to, counted by Place (set
+// pool.Options.OnPlace to it): member is the pool.Member's name, reason
+// the pool.PlaceReason ("warm", "room", "made room").
 //
 // At each scrape the Collector reads, with a bound of 5 seconds each:
 //
@@ -95,6 +95,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/pool"
 )
 
 // Config configures a Collector. The zero value is valid: no device
@@ -289,7 +290,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (c *Collector) collectServer(ctx context.Context, ch chan<- prometheus.Metric, w *watch) {
-	for _, m := range w.client.Members() { // nil for a client of one server
+	var members []pool.MemberStatus
+	if w.pool != nil {
+		members = w.pool.Members()
+	}
+	for _, m := range members {
 		up := 0.0
 		if m.Up {
 			up = 1
@@ -353,18 +358,30 @@ func (c *Collector) collectDevices(ctx context.Context, ch chan<- prometheus.Met
 // vramguard_model_vram_bytes and vramguard_ollama_up, labelled with
 // server: the host:port of cl.Host(), as the call metrics of cl's hooks
 // have it ("" for a client made with Options.API and no Options.Host).
-// For a pool client (vramguard.NewPool) the scrape also reports
-// vramguard_pool_member_up per member, from cl.Members. The series stop
+// The series stop
 // when stop is called (it may be called more than once); once cl is
 // closed its listing fails and up is 0. A nil cl watches nothing. While
 // two watched clients have the same server (every pool client names the
-// same pool address), the scrape reads only the first watched. Watch is
-// safe for concurrent use.
+// same pool address, pool.Host), the scrape reads only the first watched.
+// Watch is safe for concurrent use.
 func (c *Collector) Watch(cl *vramguard.OllamaClient) (stop func()) {
 	if cl == nil {
 		return func() {}
 	}
-	w := &watch{client: cl, server: serverLabel(cl.Host())}
+	return c.watch(&watch{client: cl, server: serverLabel(cl.Host())})
+}
+
+// WatchPool is Watch of the pool's client, and the scrape also reports
+// vramguard_pool_member_up per member, from p.Members (which reads no
+// server). A nil p watches nothing.
+func (c *Collector) WatchPool(p *pool.Pool) (stop func()) {
+	if p == nil {
+		return func() {}
+	}
+	return c.watch(&watch{client: p.OllamaClient, pool: p, server: serverLabel(p.Host())})
+}
+
+func (c *Collector) watch(w *watch) (stop func()) {
 	c.watches.add(w)
 	var once sync.Once
 	return func() { once.Do(func() { c.watches.remove(w) }) }
@@ -379,6 +396,7 @@ type watches struct {
 
 type watch struct {
 	client *vramguard.OllamaClient
+	pool   *pool.Pool // WatchPool's; nil for Watch
 	server string
 }
 
@@ -445,7 +463,6 @@ func (c *Collector) Hooks() vramguard.Hooks {
 		OnUnloadEnd: c.unloadEnd,
 		OnAdmission: c.admission,
 		OnVRAMWait:  c.vramWaited,
-		OnPlace:     c.placed,
 	}
 }
 
@@ -534,6 +551,8 @@ func (c *Collector) vramWaited(_ context.Context, e vramguard.VRAMWaitEvent) {
 	c.vramWait.WithLabelValues(strconv.Itoa(e.Device), serverLabel(e.Server), errorType(e.Err)).Observe(e.Waited.Seconds())
 }
 
-func (c *Collector) placed(_ context.Context, p vramguard.Placement) {
+// Place counts a pool's placement (vramguard_pool_placements_total): set
+// pool.Options.OnPlace to it.
+func (c *Collector) Place(_ context.Context, p pool.Placement) {
 	c.placements.WithLabelValues(p.Member, string(p.Reason), vramguard.NormalizeModelName(p.Model)).Inc()
 }

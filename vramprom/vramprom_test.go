@@ -19,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/pool"
 	"github.com/vramguard/vramguard/vramguardtest"
 	"github.com/vramguard/vramguard/vramprom"
 )
@@ -609,11 +610,11 @@ func plainClient(t *testing.T, s *vramguardtest.Server, host string, h vramguard
 // server label.
 func TestPool(t *testing.T) {
 	var sims []*vramguardtest.Server
-	var ms []vramguard.PoolMember
+	var ms []pool.Member
 	for i, total := range []uint64{16 * gib, 24 * gib} {
 		s := newSim(t, vramguardtest.Config{TotalVRAM: total, StrictVRAM: true})
 		sims = append(sims, s)
-		ms = append(ms, vramguard.PoolMember{Name: fmt.Sprintf("gpu%d", i), Host: s.URL().String(), VRAM: s.GPU()})
+		ms = append(ms, pool.Member{Name: fmt.Sprintf("gpu%d", i), Host: s.URL().String(), VRAM: s.GPU()})
 	}
 	col, err := vramprom.New(vramprom.Config{})
 	if err != nil {
@@ -621,7 +622,7 @@ func TestPool(t *testing.T) {
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)
-	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, ProbeInterval: 20 * time.Millisecond},
+	c, err := pool.New(pool.Options{Members: ms, ProbeInterval: 20 * time.Millisecond, OnPlace: col.Place},
 		vramguard.Options{Hooks: col.Hooks(), PollInterval: 5 * time.Millisecond, Leases: vramguard.LeaseOptions{Dir: filepath.Join(t.TempDir(), "leases")}})
 	if err != nil {
 		t.Fatal(err)
@@ -631,25 +632,25 @@ func TestPool(t *testing.T) {
 			t.Errorf("Close: %v", err)
 		}
 	})
-	stop := col.Watch(c)
+	stop := col.WatchPool(c)
 	defer stop()
 
 	want(t, series(t, reg), map[string]float64{`vramguard_pool_member_up{member="gpu0"}`: 1, `vramguard_pool_member_up{member="gpu1"}`: 1})
-	var reasons []vramguard.PlaceReason
+	var reasons []pool.PlaceReason
 	for range 2 {
-		g, err := generate(t, c, "tiny", vramguard.KeepAliveFor(time.Hour))
-		if err != nil {
+		ctx, placed := pool.WithPlacements(t.Context())
+		if _, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "tiny", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
 			t.Fatal(err)
 		}
-		if g.Placement == nil {
-			t.Fatal("a pool's generation without a placement")
+		if len(placed()) != 1 {
+			t.Fatalf("a pool's generation with placements %+v; want one", placed())
 		}
-		reasons = append(reasons, g.Placement.Reason)
+		reasons = append(reasons, placed()[0].Reason)
 	}
-	if !slices.Equal(reasons, []vramguard.PlaceReason{vramguard.PlaceRoom, vramguard.PlaceWarm}) || !sims[1].Listed("tiny") || sims[0].Listed("tiny") {
+	if !slices.Equal(reasons, []pool.PlaceReason{pool.PlaceRoom, pool.PlaceWarm}) || !sims[1].Listed("tiny") || sims[0].Listed("tiny") {
 		t.Fatalf("placements %q, tiny on gpu0 %v, gpu1 %v; want room then warm, on gpu1", reasons, sims[0].Listed("tiny"), sims[1].Listed("tiny"))
 	}
-	srv := serverLabelOf(t, c)
+	srv := serverLabelOf(t, c.OllamaClient)
 	got := series(t, reg)
 	want(t, got, map[string]float64{
 		`vramguard_pool_placements_total{member="gpu1",model="tiny:latest",reason="room"}`:                 1,

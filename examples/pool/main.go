@@ -12,6 +12,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/gpu"
+	"github.com/vramguard/vramguard/pool"
 )
 
 func main() {
@@ -25,18 +26,21 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: []vramguard.PoolMember{
+	p, err := pool.New(pool.Options{Members: []pool.Member{
 		{Name: "gpu0", Host: "127.0.0.1:11434", VRAM: reader, Device: 0},
 		{Name: "gpu1", Host: "127.0.0.1:11435", VRAM: reader, Device: 1},
 	}}, vramguard.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer c.Close() // unloads, verified, on every member
-	gen, err := c.GenerateStreaming(ctx, req, vramguard.KeepAliveFor(time.Minute), nil)
+	defer p.Close() // unloads, verified, on every member
+	ctx, placed := pool.WithPlacements(ctx)
+	gen, err := p.GenerateStreaming(ctx, req, vramguard.KeepAliveFor(time.Minute), nil)
 	if err != nil {
-		log.Fatal(err) // a *vramguard.RoomError names each device's free bytes and holders
+		log.Fatal(err) // a *pool.NoRoomError names each member's free bytes and holders
 	}
-	fmt.Printf("%s on %s (%s)\n", gen.Model, gen.Placement.Member, gen.Placement.Reason)
+	for _, pl := range placed() {
+		fmt.Printf("%s on %s (%s), loaded %v\n", gen.Model, pl.Member, pl.Reason, gen.Loaded)
+	}
 	// README: to here
 }

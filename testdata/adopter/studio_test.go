@@ -112,7 +112,7 @@ func TestBatchUnloadsVerifiedAndLoadsOnce(t *testing.T) {
 	if len(rep.Models) != 1 || rep.Cleanup == nil || len(rep.Cleanup.Unloads) != 1 {
 		t.Fatalf("phase report %+v, want one model unloaded", rep)
 	}
-	if u := rep.Cleanup.Unloads[0]; !u.WasLoaded || !u.Verified || !u.Checked.Has(vramguard.CheckPS) {
+	if u := rep.Cleanup.Unloads[0]; !u.WasLoaded || !u.Verified || u.Checked&vramguard.CheckPS == 0 {
 		t.Errorf("unload report %+v, want loaded and verified", u)
 	}
 	got, used := r.calls()

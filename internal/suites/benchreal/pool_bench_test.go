@@ -10,6 +10,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
+	vpool "github.com/vramguard/vramguard/pool"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -23,12 +24,12 @@ const poolCtx = 64
 type side struct {
 	name      string
 	c         *vramguard.OllamaClient
-	evictions atomic.Int64 // unloads with cause budget: the budget's or a placement's room-making
+	evictions atomic.Int64 // unloads to make room: the budget's (cause budget) or a placement's (the pool's EnsureFree)
 }
 
 func (s *side) hooks() vramguard.Hooks {
 	return vramguard.Hooks{OnUnloadStart: func(ctx context.Context, u vramguard.UnloadStart) context.Context {
-		if u.Cause == vramguard.CauseBudget {
+		if u.Cause == vramguard.CauseBudget || u.Cause == vramguard.CauseEnsureFree {
 			s.evictions.Add(1)
 		}
 		return ctx
@@ -51,7 +52,8 @@ func (s *side) hooks() vramguard.Hooks {
 // from /proc after every step, untimed: Generation.Loaded, a load_duration
 // threshold, took a warm step for a load when a busy machine made
 // load_duration 11 ms), reloads/op the loads beyond the first of each
-// model, evictions/op the unloads with cause budget
+// model, evictions/op the unloads that made room (cause budget, or the
+// pool's EnsureFree)
 // (Hooks.OnUnloadStart). Each operation is timed whole, End included;
 // every server must list nothing after it (checked untimed).
 func BenchmarkPoolWorkflow(b *testing.B) {
@@ -227,17 +229,18 @@ func benchClient(b *testing.B, opts vramguard.Options) *vramguard.OllamaClient {
 // total bytes, closed at the end of the benchmark.
 func benchPool(b *testing.B, ss []*ollamatest.Server, total uint64, opts vramguard.Options) *vramguard.OllamaClient {
 	b.Helper()
-	var ms []vramguard.PoolMember
+	var ms []vpool.Member
 	for i, s := range ss {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		b.Cleanup(tr.CloseIdleConnections)
-		ms = append(ms, vramguard.PoolMember{Name: fmt.Sprintf("gpu%d", i), Host: s.URL().String(),
+		ms = append(ms, vpool.Member{Name: fmt.Sprintf("gpu%d", i), Host: s.URL().String(),
 			VRAM: &vramguardtest.PSGPU{Client: s.Client(), Total: total}, HTTPClient: &http.Client{Transport: tr}})
 	}
-	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms}, opts)
+	p, err := vpool.New(vpool.Options{Members: ms}, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
+	c := p.OllamaClient
 	b.Cleanup(func() {
 		if err := c.Close(); err != nil {
 			b.Errorf("Close: %v", err)

@@ -27,7 +27,7 @@ func TestRunnerCheckTiedToServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		rep, err := c.UnloadModel(t.Context(), modelA)
-		if err != nil || !rep.Verified || !rep.Checked.Has(vramguard.CheckRunnerProcesses) || rep.NoRunnerCheck != "" {
+		if err != nil || !rep.Verified || rep.Checked&vramguard.CheckRunnerProcesses == 0 || rep.NoRunnerCheck != "" {
 			t.Fatalf("unload on the real server: %+v, %v; want verified with the runner check", rep, err)
 		}
 
@@ -50,7 +50,7 @@ func TestRunnerCheckTiedToServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		rep, err = c.UnloadModel(t.Context(), modelA)
-		if err != nil || !rep.Verified || !rep.Checked.Has(vramguard.CheckRunnerProcesses) {
+		if err != nil || !rep.Verified || rep.Checked&vramguard.CheckRunnerProcesses == 0 {
 			t.Fatalf("unload beside a second server of the same weights: %+v, %v; want verified with the runner check", rep, err)
 		}
 		if ps, err := other.Client().ListRunning(t.Context()); err != nil || len(ps.Models) != 1 {

@@ -28,6 +28,7 @@ import (
 	"github.com/vramguard/vramguard/internal/testkit/gguf"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 	"github.com/vramguard/vramguard/internal/testkit/standin"
+	vpool "github.com/vramguard/vramguard/pool"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -203,23 +204,24 @@ func possible(t *testing.T, ok bool, format string, args ...any) {
 
 // newPoolOn makes a pool of e's servers, member i named gpu<i> with a fake
 // GPU of totals[i] bytes.
-func newPoolOn(t *testing.T, e *poolEnv, totals []uint64, opts vramguard.Options) (*vramguard.OllamaClient, []*vramguardtest.PSGPU) {
+func newPoolOn(t *testing.T, e *poolEnv, totals []uint64, po vpool.Options, opts vramguard.Options) (*vpool.Pool, []*vramguardtest.PSGPU) {
 	t.Helper()
-	var ms []vramguard.PoolMember
+	var ms []vpool.Member
 	var gpus []*vramguardtest.PSGPU
 	for i, total := range totals {
 		s := e.ss[i]
 		g := &vramguardtest.PSGPU{Client: s.Client(), Total: total}
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		t.Cleanup(tr.CloseIdleConnections)
-		ms = append(ms, vramguard.PoolMember{Name: fmt.Sprintf("gpu%d", i), Host: s.URL().String(), VRAM: g, HTTPClient: &http.Client{Transport: tr}})
+		ms = append(ms, vpool.Member{Name: fmt.Sprintf("gpu%d", i), Host: s.URL().String(), VRAM: g, HTTPClient: &http.Client{Transport: tr}})
 		gpus = append(gpus, g)
 	}
 	if opts.PollInterval == 0 {
 		opts.PollInterval = 25 * time.Millisecond
 	}
 	opts.Leases.Dir = e.leases
-	c, err := vramguard.NewPool(vramguard.PoolOptions{Members: ms, ProbeInterval: 100 * time.Millisecond}, opts)
+	po.Members, po.ProbeInterval = ms, 100*time.Millisecond
+	c, err := vpool.New(po, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,19 +233,27 @@ func newPoolOn(t *testing.T, e *poolEnv, totals []uint64, opts vramguard.Options
 	return c, gpus
 }
 
-func poolGenerate(t *testing.T, c *vramguard.OllamaClient, model string) *vramguard.Generation {
+// placedGen is a generation through a pool and where it went.
+type placedGen struct {
+	*vramguard.Generation
+	Placement vpool.Placement
+}
+
+func poolGenerate(t *testing.T, c *vpool.Pool, model string) placedGen {
 	t.Helper()
-	g, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: model, Prompt: "a castle at dawn", Options: poolOpts(4)},
+	ctx, placed := vpool.WithPlacements(t.Context())
+	g, err := c.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: model, Prompt: "a castle at dawn", Options: poolOpts(4)},
 		vramguard.KeepAliveFor(time.Hour), nil)
 	if err != nil {
 		t.Fatalf("generate on %s: %v", model, err)
 	}
-	if g.Placement == nil {
-		t.Fatalf("generate on %s: no placement", model)
+	ps := placed()
+	if len(ps) != 1 {
+		t.Fatalf("generate on %s: placements %+v; want one", model, ps)
 	}
-	t.Logf("%s: %s on %s (need %d, free %d, evicted %v), loaded %v", model, g.Placement.Reason, g.Placement.Member,
-		g.Placement.Need, g.Placement.Free, g.Placement.Evicted, g.Loaded)
-	return g
+	pl := ps[0]
+	t.Logf("%s: %s on %s (need %d, free %d, evicted %v), loaded %v", model, pl.Reason, pl.Member, pl.Need, pl.Free, pl.Evicted, g.Loaded)
+	return placedGen{g, pl}
 }
 
 // squeeze makes another program hold what is free on g beyond leave.
@@ -271,7 +281,7 @@ func runners(t *testing.T, s *ollamatest.Server) []int {
 
 // unloadEverything unloads what the pool left (UnloadAll, then the
 // protected models by name) and checks that no server lists a model.
-func unloadEverything(t *testing.T, c *vramguard.OllamaClient, e *poolEnv, protected ...string) {
+func unloadEverything(t *testing.T, c *vpool.Pool, e *poolEnv, protected ...string) {
 	t.Helper()
 	reps, err := c.UnloadAll(t.Context())
 	if err != nil {
@@ -311,13 +321,13 @@ func TestPoolPlacementOnRealServers(t *testing.T) {
 		t0 := t2
 		possible(t, zA < zC, "%s lists %d bytes, %s %d: making room must cost less on the member of %s", modelA, zA, modelC, zC, modelA)
 		possible(t, eC <= t2 && t1-zA < t2 && eB/2 < t2, "%s (estimate %d) must fit on gpu2 (%d bytes) and gpu2 have the most room", modelC, eC, t2)
-		c, gpus := newPoolOn(t, e, []uint64{t0, t1, t2}, vramguard.Options{Protected: []string{modelB}})
+		c, gpus := newPoolOn(t, e, []uint64{t0, t1, t2}, vpool.Options{}, vramguard.Options{Protected: []string{modelB}})
 		squeeze(t, gpus[0], eB/2)
 
 		rawLoad(t, e.ss[1], modelA)
 		before := runners(t, e.ss[1])
 		g := poolGenerate(t, c, modelA)
-		if p := g.Placement; p.Member != "gpu1" || p.Reason != vramguard.PlaceWarm || p.Free != t1-zA {
+		if p := g.Placement; p.Member != "gpu1" || p.Reason != vpool.PlaceWarm || p.Free != t1-zA {
 			t.Errorf("%s: %+v; want a reuse on gpu1 (%d bytes free), where another program loaded it, though gpu2 has more room", modelA, p, t1-zA)
 		}
 		// The same runner, not Generation.Loaded (a load_duration
@@ -327,12 +337,12 @@ func TestPoolPlacementOnRealServers(t *testing.T) {
 		}
 
 		g = poolGenerate(t, c, modelC)
-		if p := g.Placement; p.Member != "gpu2" || p.Reason != vramguard.PlaceRoom || p.Need != eC || p.Free != t2 || !g.Loaded {
+		if p := g.Placement; p.Member != "gpu2" || p.Reason != vpool.PlaceRoom || p.Need != eC || p.Free != t2 || !g.Loaded {
 			t.Errorf("%s: %+v, loaded %v; want a load by room on gpu2 (%d free of %d needed)", modelC, p, g.Loaded, t2, eC)
 		}
 
 		g = poolGenerate(t, c, modelB)
-		if p := g.Placement; p.Member != "gpu1" || p.Reason != vramguard.PlaceMadeRoom || !slices.Equal(p.Evicted, names(modelA)) {
+		if p := g.Placement; p.Member != "gpu1" || p.Reason != vpool.PlaceMadeRoom || !slices.Equal(p.Evicted, names(modelA)) {
 			t.Errorf("%s: %+v; want room made on gpu1 by unloading %s (%d bytes, against %s's %d on gpu2)", modelB, p, modelA, zA, modelC, zC)
 		}
 		for i, want := range [][]string{nil, names(modelB), names(modelC)} {
@@ -370,31 +380,37 @@ func TestPoolPlacementOnRealServers(t *testing.T) {
 // three members of TestPoolPlacementOnRealServers at its last step.
 func checkRefusal(t *testing.T, err error, need uint64) {
 	t.Helper()
-	var pe *vramguard.RoomError
+	var pe *vpool.NoRoomError
 	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.As(err, &pe) ||
 		!errors.Is(err, vramguard.ErrProtected) || !errors.Is(err, vramguard.ErrLeased) {
-		t.Fatalf("the load that fits nowhere: %v (kind %v); want KindOutOfMemory, a *RoomError, ErrProtected and ErrLeased", err, vramguard.KindOf(err))
+		t.Fatalf("the load that fits nowhere: %v (kind %v); want KindOutOfMemory, a *vpool.NoRoomError, ErrProtected and ErrLeased", err, vramguard.KindOf(err))
 	}
 	t.Logf("refused: %v", err)
-	if pe.Need != need || len(pe.Devices) != 3 {
-		t.Fatalf("RoomError need %d, %d devices; want %d and 3", pe.Need, len(pe.Devices), need)
+	if pe.Need != need || len(pe.Members) != 3 {
+		t.Fatalf("NoRoomError need %d, %d members; want %d and 3", pe.Need, len(pe.Members), need)
 	}
-	held := func(m vramguard.RoomError, name string) bool {
+	held := func(m vpool.Side, name string) bool {
 		return slices.ContainsFunc(m.Holders, func(h vramguard.MemoryHolder) bool { return h.Name == name && h.Bytes > 0 })
 	}
-	for i, m := range pe.Devices {
-		if m.Member != fmt.Sprintf("gpu%d", i) || m.Err != nil || m.Free > need/2 {
-			t.Errorf("member %d: %+v; want at most %d bytes free", i, m, need/2)
+	kept := func(m vpool.Side) []vramguard.KeptModel {
+		if m.Room == nil {
+			return nil
+		}
+		return m.Room.Kept
+	}
+	for i, m := range pe.Members {
+		if m.Member != fmt.Sprintf("gpu%d", i) || m.Err != nil || m.Room == nil || m.Free > need/2 {
+			t.Errorf("member %d: %+v; want a room refusal with at most %d bytes free", i, m, need/2)
 		}
 	}
-	if m := pe.Devices[0]; len(m.Kept) != 0 || !held(m, "comfyui") {
-		t.Errorf("gpu0: kept %+v, holders %+v; want nothing kept (no model there) and comfyui named as the holder", m.Kept, m.Holders)
+	if m := pe.Members[0]; len(kept(m)) != 0 || !held(m, "comfyui") {
+		t.Errorf("gpu0: kept %+v, holders %+v; want nothing kept (no model there) and comfyui named as the holder", kept(m), m.Holders)
 	}
-	if m := pe.Devices[1]; len(m.Kept) != 1 || !m.Kept[0].Protected || !held(m, names(modelB)[0]) {
-		t.Errorf("gpu1: kept %+v, holders %+v; want %s kept as protected and named as a holder", m.Kept, m.Holders, modelB)
+	if m := pe.Members[1]; len(kept(m)) != 1 || !kept(m)[0].Protected || !held(m, names(modelB)[0]) {
+		t.Errorf("gpu1: kept %+v, holders %+v; want %s kept as protected and named as a holder", kept(m), m.Holders, modelB)
 	}
-	if m := pe.Devices[2]; len(m.Kept) != 1 || len(m.Kept[0].Leases) != 1 || !held(m, names(modelC)[0]) {
-		t.Errorf("gpu2: kept %+v, holders %+v; want %s kept by its lease and named as a holder", m.Kept, m.Holders, modelC)
+	if m := pe.Members[2]; len(kept(m)) != 1 || len(kept(m)[0].Leases) != 1 || !held(m, names(modelC)[0]) {
+		t.Errorf("gpu2: kept %+v, holders %+v; want %s kept by its lease and named as a holder", kept(m), m.Holders, modelC)
 	}
 	for _, want := range []string{"comfyui", "protected", "leased by"} {
 		if !strings.Contains(err.Error(), want) {
@@ -413,13 +429,11 @@ func TestPoolPhaseOnRealServers(t *testing.T) {
 		total := eitherNotBoth(t, e)
 		var placed []string
 		var mu sync.Mutex
-		c, _ := newPoolOn(t, e, []uint64{total, total}, vramguard.Options{Hooks: vramguard.Hooks{
-			OnPlace: func(_ context.Context, p vramguard.Placement) {
-				mu.Lock()
-				defer mu.Unlock()
-				placed = append(placed, fmt.Sprintf("%s@%s:%s", p.Model, p.Member, p.Reason))
-			},
-		}})
+		c, _ := newPoolOn(t, e, []uint64{total, total}, vpool.Options{OnPlace: func(_ context.Context, p vpool.Placement) {
+			mu.Lock()
+			defer mu.Unlock()
+			placed = append(placed, fmt.Sprintf("%s@%s:%s", p.Model, p.Member, p.Reason))
+		}}, vramguard.Options{})
 		p, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -479,7 +493,7 @@ func TestPoolMemberKilledOnRealServers(t *testing.T) {
 	eachVersionPool(t, 2, func(t *testing.T, e *poolEnv) {
 		skipIfExternal(t, e.ss[0], "kills and restarts the server")
 		unit := max(e.est[modelA], e.est[modelB], e.size[modelA], e.size[modelB])
-		c, _ := newPoolOn(t, e, []uint64{16 * unit, 8 * unit}, vramguard.Options{})
+		c, _ := newPoolOn(t, e, []uint64{16 * unit, 8 * unit}, vpool.Options{}, vramguard.Options{})
 		for _, s := range e.ss {
 			if s.UsesStandin() {
 				setKnobs(t, s, standin.Knobs{EOSAfter: 1 << 30}) // no end of its own: the long generation runs until killed
@@ -517,11 +531,35 @@ func TestPoolMemberKilledOnRealServers(t *testing.T) {
 		if st := c.Members(); st[0].Up || !slices.Contains(st[0].Models, names(modelA)[0]) || !st[1].Up {
 			t.Errorf("members %+v; want gpu0 down, still counted as holding %s, gpu1 up", st, modelA)
 		}
+		// UnloadAll with gpu0 down (issue #35: it took its full timeout and
+		// sent 99 unloads for gpu0's model): gpu0 costs one failed answer,
+		// each model is reported once, and gpu1's is unloaded, verified.
+		reps, err := c.UnloadAll(t.Context())
+		var me *vpool.MemberError
+		if !errors.As(err, &me) || me.Member != "gpu0" || !errors.Is(err, vpool.ErrUnreachable) {
+			t.Errorf("UnloadAll with gpu0 down: %v; want a *pool.MemberError naming gpu0", err)
+		}
+		seen := map[string]vramguard.UnloadReport{}
+		for _, r := range reps {
+			if _, twice := seen[r.Model]; twice {
+				t.Errorf("UnloadAll reported %s twice", r.Model)
+			}
+			seen[r.Model] = r
+		}
+		if r, ok := seen[names(modelA)[0]]; !ok || r.Verified || r.Attempts != 0 {
+			t.Errorf("UnloadAll: %s (on gpu0, down) reported %+v; want once, unverified, no attempt counted", modelA, r)
+		}
+		if r, ok := seen[names(modelB)[0]]; !ok || !r.Verified || len(lists(t, e.ss[1])) != 0 {
+			t.Errorf("UnloadAll: %s (on gpu1) reported %+v, gpu1 lists %v; want it unloaded, verified", modelB, r, lists(t, e.ss[1]))
+		}
 
 		if err := e.ss[0].Restart(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		for st := c.Members(); !st[0].Up; st = c.Members() {
+		for st := c.Members(); !st[0].Up; st = c.Members() { // the next call that needs the members asks gpu0 again
+			if _, err := c.Running(t.Context()); err != nil {
+				t.Fatal(err)
+			}
 			if err := sleepCtx(t.Context(), 20*time.Millisecond); err != nil {
 				t.Fatalf("gpu0 never found again after its restart: %v", err)
 			}
@@ -529,7 +567,7 @@ func TestPoolMemberKilledOnRealServers(t *testing.T) {
 		if st := c.Members(); slices.Contains(st[0].Models, names(modelA)[0]) {
 			t.Errorf("gpu0 back: %+v; want %s no longer counted (the restarted server lists nothing)", st[0], modelA)
 		}
-		if g := poolGenerate(t, c, modelA); g.Placement.Member != "gpu0" || g.Placement.Reason != vramguard.PlaceRoom || !g.Loaded {
+		if g := poolGenerate(t, c, modelA); g.Placement.Member != "gpu0" || g.Placement.Reason != vpool.PlaceRoom || !g.Loaded {
 			t.Errorf("%s after gpu0's restart: %+v, loaded %v; want a load by room on gpu0 again", modelA, g.Placement, g.Loaded)
 		}
 		unloadEverything(t, c, e)

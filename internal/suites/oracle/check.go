@@ -55,7 +55,7 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 	slices.SortStableFunc(sends, func(a, b *Send) int { return a.T.Compare(b.T) })
 
 	for _, v := range tr.Verdicts {
-		if local && !v.Checked.Has(vramguard.CheckRunnerProcesses) {
+		if local && v.Checked&vramguard.CheckRunnerProcesses == 0 {
 			add(RuleNoProcessCheck, "%s verdict on %s at %s: checked %v (%s)", v.Party, v.Model, stamp(v.T), v.Checked, v.NoRunnerCheck)
 		}
 		cut := lastUnload(sends, v)

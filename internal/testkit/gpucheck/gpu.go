@@ -133,7 +133,7 @@ func (c *checker) gpuRound(ctx context.Context, r *round) {
 		var e *vramguard.EnsureReport
 		if e, err = c.client.EnsureFree(ctx, vramguard.EnsureRequest{Device: d.Index, Bytes: need, Timeout: 30 * time.Second}); e != nil {
 			r.Verified = len(e.Evicted) == 1 && e.Evicted[0].Verified && e.FreeAfter >= need
-			r.VRAMFreed = e.Freed()
+			r.VRAMFreed = int64(e.FreeAfter) - int64(e.FreeBefore)
 			if len(e.Evicted) == 1 {
 				r.Checked = e.Evicted[0].Checked.String()
 			}

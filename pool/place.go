@@ -1,0 +1,391 @@
+package pool
+
+// Where a load goes: the facts of each member (its listing, its device),
+// a pure choice over them (choose), and room-making on the chosen member's
+// device through the pool client's own EnsureFree: the root owns the
+// victim policy and the verified unloads; the pool only picks the member.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/vramguard/vramguard"
+)
+
+// PlaceReason says why a pool chose a member for a model.
+type PlaceReason string
+
+// The reasons, in the order a pool tries them.
+const (
+	// PlaceWarm: the member's server lists the model (or is loading it
+	// for this pool): no load. Of several such members, the one with the
+	// most free memory.
+	PlaceWarm PlaceReason = "warm"
+	// PlaceRoom: of the members whose device has room for the model's
+	// estimate plus Options.Headroom, the one with the most free memory
+	// (ties: fewer loads in flight through the pool, then the first).
+	PlaceRoom PlaceReason = "room"
+	// PlaceMadeRoom: no device had room; the client's EnsureFree made it,
+	// verified, on the member where that cost least (the fewest bytes to
+	// load again, sparing the client's own leased models, its phases',
+	// when a member's room can be made without them).
+	PlaceMadeRoom PlaceReason = "made room"
+)
+
+// Placement is a pool's decision for a call: Options.OnPlace,
+// WithPlacements and an INFO log line.
+type Placement struct {
+	Model  string
+	Member string // Member.Name
+	Device int    // the member's device in the pool client's numbering (Pool.Device)
+	Reason PlaceReason
+	// Need is the model's estimate plus the headroom, in bytes (0 for
+	// PlaceWarm: nothing was estimated).
+	Need uint64
+	// Free is the member's free device memory when it was chosen (before
+	// the load; for PlaceMadeRoom, before the unloads).
+	Free uint64
+	// Evicted lists the models PlaceMadeRoom unloaded, verified.
+	Evicted []string
+}
+
+type placementsKey struct{}
+
+type placements struct {
+	mu sync.Mutex
+	ps []Placement
+}
+
+// WithPlacements returns a context whose calls through a pool record their
+// placements, and a function that returns them so far, in order: what a
+// caller reads after GenerateStreaming to know where the call went.
+func WithPlacements(ctx context.Context) (context.Context, func() []Placement) {
+	r := &placements{}
+	return context.WithValue(ctx, placementsKey{}, r), func() []Placement {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return append([]Placement(nil), r.ps...)
+	}
+}
+
+// view is what the choice knows of one member.
+type view struct {
+	up       bool
+	warm     bool // listed (or loading through the pool)
+	measured bool // the device was read
+	loading  int  // loads in flight through the pool
+	free     uint64
+	side     Side // what a refusal says of it
+	plan     plan // a dry run's plan, when room must be made
+}
+
+// plan is what the client's EnsureFree would do on a member's device.
+type plan struct {
+	ok      bool     // the room can be made
+	models  []string // the models it would unload
+	cost    uint64   // their bytes: what must be loaded again
+	usesOwn bool     // made without KeepOwn: it may unload the client's own leased models
+}
+
+// choose places a model needing need bytes; ok is false when no member
+// can take it. Warm first (the warm member with the most free memory),
+// then room (most free, then fewer loads in flight, then the first), then
+// making room where the plan spares the client's own leased models, then
+// where it unloads the fewest bytes (then fewer models, then the first).
+func choose(vs []view, need uint64) (i int, reason PlaceReason, ok bool) {
+	best := -1
+	for i, v := range vs {
+		if v.up && v.warm && (best < 0 || v.free > vs[best].free) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		return best, PlaceWarm, true
+	}
+	for i, v := range vs {
+		if !v.up || !v.measured || v.free < need {
+			continue
+		}
+		if best < 0 || v.free > vs[best].free || (v.free == vs[best].free && v.loading < vs[best].loading) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		return best, PlaceRoom, true
+	}
+	for i, v := range vs {
+		if v.up && v.measured && v.plan.ok && (best < 0 || cheaper(v.plan, vs[best].plan)) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		return best, PlaceMadeRoom, true
+	}
+	return -1, "", false
+}
+
+func cheaper(a, b plan) bool {
+	if a.usesOwn != b.usesOwn {
+		return !a.usesOwn
+	}
+	return a.cost < b.cost || (a.cost == b.cost && len(a.models) < len(b.models))
+}
+
+// placeModel chooses the member a call on model goes to, making room there
+// when no member has it, and counts the call in flight there (the caller
+// ends it). The model is estimated only when no member is warm.
+//
+// It cannot deadlock on the room-making it asks of the client: the
+// placement turn it holds is taken by no request that room-making sends
+// (listings, /api/show, unloads), and KeepInUse keeps every model a call
+// of this client runs on, so no unload waits for a call that waits here.
+func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*member, error) {
+	const op = "place"
+	select {
+	case t.place <- struct{}{}:
+	case <-ctx.Done():
+		return nil, &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindCanceled, Err: context.Cause(ctx)}
+	}
+	defer func() { <-t.place }()
+	key := vramguard.NormalizeModelName(model)
+	vs := t.survey(ctx, key)
+	if ctx.Err() != nil {
+		return nil, &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindCanceled, Err: context.Cause(ctx)}
+	}
+	if i, reason, ok := choose(vs, 0); ok && reason == PlaceWarm {
+		return t.placed(ctx, Placement{Model: model, Member: t.members[i].name, Device: i, Reason: reason, Free: vs[i].free})
+	}
+	need, err := t.need(ctx, vs, model, numCtx)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, ok := choose(vs, need); !ok {
+		// Room-making spares the client's own leased models (its phases')
+		// while another member's room can be made without them.
+		if !t.plans(ctx, vs, need, true) {
+			t.plans(ctx, vs, need, false)
+		}
+	}
+	i, reason, ok := choose(vs, need)
+	if !ok {
+		sides := make([]Side, len(vs))
+		kind := vramguard.KindUnavailable
+		for j, v := range vs {
+			sides[j] = v.side
+			sides[j].Need = need
+			if v.up {
+				kind = vramguard.KindOutOfMemory
+			}
+		}
+		return nil, &vramguard.Error{Op: op, Model: model, Kind: kind, Err: &NoRoomError{Model: model, Need: need, Members: sides}}
+	}
+	pl := Placement{Model: model, Member: t.members[i].name, Device: i, Reason: reason, Need: need, Free: vs[i].free}
+	if reason == PlaceMadeRoom {
+		evicted, err := t.makeRoom(ctx, t.members[i], need, !vs[i].plan.usesOwn)
+		if err != nil {
+			return nil, err
+		}
+		pl.Evicted = evicted
+	}
+	return t.placed(ctx, pl)
+}
+
+// survey lists every member that answers and reads its device, side by
+// side, each within the answer timeout.
+func (t *transport) survey(ctx context.Context, key string) []view {
+	vs := make([]view, len(t.members))
+	var wg sync.WaitGroup
+	for i, m := range t.members {
+		vs[i].side = Side{Member: m.name, Device: i}
+		wg.Go(func() { t.surveyOne(ctx, m, key, &vs[i]) })
+	}
+	wg.Wait()
+	return vs
+}
+
+func (t *transport) surveyOne(ctx context.Context, m *member, key string, v *view) {
+	if !t.ready(ctx, m) {
+		v.side.Err = &MemberError{Member: m.name, Err: fmt.Errorf("%w: down, it has not answered since", ErrUnreachable)}
+		return
+	}
+	actx, cancel := context.WithTimeoutCause(ctx, t.answerTimeout,
+		fmt.Errorf("pool member %s did not answer within %v", m.name, t.answerTimeout))
+	defer cancel()
+	if _, err := m.list(actx); err != nil {
+		switch {
+		case ctx.Err() != nil:
+			v.side.Err = context.Cause(ctx)
+		case actx.Err() != nil:
+			t.down(m, context.Cause(actx))
+			v.side.Err = &MemberError{Member: m.name, Err: fmt.Errorf("%w: %v", ErrUnreachable, context.Cause(actx))}
+		default:
+			t.failed(m, err)
+			v.side.Err = &MemberError{Member: m.name, Err: err}
+			if connFailed(err) {
+				v.side.Err = &MemberError{Member: m.name, Err: fmt.Errorf("%w: %v", ErrUnreachable, err)}
+			}
+		}
+		return
+	}
+	v.up = true
+	v.warm = m.holds(key)
+	d, err := m.device1(actx)
+	if err != nil {
+		// Unmeasured: still warm, never placed by room.
+		v.side.Err = &MemberError{Member: m.name, Err: err}
+		return
+	}
+	v.measured = true
+	m.mu.Lock()
+	var pending uint64
+	for _, b := range m.pending {
+		pending += b
+	}
+	v.loading = len(m.pending)
+	m.mu.Unlock()
+	v.free = d.Free - min(d.Free, pending)
+	v.side.Free, v.side.Total = v.free, d.Total
+	if d.ProcessesKnown {
+		v.side.Holders = d.Holders()
+	}
+}
+
+// device1 reads the member's own device.
+func (m *member) device1(ctx context.Context) (*vramguard.DeviceMemory, error) {
+	snap, err := m.vram.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := snap.Device(m.device)
+	if d == nil {
+		return nil, fmt.Errorf("the VRAM reader lists no device %d", m.device)
+	}
+	return d, nil
+}
+
+// need is the model's estimate (the client's EstimateModel, which asks
+// the first member that answers) plus the headroom; 0 when no member
+// answers: nothing can be placed.
+func (t *transport) need(ctx context.Context, vs []view, model string, numCtx int) (uint64, error) {
+	for _, v := range vs {
+		if v.up {
+			est, err := t.c.EstimateModel(ctx, model, numCtx)
+			if err != nil {
+				return 0, err
+			}
+			return uint64(max(est.Total, 0)) + t.headroom, nil
+		}
+	}
+	return 0, nil
+}
+
+// plans asks the client's EnsureFree, as a dry run, what making room for
+// need (plus the loads placed and not listed yet) would unload on each
+// member's device, keeping the client's own leased models when keepOwn;
+// a refusal is that member's side of the pool's. It reports whether a
+// member's room can be made.
+func (t *transport) plans(ctx context.Context, vs []view, need uint64, keepOwn bool) bool {
+	any := false
+	for i := range vs {
+		v := &vs[i]
+		if !v.up || !v.measured {
+			continue
+		}
+		rq := t.roomRequest(t.members[i], need, true)
+		rq.KeepOwn = keepOwn
+		rep, err := t.c.EnsureFree(ctx, rq)
+		if err != nil {
+			v.plan = plan{}
+			v.side.Room = roomOf(err)
+			if v.side.Room == nil {
+				v.side.Err = err
+			}
+			continue
+		}
+		any = true
+		v.side.Room, v.side.Err = nil, nil
+		v.plan = plan{ok: true, usesOwn: !keepOwn}
+		sizes := map[string]uint64{}
+		for _, r := range t.members[i].lastListing() {
+			sizes[vramguard.NormalizeModelName(r.Model)] = uint64(max(r.SizeVRAM, 0))
+		}
+		for _, name := range rep.Plan {
+			key := vramguard.NormalizeModelName(name)
+			if b, ok := sizes[key]; ok {
+				v.plan.models = append(v.plan.models, name)
+				v.plan.cost += b
+			}
+		}
+	}
+	return any
+}
+
+func (t *transport) roomRequest(m *member, need uint64, dry bool) vramguard.EnsureRequest {
+	m.mu.Lock()
+	for _, b := range m.pending {
+		need += b
+	}
+	m.mu.Unlock()
+	return vramguard.EnsureRequest{Device: m.index, Bytes: need, DryRun: dry, KeepInUse: true}
+}
+
+// makeRoom makes room on m's device with the client's EnsureFree and
+// returns the models it unloaded, verified.
+func (t *transport) makeRoom(ctx context.Context, m *member, need uint64, keepOwn bool) ([]string, error) {
+	rq := t.roomRequest(m, need, false)
+	rq.KeepOwn = keepOwn
+	rep, err := t.c.EnsureFree(ctx, rq)
+	var evicted []string
+	if rep != nil {
+		for _, r := range rep.Evicted {
+			if r.Verified {
+				evicted = append(evicted, r.Model)
+			}
+		}
+	}
+	if err != nil {
+		return evicted, &vramguard.Error{Op: "place", Kind: vramguard.KindOf(err), Err: &MemberError{Member: m.name, Err: err}}
+	}
+	return evicted, nil
+}
+
+// placed records and reports the decision, and counts the call in flight
+// on the member (the caller ends it) before the next placement, which
+// then finds the model warm there, not gone from a listing taken while
+// it loads.
+func (t *transport) placed(ctx context.Context, pl Placement) (*member, error) {
+	m := t.members[pl.Device]
+	key := vramguard.NormalizeModelName(pl.Model)
+	m.mu.Lock()
+	// Until a listing of the member says otherwise, the model counts as
+	// resident there: if the member stops answering, an unload of it is
+	// not verified by its absence from a listing that predates the load.
+	m.placed[key] = true
+	m.inflight[key]++
+	if pl.Reason != PlaceWarm {
+		m.pending[key] = pl.Need
+	}
+	m.mu.Unlock()
+	if pl.Reason != PlaceWarm {
+		t.log.Info("placed", "model", pl.Model, "member", m.name, "reason", string(pl.Reason), "need", pl.Need, "free", pl.Free, "evicted", pl.Evicted)
+	}
+	if r, ok := ctx.Value(placementsKey{}).(*placements); ok {
+		r.mu.Lock()
+		r.ps = append(r.ps, pl)
+		r.mu.Unlock()
+	}
+	if t.onPlace != nil {
+		t.onPlace(ctx, pl)
+	}
+	return m, nil
+}
+
+func roomOf(err error) *vramguard.RoomError {
+	var re *vramguard.RoomError
+	if errors.As(err, &re) {
+		return re
+	}
+	return nil
+}
