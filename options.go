@@ -90,7 +90,11 @@ type Options struct {
 	// api client signs requests (host ollama.com, or OLLAMA_AUTH set).
 	API *api.Client
 	// HTTPClient is used with Host. Nil: a client with no overall timeout
-	// (generations are bounded by Timeouts instead).
+	// (generations are bounded by Timeouts instead). A Transport that
+	// forwards to other servers (package pool's) may name them with a
+	// method Servers() []string: an unload's runner-process check then
+	// looks for the `ollama serve` processes at those addresses instead of
+	// at Host (see UnloadReport.NoRunnerCheck).
 	HTTPClient *http.Client
 	// Getenv reads the environment; nil means os.Getenv.
 	Getenv func(string) string

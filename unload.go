@@ -44,7 +44,7 @@ type UnloadReport struct {
 	Checked Checks
 	// NoRunnerCheck says why CheckRunnerProcesses is missing from Checked
 	// ("remote server" and its address, or without one for a client on a
-	// caller's api.Client; a pool's address, pool.Host, is no local one;
+	// caller's api.Client; for a pool, a member's address;
 	// no `ollama serve` this machine shows listens at
 	// the client's port, as for the test double, a server in a container
 	// or another PID namespace, or one whose open files cannot be read;

@@ -60,29 +60,43 @@ type runnerWatch struct {
 	servers map[int]bool // the `ollama serve` PIDs that answer at the client's address
 }
 
+// serverHosts are the addresses of the servers that answer the client's
+// requests: its own, or the ones its transport forwards to, when
+// Options.HTTPClient's Transport names them with a method
+// Servers() []string (package pool's does).
+func (c *OllamaClient) serverHosts() []string {
+	if c.opts.HTTPClient != nil {
+		if s, ok := c.opts.HTTPClient.Transport.(interface{ Servers() []string }); ok {
+			return s.Servers()
+		}
+	}
+	return []string{c.host}
+}
+
 // servingServers returns the PIDs of the `ollama serve` processes that
-// listen at the client's address, or why the
-// runner check cannot be tied to them: a runner of another server on this
-// machine must not pass for one of the client's.
-func (c *OllamaClient) servingServers() (map[int]bool, string) {
-	hosts := []string{c.host}
+// listen at hosts, or why the runner check cannot be tied to them: a
+// runner of another server on this machine must not pass for one of the
+// client's. again reports that nothing listens at one of them: a local
+// server that is restarting (or down, when no listing answers either),
+// whose check is worth setting up again once it listens.
+func (c *OllamaClient) servingServers(hosts []string) (_ map[int]bool, why string, again bool) {
 	out := make(map[int]bool, len(hosts))
 	for _, h := range hosts {
 		hp := lease.NormalizeServer(h)
 		port, err := strconv.Atoi(hp[strings.LastIndexByte(hp, ':')+1:])
 		if err != nil {
-			return nil, fmt.Sprintf("no port in %q", h)
+			return nil, fmt.Sprintf("no port in %q", h), false
 		}
 		pid, why, err := procs.ListeningServer(c.procRoot, port)
 		if err != nil {
-			return nil, fmt.Sprintf("process table: %v", err)
+			return nil, fmt.Sprintf("process table: %v", err), false
 		}
 		if pid == 0 {
-			return nil, why
+			return nil, why, strings.HasPrefix(why, procs.NothingListens)
 		}
 		out[pid] = true
 	}
-	return out, ""
+	return out, "", false
 }
 
 // watchRunners prepares the process check of an unload of model, or says
@@ -90,11 +104,14 @@ func (c *OllamaClient) servingServers() (map[int]bool, string) {
 // local but its /api/show failed (a reset, a restart, a 500), so the check
 // is still to be made, and the unload may not be verified without it.
 func (c *OllamaClient) watchRunners(ctx context.Context, model string) (w *runnerWatch, why string, again bool) {
-	if !isLocalHost(c.host) {
-		if c.host != "" {
-			return nil, "remote server " + c.host, false
+	hosts := c.serverHosts()
+	for _, h := range hosts {
+		if !isLocalHost(h) {
+			if h != "" {
+				return nil, "remote server " + h, false
+			}
+			return nil, "remote server", false
 		}
-		return nil, "remote server", false
 	}
 	path, blob, err := c.modelWeights(ctx, model)
 	if err != nil {
@@ -105,12 +122,13 @@ func (c *OllamaClient) watchRunners(ctx context.Context, model string) (w *runne
 	}
 	// A runner check that cannot see the server at the client's address
 	// cannot see its runners either: it would prove nothing.
-	servers, why := c.servingServers()
+	servers, why, again := c.servingServers(hosts)
 	if servers == nil {
-		return nil, why, false
+		return nil, why, again
 	}
 	w = &runnerWatch{root: c.procRoot, blob: blob, servers: servers}
-	if filepath.IsAbs(path) {
+	// Several servers may keep the same weights in folders of their own.
+	if filepath.IsAbs(path) && len(hosts) == 1 {
 		w.path = filepath.Clean(path)
 	}
 	return w, "", false

@@ -1,14 +1,18 @@
 package vramguard_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -390,4 +394,81 @@ func TestUnloadRunnerOfAnotherServer(t *testing.T) {
 	if err != nil || !rep.Verified || rep.RunnerSeen || rep.Checked&CheckRunnerProcesses == 0 {
 		t.Errorf("UnloadModel beside another server's runner: %+v, %v; want verified with the runner check, the other runner not seen", rep, err)
 	}
+}
+
+// The settle window's reason (issue #35, item 7): Ollama starts the runner
+// of a load sent just before the unload some 20 ms after that request,
+// not within the first 5–12 ms, and /api/ps lists nothing while the model
+// loads (FIELD_NOTES §2). Here the runner appears after the unload's
+// first look, between two listings: the unload must not be verified on
+// that first look, but see the runner and wait for it. With the window
+// at 0 it is verified on the first empty look, and this test fails.
+func TestUnloadSeesARunnerThatStartsAfterItsFirstLook(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30})
+	var procs *fakeProcs
+	var weights string
+	var mu sync.Mutex
+	sent, looks, added := false, 0, time.Time{}
+	c := newTestClient(t, s, Options{HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		mu.Lock()
+		switch {
+		case isUnload(r):
+			sent = true
+		case r.URL.Path == "/api/ps" && sent:
+			if looks++; looks == 2 { // the second listing after the request: the first look found nothing
+				procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", weights, "--port", "40000")
+				added = time.Now()
+			}
+		}
+		mu.Unlock()
+		return http.DefaultTransport.RoundTrip(r)
+	})}})
+	procs = newFakeProcs(t)
+	SetProcRoot(c, procs.root)
+	procs.add(100, 1, "ollama", "/usr/bin/ollama", "serve")
+	procs.listen(c, 100)
+	weights = blobFile(t, c, "tiny")
+
+	done := unloadAsync(t, c, "tiny")
+	var r unloadResult
+	select {
+	case r = <-done:
+		t.Fatalf("UnloadModel returned on its first look, before the runner of a load sent just before it started: %+v, %v (settle window %v)", r.rep, r.err, UnloadSettle)
+	case <-time.After(300 * time.Millisecond):
+	}
+	mu.Lock()
+	at := added
+	mu.Unlock()
+	if at.IsZero() {
+		t.Fatal("the runner was never added: the unload made no second look")
+	}
+	r, _ = removeThenVerified(t, procs, 101, done)
+	if !r.rep.Verified || !r.rep.RunnerSeen {
+		t.Errorf("report %+v; want verified, with the late runner seen", r.rep)
+	}
+}
+
+// isUnload reports whether r is an unload request (a generate with
+// keep_alive 0 and no prompt), leaving its body readable.
+func isUnload(r *http.Request) bool {
+	if r.URL.Path != "/api/generate" || r.Body == nil {
+		return false
+	}
+	b, err := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	if err != nil {
+		return false
+	}
+	var req struct {
+		Prompt    string  `json:"prompt"`
+		KeepAlive *string `json:"keep_alive"`
+	}
+	if json.Unmarshal(b, &req) != nil {
+		var alt struct {
+			Prompt    string   `json:"prompt"`
+			KeepAlive *float64 `json:"keep_alive"`
+		}
+		return json.Unmarshal(b, &alt) == nil && alt.Prompt == "" && alt.KeepAlive != nil && *alt.KeepAlive == 0
+	}
+	return req.Prompt == "" && req.KeepAlive != nil && (*req.KeepAlive == "0s" || *req.KeepAlive == "0")
 }

@@ -17,9 +17,9 @@
 // Where a call went is Options.OnPlace's, WithPlacements' and an INFO log
 // line's; Members says which members answer and what each holds.
 //
-// Limits: runner processes are not checked through a pool (the client's
-// address, Host, is no server's; unload reports name the check as not
-// made), and a model another program loaded on two members is one model to
-// the client, so an unload of it, room-making's included, unloads it on
-// both.
+// An unload's runner-process check looks for the members' own `ollama
+// serve` processes; a member on another machine turns it off, and the
+// reports say so. A model another program loaded on two members is one
+// model to the client, so an unload of it, room-making's included,
+// unloads it on both.
 package pool

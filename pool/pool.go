@@ -71,8 +71,7 @@ const (
 	// with Ollama's port): no server listens there; the pool's transport
 	// answers. Leases of a pool's phases name it, so another pool sees
 	// them; a client of one member does not. Its .invalid name is no local
-	// address, so the client checks no runner process through a pool (its
-	// reports say so).
+	// address: the runner check looks at the members' (Servers).
 	Host = "http://vramguard-pool.invalid"
 )
 
@@ -115,9 +114,9 @@ type Pool struct {
 //
 // opts are the client's options; Host, API, HTTPClient, VRAM, Budget,
 // VerifyVRAM and Fallback must be unset: the members have them, and the
-// pool admits loads itself. Runner processes are not checked through a
-// pool (the client's address is Host, no server's): unload reports say
-// so.
+// pool admits loads itself. An unload's runner-process check looks for the
+// members' `ollama serve` processes (all must be on this machine; a remote
+// member's runners cannot be seen, and the reports say so).
 func New(p Options, opts vramguard.Options) (*Pool, error) {
 	const op = "new pool"
 	if len(p.Members) == 0 {
@@ -182,6 +181,16 @@ func newMember(i int, m Member) (*member, error) {
 	}
 	return &member{index: i, name: cmp.Or(m.Name, m.Host), host: m.Host, base: base, hc: hc, api: api.NewClient(base, hc),
 		vram: m.VRAM, device: m.Device, up: true, inflight: map[string]int{}, pending: map[string]uint64{}, placed: map[string]bool{}}, nil
+}
+
+// Servers names the members' addresses: the client's runner-process check
+// looks for their `ollama serve` processes (see vramguard.Options.HTTPClient).
+func (t *transport) Servers() []string {
+	out := make([]string, len(t.members))
+	for i, m := range t.members {
+		out[i] = m.base.String()
+	}
+	return out
 }
 
 // parseHost reads an OLLAMA_HOST-style address: a URL, or host[:port]

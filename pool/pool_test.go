@@ -105,18 +105,6 @@ func newSim(t testing.TB, cfg vramguardtest.Config, models ...vramguardtest.Mode
 	return s
 }
 
-func newTestClient(t testing.TB, s *vramguardtest.Server, opts vramguard.Options) *vramguard.OllamaClient {
-	t.Helper()
-	opts.Host = s.URL().String()
-	opts.PollInterval = 5 * time.Millisecond
-	c, err := vramguard.NewClient(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 func loadOn(t *testing.T, s *vramguardtest.Server, model string) {
 	t.Helper()
 	if err := s.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: model, Prompt: "x", KeepAlive: &api.Duration{Duration: -1}},
@@ -471,7 +459,7 @@ func TestPoolMemberHTTPClient(t *testing.T) {
 // verified unload.
 func TestPoolUnloadUnknownModel(t *testing.T) {
 	sims := poolSims(t, 16*gib, 16*gib)
-	one := newTestClient(t, sims[0], vramguard.Options{})
+	one := vramguardtest.NewClient(t, sims[0], vramguard.Options{})
 	_, want := one.UnloadModel(t.Context(), "nope")
 	c := newTestPool(t, sims, vramguard.Options{})
 	rep, err := c.UnloadModel(t.Context(), "nope")
@@ -781,9 +769,10 @@ func (h hungGPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) 
 	}
 }
 
-// A pool checks no runner process (its address is no server's), whether
-// its members are local or, as here, on another machine: its unload
-// reports say so, naming the pool's address.
+// A pool's runner check looks for its members' servers: with a member on
+// another machine it is not made and the report names that member; with
+// local members it is tied to their listening servers (real ones in
+// internal/suites/integration, TestPoolPlacementOnRealServers).
 func TestPoolRemoteMemberChecksNoRunners(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "a"})
 	// A name that is not local to the library, dialled to the simulator.
@@ -805,8 +794,17 @@ func TestPoolRemoteMemberChecksNoRunners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(rep.NoRunnerCheck, "remote server "+rp.Host()) || rep.Checked&vramguard.CheckRunnerProcesses != 0 || !rep.Verified {
-		t.Errorf("report %+v; want verified by the listing, the runner check named as not made (the pool's address is no local one)", rep)
+	if rep.NoRunnerCheck != "remote server http://gpu-box.example:11434" || rep.Checked&vramguard.CheckRunnerProcesses != 0 || !rep.Verified {
+		t.Errorf("report %+v; want verified by the listing, the runner check named as not made for the remote member", rep)
+	}
+	// Members on this machine: the check looks for their servers (the
+	// simulators are no `ollama serve`, and the report says so).
+	sims := poolSims(t, 8*gib)
+	lp := newTestPool(t, sims, vramguard.Options{})
+	poolGen(t, lp, "a")
+	rep, err = lp.UnloadModel(t.Context(), "a")
+	if err != nil || !rep.Verified || strings.HasPrefix(rep.NoRunnerCheck, "remote server") || rep.NoRunnerCheck == "" {
+		t.Errorf("local pool: report %+v, %v; want the runner check tied to the member's listening server, not made for a simulator", rep, err)
 	}
 }
 
@@ -982,7 +980,7 @@ func TestPoolKeepsMemberClientsLease(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "leases")
 	loadOn(t, sims[0], "a")
 	loadOn(t, sims[1], "b")
-	direct := newTestClient(t, sims[1], vramguard.Options{Leases: vramguard.LeaseOptions{Dir: dir}})
+	direct := vramguardtest.NewClient(t, sims[1], vramguard.Options{Leases: vramguard.LeaseOptions{Dir: dir}})
 	l, err := direct.HoldModel(t.Context(), "b", time.Hour)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,10 @@ import (
 	"strings"
 )
 
+// NothingListens begins ListeningServer's why when no socket listens on
+// the port at all (a server that is restarting, or down).
+const NothingListens = "nothing listens on port"
+
 // ListeningServer finds the live `ollama serve` under root ("" means
 // /proc) that owns a TCP socket listening on port, IPv4 or IPv6, as the
 // socket tables of root/net (this network namespace's) and the servers'
@@ -31,7 +35,7 @@ func ListeningServer(root string, port int) (pid int, why string, err error) {
 		return 0, fmt.Sprintf("cannot read this machine's socket tables: %v", err), nil
 	}
 	if len(inodes) == 0 {
-		return 0, fmt.Sprintf("nothing listens on port %d in this network namespace", port), nil
+		return 0, fmt.Sprintf("%s %d in this network namespace", NothingListens, port), nil
 	}
 	seen, err := scan(root, make([]byte, MaxArgsBytes))
 	if err != nil {

@@ -291,6 +291,11 @@ func unloadEverything(t *testing.T, c *vpool.Pool, e *poolEnv, protected ...stri
 		if !r.Verified && !r.Protected {
 			t.Errorf("UnloadAll: %s not verified: %+v", r.Model, r)
 		}
+		// The runner check is tied to the members' servers (Servers on
+		// the pool's transport), which run here unless external.
+		if r.Verified && r.WasLoaded && !e.ss[0].External() && r.Checked&vramguard.CheckRunnerProcesses == 0 {
+			t.Errorf("UnloadAll: %s verified without the runner check: %+v", r.Model, r)
+		}
 	}
 	for _, m := range protected {
 		if rep, err := c.UnloadModel(t.Context(), m); err != nil || !rep.Verified {

@@ -57,6 +57,9 @@ func Check(tr *Trace, w time.Duration, local bool) []Violation {
 	for _, v := range tr.Verdicts {
 		if local && v.Checked&vramguard.CheckRunnerProcesses == 0 {
 			add(RuleNoProcessCheck, "%s verdict on %s at %s: checked %v (%s)", v.Party, v.Model, stamp(v.T), v.Checked, v.NoRunnerCheck)
+			if restarted(tr, v.T.Add(-v.Elapsed), v.T) {
+				vs[len(vs)-1].Known = knownRestartListener
+			}
 		}
 		cut := lastUnload(sends, v)
 		for _, o := range tr.Obs {
@@ -197,6 +200,18 @@ const settle = 50 * time.Millisecond
 const knownLate = "a load sent before the unload had no runner and no listing until after the settle window " +
 	"(queued in Ollama's scheduler behind another load, or a runner start slower than 50 ms on a loaded machine): " +
 	"while so it is in neither /api/ps nor the process table, which is all a verdict can look at (README, known server issues)"
+
+// knownRestartListener is why a verdict without the process check is the
+// server's when a restart overlapped the unload.
+const knownRestartListener = "the server restarted during the unload: the socket at its port belonged to no `ollama serve` " +
+	"the process table showed yet, so the check could not be tied to the server, and the report names it not made"
+
+// restarted reports whether a restart of the server overlapped [from, to].
+func restarted(tr *Trace, from, to time.Time) bool {
+	return slices.ContainsFunc(tr.Results, func(o Result) bool {
+		return o.Action.Op == OpRestart && !o.Start.After(to) && !o.End.Before(from)
+	})
+}
 
 // knownStale is why a listing with no runner after a verdict is the
 // server's.

@@ -48,7 +48,7 @@ func main() {
 		files = append(files, b)
 		asts[b] = f
 	}
-	owner := map[string]string{}    // top-level identifier -> file
+	owner := map[string]string{}     // top-level identifier -> file
 	methods := map[string][]string{} // method name -> files declaring one
 	for _, name := range files {
 		for _, d := range asts[name].Decls {
