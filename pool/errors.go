@@ -66,14 +66,13 @@ func (e *NoRoomError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s needs %s", e.Model, formatBytes(e.Need))
 	for _, s := range e.Members {
-		fmt.Fprintf(&b, "; %s (device %d): ", s.Member, s.Device)
 		switch {
 		case s.Err != nil:
-			fmt.Fprintf(&b, "not measured: %v", s.Err)
-		case s.Room != nil:
-			b.WriteString(s.Room.Error())
+			fmt.Fprintf(&b, "; %s (device %d): not measured: %v", s.Member, s.Device, s.Err)
+		case s.Room != nil: // its message names the device
+			fmt.Fprintf(&b, "; %s: %s", s.Member, s.Room.Error())
 		default:
-			fmt.Fprintf(&b, "%s free of %s", formatBytes(s.Free), formatBytes(s.Total))
+			fmt.Fprintf(&b, "; %s (device %d): %s free of %s", s.Member, s.Device, formatBytes(s.Free), formatBytes(s.Total))
 		}
 	}
 	return b.String()

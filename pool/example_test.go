@@ -37,8 +37,9 @@ func ExampleNew() {
 		if err != nil {
 			log.Fatal(err) // a *pool.NoRoomError names each member's free bytes and holders
 		}
-		pl := placed()[0]
-		fmt.Printf("%s on %s (%s), loaded %v\n", model, pl.Member, pl.Reason, gen.Loaded)
+		for _, pl := range placed() {
+			fmt.Printf("%s on %s (%s), loaded %v\n", model, pl.Member, pl.Reason, gen.Loaded)
+		}
 	}
 	// Output:
 	// qwen3:8b on gpu0 (room), loaded true

@@ -37,7 +37,7 @@ const (
 // Placement is a pool's decision for a call: Options.OnPlace,
 // WithPlacements and an INFO log line.
 type Placement struct {
-	Model  string
+	Model  string // as the call named it (MemberStatus.Models are normalized: "llama3.2:latest")
 	Member string // Member.Name
 	Device int    // the member's device in the pool client's numbering (Pool.Device)
 	Reason PlaceReason
@@ -60,7 +60,10 @@ type placements struct {
 
 // WithPlacements returns a context whose calls through a pool record their
 // placements, and a function that returns them so far, in order: what a
-// caller reads after GenerateStreaming to know where the call went.
+// caller reads after GenerateStreaming to know where the call went. Every
+// call made with the context (or one derived from it) adds to the same
+// record; a call refused before it was placed adds none. Both are safe
+// for concurrent use.
 func WithPlacements(ctx context.Context) (context.Context, func() []Placement) {
 	r := &placements{}
 	return context.WithValue(ctx, placementsKey{}, r), func() []Placement {

@@ -35,8 +35,11 @@ type Member struct {
 	// Host is the member's server, as OLLAMA_HOST writes it.
 	Host string
 	// VRAM reads the member's device; Device is its index there (one NVML
-	// reader may serve every member, each with its own index). Required:
-	// a pool places loads by measured room.
+	// reader may serve every member, each with its own index; a
+	// vramguardtest server's GPU has device 0 only). Required: a pool
+	// places loads by measured room. In the pool client's own numbering
+	// (Pool.Device, Placement.Device) the member's device is its position
+	// in Options.Members.
 	VRAM   vramguard.VRAMReader
 	Device int
 	// HTTPClient reaches the member (its Timeout, redirects and Transport
@@ -109,8 +112,13 @@ type Pool struct {
 // fails the unload at once with KindUnavailable and a *MemberError naming
 // it: one failed answer, never a model reported gone that may not be. A
 // member whose server stops answering (or takes longer than AnswerTimeout)
-// is skipped for new work, its models count as resident, and it is asked
-// again, at most every ProbeInterval, by the calls that need it.
+// is skipped for new work (a placement names it, unmeasured, in its
+// refusal's sides), its models still count as resident for unloads and
+// listings, and it is asked again, at most every ProbeInterval, by the
+// calls that need it.
+//
+// A *Pool is not itself an *OllamaClient: where one is wanted (a Guard's
+// Client, the nodes, an adapter's Watch), pass p.OllamaClient.
 //
 // opts are the client's options; Host, API, HTTPClient, VRAM, Budget,
 // VerifyVRAM and Fallback must be unset: the members have them, and the
