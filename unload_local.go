@@ -76,11 +76,18 @@ func (c *OllamaClient) serverHosts() []string {
 // servingServers returns the PIDs of the `ollama serve` processes that
 // listen at hosts, or why the runner check cannot be tied to them: a
 // runner of another server on this machine must not pass for one of the
-// client's. again reports that nothing listens at one of them: a local
-// server that is restarting (or down, when no listing answers either),
-// whose check is worth setting up again once it listens.
+// client's. again reports that nothing listens at them: a local server
+// that is restarting (or down, when no listing answers either), whose
+// check is worth setting up again once it listens. Of several servers (a
+// pool's members), one where nothing listens is left out: it runs no
+// runner an unload could reach (a runner whose server is gone is never
+// counted).
 func (c *OllamaClient) servingServers(hosts []string) (_ map[int]bool, why string, again bool) {
+	if len(hosts) == 0 {
+		return nil, "the transport names no server", false
+	}
 	out := make(map[int]bool, len(hosts))
+	var last string // why nothing listens at the last server left out
 	for _, h := range hosts {
 		hp := lease.NormalizeServer(h)
 		port, err := strconv.Atoi(hp[strings.LastIndexByte(hp, ':')+1:])
@@ -91,10 +98,18 @@ func (c *OllamaClient) servingServers(hosts []string) (_ map[int]bool, why strin
 		if err != nil {
 			return nil, fmt.Sprintf("process table: %v", err), false
 		}
-		if pid == 0 {
-			return nil, why, strings.HasPrefix(why, procs.NothingListens)
+		nothing := strings.HasPrefix(why, procs.NothingListens)
+		switch {
+		case pid == 0 && nothing && len(hosts) > 1:
+			last = why
+			continue
+		case pid == 0:
+			return nil, why, nothing
 		}
 		out[pid] = true
+	}
+	if len(out) == 0 {
+		return nil, last, true
 	}
 	return out, "", false
 }

@@ -11,8 +11,9 @@
 // rule is then the root's, run once, as for one server: verified unloads,
 // leases, guards, phases (a phase's hand-over names its member's device,
 // Pool.Device), room-making (a placement that must make room asks the
-// client's own EnsureFree on the chosen member's device), the reload
-// report, metrics and hooks. The package uses the root's public API only.
+// client's own EnsureFree on the chosen member's device), metrics and
+// hooks; the reload report tells no server restart through a pool. The
+// package uses the root's public API only.
 //
 // Where a call went is Options.OnPlace's, WithPlacements' and an INFO log
 // line's; Members says which members answer and what each holds.

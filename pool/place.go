@@ -34,8 +34,8 @@ const (
 	PlaceMadeRoom PlaceReason = "made room"
 )
 
-// Placement is a pool's decision for a call: Options.OnPlace,
-// WithPlacements and an INFO log line.
+// Placement is a pool's decision for a call: Options.OnPlace and
+// WithPlacements (and an INFO log line when it loads).
 type Placement struct {
 	Model  string // as the call named it (MemberStatus.Models are normalized: "llama3.2:latest")
 	Member string // Member.Name
@@ -142,8 +142,12 @@ func cheaper(a, b plan) bool {
 //
 // It cannot deadlock on the room-making it asks of the client: the
 // placement turn it holds is taken by no request that room-making sends
-// (listings, /api/show, unloads), and KeepInUse keeps every model a call
-// of this client runs on, so no unload waits for a call that waits here.
+// (listings, /api/show, unloads, each bounded by the answer timeout), and
+// KeepInUse keeps every model a call of this client runs on when the plan
+// is made. One case waits longer than it should: a call of this client on
+// a model the plan unloads, begun after the plan, holds that unload (which
+// waits for the client's own calls on it) while the call waits for the
+// turn, until the unload's timeout ends the room-making (issue #35, open).
 func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*member, error) {
 	const op = "place"
 	select {
@@ -365,7 +369,8 @@ func (t *transport) placed(ctx context.Context, pl Placement) (*member, error) {
 	// Until a listing of the member says otherwise, the model counts as
 	// resident there: if the member stops answering, an unload of it is
 	// not verified by its absence from a listing that predates the load.
-	m.placed[key] = true
+	m.seq++
+	m.placed[key] = m.seq
 	m.inflight[key]++
 	if pl.Reason != PlaceWarm {
 		m.pending[key] = pl.Need

@@ -63,7 +63,9 @@ type Options struct {
 	// side. Zero means 5 s.
 	AnswerTimeout time.Duration
 	// OnPlace, when set, is called with each placement, synchronously, in
-	// the call's goroutine, before the call goes to the member.
+	// the call's goroutine, before the call goes to the member, while the
+	// pool's placement turn is held: it must return quickly and must not
+	// generate through the pool (that call would wait for the turn).
 	OnPlace func(context.Context, Placement)
 }
 
@@ -98,15 +100,19 @@ type Pool struct {
 // KeepOwn first); else the call fails with KindOutOfMemory wrapping a *NoRoomError
 // that names, per member, the *vramguard.RoomError of its device. A model
 // resident on a member stays there, so a phase keeps each model on the
-// member it was placed on. Each decision is reported to Options.OnPlace,
-// to WithPlacements' record and in an INFO log line. One placement runs at
+// member it was placed on. Each decision is reported to Options.OnPlace
+// and to WithPlacements' record; one that loads is also an INFO log line.
+// One placement runs at
 // a time; a caller waiting for its turn gives up when its ctx ends.
 //
-// Everything else is the client's, as on one server: unloads verified
+// Everything else is the client's, as on one server (but the reload
+// report, which tells no server restart through a pool: a member's
+// failures reach the client as the pool's typed errors): unloads verified
 // against the merged listing, leases (a pool honours those taken on its
 // members' addresses too, LeaseOptions.Honour; its own name pool.Host, so
-// another pool sees them and a client of one member does not), phases (a phase's hand-over names
-// the member's device, see Pool.Device), guards, the reload report, Close.
+// another pool sees them and a client of one member does not), phases (a
+// phase's hand-over names the member's device, see Pool.Device), guards,
+// the reload report's other causes, Close.
 // An unload goes to every member that answers; a member that holds the
 // model (listed it last, or had it placed there since) and does not answer
 // fails the unload at once with KindUnavailable and a *MemberError naming
@@ -188,7 +194,7 @@ func newMember(i int, m Member) (*member, error) {
 		hc = &http.Client{}
 	}
 	return &member{index: i, name: cmp.Or(m.Name, m.Host), host: m.Host, base: base, hc: hc, api: api.NewClient(base, hc),
-		vram: m.VRAM, device: m.Device, up: true, inflight: map[string]int{}, pending: map[string]uint64{}, placed: map[string]bool{}}, nil
+		vram: m.VRAM, device: m.Device, up: true, inflight: map[string]int{}, pending: map[string]uint64{}, placed: map[string]uint64{}}, nil
 }
 
 // Servers names the members' addresses: the client's runner-process check
@@ -301,8 +307,14 @@ type member struct {
 	// nor ruled out: a listing rules a model out only when it was asked
 	// for after the model's requests had ended, since Ollama lists a
 	// model only once its load is over. They count as resident with the
-	// latest listing (lastListing).
-	placed map[string]bool
+	// latest listing (lastListing). The value is the placement's number
+	// (seq): a listing asked for before it rules nothing out.
+	placed map[string]uint64
+	seq    uint64 // placements made here so far
+	// listed is the number of the listing request last sent; shown the
+	// number of the one m.last is, so that an older answer arriving late
+	// does not replace a newer one.
+	listed, shown uint64
 }
 
 var _ http.RoundTripper = (*transport)(nil)
@@ -375,22 +387,22 @@ func (t *transport) unload(req *http.Request, body []byte, model string) (*http.
 		first   *http.Response // the first success
 		refusal *http.Response // else the first member's refusal (404 for a model none has)
 		unheard []*memberErr   // members that hold it and did not hear it
-		missed  bool           // a member did not hear it: a refusal then says nothing of the model there
+		missed  bool           // a member that holds it did not hear it: a refusal then says nothing of the model there
 	)
 	for _, m := range t.members {
 		holds := m.holds(key)
 		if !t.ready(req.Context(), m) {
-			missed = true
 			if holds {
+				missed = true
 				unheard = append(unheard, &memberErr{m, errDown})
 			}
 			continue
 		}
-		resp, err := m.forward(req, body)
+		resp, err := t.forwardWithin(req, m, body)
 		if err != nil {
 			t.failed(m, err)
-			missed = true
-			if holds || !connFailed(err) {
+			if holds {
+				missed = true
 				unheard = append(unheard, &memberErr{m, err})
 			}
 			continue
@@ -463,7 +475,7 @@ func (t *transport) listing(req *http.Request) (*http.Response, error) {
 		var ms []api.ProcessModelResponse
 		err := errDown
 		if t.ready(req.Context(), m) {
-			ms, err = m.list(req.Context())
+			ms, err = t.listWithin(req.Context(), m)
 		}
 		if err != nil {
 			t.failed(m, err)
@@ -503,6 +515,20 @@ func merge(all []api.ProcessModelResponse) []api.ProcessModelResponse {
 		}
 	}
 	return out
+}
+
+// listWithin lists m within the answer timeout; a member that takes
+// longer while ctx still holds is counted down.
+func (t *transport) listWithin(ctx context.Context, m *member) ([]api.ProcessModelResponse, error) {
+	actx, cancel := context.WithTimeoutCause(ctx, t.answerTimeout,
+		fmt.Errorf("%w: pool member %s did not answer within %v", ErrUnreachable, m.name, t.answerTimeout))
+	defer cancel()
+	ms, err := m.list(actx)
+	if err != nil && ctx.Err() == nil && actx.Err() != nil {
+		t.down(m, context.Cause(actx))
+		return nil, context.Cause(actx)
+	}
+	return ms, err
 }
 
 // tags merges the members' model lists, one entry per name.
@@ -575,7 +601,7 @@ func (t *transport) first(req *http.Request, body []byte, order ...*member) (*ht
 		if !t.ready(req.Context(), m) {
 			continue
 		}
-		resp, err := m.forward(req, body)
+		resp, err := t.forwardWithin(req, m, body)
 		if err != nil {
 			t.failed(m, err)
 			lastErr = err
@@ -635,7 +661,7 @@ func (t *transport) down(m *member, err error) {
 func (m *member) holds(key string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.inflight[key] > 0 || m.placed[key] {
+	if _, ok := m.placed[key]; m.inflight[key] > 0 || ok {
 		return true
 	}
 	return findRunning(m.last, key) != nil
@@ -653,12 +679,14 @@ func (m *member) end(key string) {
 // list reads the member's /api/ps and keeps it as the last listing.
 func (m *member) list(ctx context.Context) ([]api.ProcessModelResponse, error) {
 	m.mu.Lock()
-	ended := map[string]bool{} // placed models whose requests had ended before this listing
-	for k := range m.placed {
+	ended := map[string]uint64{} // placed models whose requests had ended before this listing, by placement
+	for k, n := range m.placed {
 		if m.inflight[k] == 0 {
-			ended[k] = true
+			ended[k] = n
 		}
 	}
+	m.listed++
+	asked := m.listed
 	m.mu.Unlock()
 	resp, err := m.api.ListRunning(ctx)
 	if err != nil {
@@ -666,14 +694,18 @@ func (m *member) list(ctx context.Context) ([]api.ProcessModelResponse, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.last = resp.Models
+	stored := asked > m.shown // an older listing answering late is not kept
+	if stored {
+		m.last, m.shown = resp.Models, asked
+	}
 	for k := range m.pending {
 		if findRunning(resp.Models, k) != nil {
 			delete(m.pending, k)
 		}
 	}
-	for k := range m.placed {
-		if ended[k] || findRunning(resp.Models, k) != nil {
+	for k, n := range m.placed {
+		// A placement made since the request went out is not ruled out.
+		if e, ok := ended[k]; (ok && e == n) || (stored && findRunning(resp.Models, k) != nil) {
 			delete(m.placed, k)
 		}
 	}
@@ -697,6 +729,27 @@ func (m *member) lastLocked() []api.ProcessModelResponse {
 		}
 	}
 	return out
+}
+
+// forwardWithin forwards a short request (an unload, /api/show,
+// /api/version) within the answer timeout; a member that takes longer
+// while the call's ctx still holds is counted down.
+func (t *transport) forwardWithin(req *http.Request, m *member, body []byte) (*http.Response, error) {
+	ctx := req.Context()
+	actx, cancel := context.WithTimeoutCause(ctx, t.answerTimeout,
+		fmt.Errorf("%w: pool member %s did not answer within %v", ErrUnreachable, m.name, t.answerTimeout))
+	resp, err := m.forward(req.WithContext(actx), body)
+	if err != nil {
+		cancel()
+		if ctx.Err() == nil && actx.Err() != nil {
+			t.down(m, context.Cause(actx))
+			return nil, context.Cause(actx)
+		}
+		return nil, err
+	}
+	// The reply is read after this returns: the timeout stops with its body.
+	resp.Body = &endBody{ReadCloser: resp.Body, end: cancel}
+	return resp, nil
 }
 
 // forward sends req, with body, to the member's server.

@@ -599,6 +599,20 @@ func TestPoolHungMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// A listing is bounded by the answer timeout too: the hung member is
+	// counted down, and the other member's listing answers (a bound a hang
+	// would hold the call to: the test's own deadline).
+	if _, err := c.Running(t.Context()); err != nil {
+		t.Fatalf("Running with a hung member: %v; want gpu1's listing", err)
+	}
+	if st := c.Members(); st[0].Up {
+		t.Errorf("after a listing, the hung member is up: %+v", st[0])
+	}
+	// An unload of a model no member holds: gpu1 refuses it (404); the hung
+	// member, which holds nothing, does not turn that into "no member answers".
+	if _, err := c.UnloadModel(t.Context(), "nope"); !errors.Is(err, vramguard.KindNotFound) {
+		t.Errorf("UnloadModel of a model nobody has, a member down = %v; want KindNotFound", err)
+	}
 	g := poolGen(t, c, "a")
 	if g.Placement.Member != "gpu1" {
 		t.Errorf("a on %s; want gpu1, the member that answers", g.Placement.Member)
