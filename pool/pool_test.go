@@ -841,9 +841,11 @@ func TestPoolEnsureFreeNamesMember(t *testing.T) {
 // Placements that make room through the pool client's own unloads, many at
 // once, cannot deadlock: the turn a placement holds is taken by none of
 // the requests its room-making sends, and the models other calls run on
-// are kept (KeepInUse), so no unload waits for a call that waits for the
-// turn. Every call ends, with a result or a typed refusal, well within
-// the test's bound; a deadlock would hold them to it.
+// when the plan is made are kept (KeepInUse). Every call ends, with a
+// result or a typed refusal, well within the test's bound; a deadlock
+// would hold them to it. (A call on a planned victim begun after the plan
+// can still hold the room-making to its unload timeout, 5 s here: see
+// placeModel.)
 func TestPoolPlacementsMakingRoomDoNotDeadlock(t *testing.T) {
 	sims := poolSims(t, 12*gib, 12*gib)
 	c := newTestPool(t, sims, vramguard.Options{UnloadTimeout: 5 * time.Second})
