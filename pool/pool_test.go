@@ -848,6 +848,10 @@ func TestPoolEnsureFreeNamesMember(t *testing.T) {
 // placeModel.)
 func TestPoolPlacementsMakingRoomDoNotDeadlock(t *testing.T) {
 	sims := poolSims(t, 12*gib, 12*gib)
+	// Another program's c (9 GiB) on both devices: the first placement of a
+	// or b must make room, whatever the order the calls arrive in.
+	loadOn(t, sims[0], "c")
+	loadOn(t, sims[1], "c")
 	c := newTestPool(t, sims, vramguard.Options{UnloadTimeout: 5 * time.Second})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -856,7 +860,7 @@ func TestPoolPlacementsMakingRoomDoNotDeadlock(t *testing.T) {
 	made := 0
 	for i := range 12 {
 		wg.Go(func() {
-			model := []string{"c", "b", "a"}[i%3] // c (9 GiB) fits beside nothing else but a
+			model := []string{"a", "b"}[i%2] // b (5 GiB) fits beside c on neither device: its room is made
 			g, err := gen(ctx, c, model)
 			if ctx.Err() != nil {
 				t.Errorf("call %d on %s still waiting at the bound: %v", i, model, err)
