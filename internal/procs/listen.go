@@ -29,6 +29,19 @@ const NothingListens = "nothing listens on port"
 // this machine (another port, another container) is never taken for the
 // server at the client's address.
 func ListeningServer(root string, port int) (pid int, why string, err error) {
+	return listening(root, port, "ollama serve", maybeOllama, func(p Process) bool {
+		server, _ := isLiveServer(p)
+		return server
+	})
+}
+
+// Listening is ListeningServer for any live process that keep accepts
+// (what names it in why). It reads every process's command line.
+func Listening(root string, port int, what string, keep func(Process) bool) (pid int, why string, err error) {
+	return listening(root, port, what, func([]byte) bool { return true }, keep)
+}
+
+func listening(root string, port int, what string, comm func([]byte) bool, keep func(Process) bool) (pid int, why string, err error) {
 	root = rootOf(root)
 	inodes, err := listenInodes(root, port)
 	if err != nil {
@@ -37,13 +50,13 @@ func ListeningServer(root string, port int) (pid int, why string, err error) {
 	if len(inodes) == 0 {
 		return 0, fmt.Sprintf("%s %d in this network namespace", NothingListens, port), nil
 	}
-	seen, err := scan(root, make([]byte, MaxArgsBytes))
+	seen, err := scanWhere(root, make([]byte, MaxArgsBytes), comm)
 	if err != nil {
 		return 0, "", err
 	}
 	var pids []int
 	for pid, p := range seen {
-		if server, _ := isLiveServer(p); server {
+		if p.State != 'Z' && p.State != 'X' && p.State != 'x' && keep(p) {
 			pids = append(pids, pid)
 		}
 	}
@@ -59,9 +72,9 @@ func ListeningServer(root string, port int) (pid int, why string, err error) {
 		}
 	}
 	if len(denied) > 0 {
-		return 0, fmt.Sprintf("the open files of ollama serve pid %v cannot be read (permission), so which one listens on port %d is not known", denied, port), nil
+		return 0, fmt.Sprintf("the open files of %s pid %v cannot be read (permission), so which one listens on port %d is not known", what, denied, port), nil
 	}
-	return 0, fmt.Sprintf("no ollama serve process visible on this machine listens on port %d (an in-process server, or one in a container or another PID namespace)", port), nil
+	return 0, fmt.Sprintf("no %s process visible on this machine listens on port %d (an in-process server, or one in a container or another PID namespace)", what, port), nil
 }
 
 // listenInodes returns the inodes of the sockets listening on port in

@@ -219,7 +219,10 @@ func isLiveServer(p Process) (server, known bool) {
 // PID: the runners and (nearly always) their servers. It fails only when
 // root cannot be listed; processes that vanish or cannot be read during
 // the pass are left out.
-func scan(root string, buf []byte) (map[int]Process, error) {
+func scan(root string, buf []byte) (map[int]Process, error) { return scanWhere(root, buf, maybeOllama) }
+
+// scanWhere is scan for the processes whose stat name comm accepts.
+func scanWhere(root string, buf []byte, comm func([]byte) bool) (map[int]Process, error) {
 	d, err := os.Open(root)
 	if err != nil {
 		return nil, err
@@ -240,11 +243,11 @@ func scan(root string, buf []byte) (map[int]Process, error) {
 		if err != nil {
 			continue
 		}
-		pid, ppid, state, comm, ok := parseStat(buf[:n])
-		if !ok || !maybeOllama(comm) {
+		pid, ppid, state, c, ok := parseStat(buf[:n])
+		if !ok || !comm(c) {
 			continue
 		}
-		st := Stat{PID: pid, PPID: ppid, State: state, Comm: string(comm)}
+		st := Stat{PID: pid, PPID: ppid, State: state, Comm: string(c)}
 		args, err := readArgs(root, name, buf)
 		if err != nil {
 			continue
