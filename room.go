@@ -104,7 +104,8 @@ type RoomError struct {
 	// Budget is the budget that refused the load; nil when none did.
 	Budget *Budget
 	// Err is why the wait for the room ended (nil: refused before any
-	// wait, by arithmetic): the ctx's cause or the call's timeout, both
+	// wait, by arithmetic; a tenant's refusal: see Tenant.Release): the
+	// ctx's cause or the call's timeout, both
 	// matched by errors.Is(err, context.DeadlineExceeded) when a deadline
 	// passed. LastErr is the reader's error when the last reading failed.
 	Err, LastErr error
@@ -268,11 +269,23 @@ type Tenant struct {
 	// PID is its process, when known: room-making reads what it holds
 	// on the device from the reader.
 	PID uint32
+	// Size, when set, is asked at each plan what the tenant can give back
+	// now (a cache that grows and shrinks): it overrides Bytes and PID. An
+	// error or zero makes the size unknown for that plan. It must honour
+	// ctx; a panic is recovered and counts as an error.
+	Size func(ctx context.Context) (uint64, error)
 	// First makes room-making ask it before unloading Ollama's models.
 	First bool
 	// Release gives the memory back. It should return once the tenant
 	// has let go as far as it can tell; room-making then waits for the
-	// device. It must honour ctx; a panic is recovered and reported.
+	// device. A Release that fails is not waited for: one reading says
+	// what it left. One that fails with an error of KindRefused (a tenant
+	// busy with work the memory serves, a render say) refuses the room:
+	// when the rest of the plan does not make it, room-making ends at
+	// once with the *RoomError (its RetryAfter raised to the error's
+	// RetryAfter() time.Duration, when it has one) instead of waiting for
+	// memory the tenant keeps. It must honour ctx; a panic is recovered
+	// and reported.
 	Release ReleaseFunc
 }
 
@@ -777,6 +790,12 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		}
 		p = planRoom(v, rq.need)
 	}
+	if refused := tenantRefusal(errs); refused != nil {
+		if err := c.refusedRoom(ctx, rq, v, rep, refused); err != nil {
+			others := slices.DeleteFunc(slices.Clone(errs), func(e error) bool { return e == refused })
+			return errors.Join(append([]error{err}, others...)...)
+		}
+	}
 	rr, err := c.releaseVRAM(ctx)
 	rep.Release = rr
 	if err != nil {
@@ -786,6 +805,42 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		errs = append([]error{werr}, errs...) // the outcome first: KindOf reads it
 	}
 	return errors.Join(errs...)
+}
+
+// tenantRefusal is the first of errs by which a tenant refused its
+// memory (Tenant.Release failing with KindRefused); nil when none did.
+func tenantRefusal(errs []error) error {
+	for _, err := range errs {
+		if errors.Is(err, KindRefused) {
+			return err
+		}
+	}
+	return nil
+}
+
+// refusedRoom is the end of a plan in which a tenant refused: one reading
+// of the device, and when it lacks the room, the *RoomError of
+// KindOutOfMemory at once (no wait for memory the tenant keeps), its
+// RetryAfter raised to the refusal's.
+func (c *OllamaClient) refusedRoom(ctx context.Context, rq roomRequest, v roomView, rep *EnsureReport, refused error) error {
+	snap, d, err := c.readDevice(ctx, rq)
+	if err != nil {
+		return err
+	}
+	rep.Snapshot, rep.Source, rep.FreeAfter = snap, snap.Source, d.Free
+	if d.Free >= rq.need {
+		return nil
+	}
+	re := v.refusal(rq)
+	re.Free, re.Total, re.Err = d.Free, d.Total, refused
+	if d.ProcessesKnown {
+		re.Holders = d.Holders()
+	}
+	var ra interface{ RetryAfter() time.Duration }
+	if errors.As(refused, &ra) {
+		re.RetryAfter = max(re.RetryAfter, ra.RetryAfter())
+	}
+	return newError(rq.op, rq.model, KindOutOfMemory, re)
 }
 
 // firstPlan takes the first view and plan, fills in what the report says
@@ -883,7 +938,29 @@ func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released ma
 		return roomView{}, snap, errListedMeanwhile
 	}
 	ts := slices.DeleteFunc(c.tenants.on(rq.device), func(e tenantEntry) bool { return released[e.id] })
+	for i := range ts {
+		if ts[i].t.Size != nil {
+			ts[i].t.Bytes, ts[i].t.PID = c.tenantSize(ctx, ts[i].t), 0
+		}
+	}
 	return buildRoomView(snap, d, listed, c.ownRules(rq.mode)(), ts), snap, nil
+}
+
+// tenantSize asks a tenant with Size what it can give back now: zero
+// (unknown) when it fails or panics, or says more than MaxBytes.
+func (c *OllamaClient) tenantSize(ctx context.Context, t Tenant) (n uint64) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Warn("tenant's Size panicked; its size is unknown", "tenant", t.Name, "panic", r)
+			n = 0
+		}
+	}()
+	n, err := t.Size(ctx)
+	if err != nil || n > maxBytes {
+		c.log.Debug("tenant's size unknown", "tenant", t.Name, "bytes", n, "err", err)
+		return 0
+	}
+	return n
 }
 
 // readDevice takes a snapshot and finds rq's device in it: KindNotFound
@@ -948,7 +1025,11 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 		tr := c.releaseTenant(ctx, rq, s, v.free)
 		rep.Tenants = append(rep.Tenants, tr)
 		if tr.Err != nil {
-			errs = append(errs, newError(rq.op, "", KindInternal, fmt.Errorf("tenant %s: %w", s.name, tr.Err)))
+			kind := KindInternal
+			if errors.Is(tr.Err, KindRefused) {
+				kind = KindRefused
+			}
+			errs = append(errs, newError(rq.op, "", kind, fmt.Errorf("tenant %s: %w", s.name, tr.Err)))
 		}
 		v.free = tr.FreeAfter
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -411,6 +412,113 @@ func TestTenantReleaseFails(t *testing.T) {
 	if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib, Timeout: 200 * time.Millisecond}); vramguard.KindOf(err) != vramguard.KindOutOfMemory {
 		t.Errorf("EnsureFree(20 GiB) = %v (kind %v); want KindOutOfMemory", err, vramguard.KindOf(err))
 	}
+}
+
+// TestTenantSize: a tenant's Size, asked at each plan, overrides Bytes
+// for the arithmetic; one that fails, panics or says more than MaxBytes
+// leaves the size unknown (tried, not refused) and breaks nothing.
+func TestTenantSize(t *testing.T) {
+	tests := []struct {
+		name  string
+		size  func(context.Context) (uint64, error)
+		want  string // the steps
+		err   bool
+		asked bool
+	}{
+		{name: "no Size: Bytes counts, refused by arithmetic", want: "", err: true},
+		{name: "Size counts", size: func(context.Context) (uint64, error) { return 6 * gib, nil }, want: "big:latest b", asked: true},
+		{name: "Size fails: unknown", size: func(context.Context) (uint64, error) { return 0, errors.New("stats slow") }, want: "big:latest b", asked: true},
+		{name: "Size panics: unknown", size: func(context.Context) (uint64, error) { panic("boom") }, want: "big:latest b", asked: true},
+		{name: "Size says too much: unknown", size: func(context.Context) (uint64, error) { return vramguard.MaxBytes + 1, nil }, want: "big:latest b", asked: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tenantSim(t) // 6 GiB free, big 8, b 6: 18 GiB needs b's 6, Bytes says 1
+			o := &order{}
+			c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond,
+				Hooks: vramguard.Hooks{OnUnloadStart: func(ctx context.Context, u vramguard.UnloadStart) context.Context {
+					o.add(u.Model)
+					return ctx
+				}}})
+			var asked atomic.Bool
+			tn := vramguard.Tenant{Name: "b", Bytes: gib, Release: func(context.Context) error { o.add("b"); s.Release("b"); return nil }}
+			if tt.size != nil {
+				tn.Size = func(ctx context.Context) (uint64, error) { asked.Store(true); return tt.size(ctx) }
+			}
+			if _, err := c.RegisterTenant(tn); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 18 * gib, Timeout: 2 * time.Second})
+			if tt.err != (err != nil) || (err != nil && vramguard.KindOf(err) != vramguard.KindOutOfMemory) {
+				t.Fatalf("EnsureFree = %v (report %+v); want an error of KindOutOfMemory: %v", err, rep, tt.err)
+			}
+			if o.String() != tt.want || asked.Load() != tt.asked {
+				t.Errorf("steps %q, Size asked %v; want %q, %v", o, asked.Load(), tt.want, tt.asked)
+			}
+		})
+	}
+}
+
+// retryIn is a refusal that says when to try again.
+type retryIn time.Duration
+
+func (r retryIn) Error() string             { return "rendering" }
+func (r retryIn) RetryAfter() time.Duration { return time.Duration(r) }
+func refusing(d time.Duration) vramguard.ReleaseFunc {
+	return func(context.Context) error {
+		return &vramguard.Error{Op: "release", Kind: vramguard.KindRefused, Err: retryIn(d)}
+	}
+}
+
+// TestTenantRefuses: a tenant that refuses (KindRefused) is not waited
+// for: when the rest of the plan makes the room it is made; when it does
+// not, room-making ends at once with the *RoomError, its RetryAfter the
+// refusal's; and a budget's load is refused the same way.
+func TestTenantRefuses(t *testing.T) {
+	const timeout = 10 * time.Second
+	t.Run("the rest makes the room", func(t *testing.T) {
+		s := tenantSim(t)
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
+		if _, err := c.RegisterTenant(vramguard.Tenant{Name: "render", Bytes: 6 * gib, First: true, Release: refusing(3 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 12 * gib, Timeout: timeout})
+		if !errors.Is(err, vramguard.KindRefused) || len(rep.Evicted) != 1 || rep.FreeAfter < 12*gib {
+			t.Errorf("EnsureFree = %v, report %+v; want the refusal reported and big evicted for the room", err, rep)
+		}
+	})
+	t.Run("refused at once", func(t *testing.T) {
+		s := tenantSim(t)
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
+		if _, err := c.RegisterTenant(vramguard.Tenant{Name: "render", Bytes: 6 * gib, First: true, Release: refusing(3 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib, Timeout: timeout})
+		var re *vramguard.RoomError
+		if !errors.As(err, &re) || vramguard.KindOf(err) != vramguard.KindOutOfMemory || !errors.Is(err, vramguard.KindRefused) {
+			t.Fatalf("EnsureFree = %v; want KindOutOfMemory with a *RoomError and the refusal", err)
+		}
+		if re.RetryAfter < 3*time.Second || rep.Elapsed >= timeout/2 || len(re.Holders) == 0 {
+			t.Errorf("RoomError %+v after %v; want RetryAfter >= 3s, no wait for the %v timeout, the holders named", re, rep.Elapsed, timeout)
+		}
+	})
+	t.Run("a budget's load", func(t *testing.T) {
+		s := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "next", SizeVRAM: 8 * gib})
+		if err := s.Reserve("render", 20*gib); err != nil {
+			t.Fatal(err)
+		}
+		c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond,
+			Budget: &vramguard.Budget{MakeRoom: true}, Timeouts: vramguard.Timeouts{FirstChunk: timeout}})
+		if _, err := c.RegisterTenant(vramguard.Tenant{Name: "render", Bytes: 20 * gib, Release: refusing(2 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "next", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		var re *vramguard.RoomError
+		if !errors.As(err, &re) || re.Budget == nil || re.RetryAfter < 2*time.Second || time.Since(start) >= timeout/2 || s.Listed("next") {
+			t.Errorf("GenerateStreaming = %v (%+v) after %v; want the load refused at once with RetryAfter >= 2s, nothing loaded", err, re, time.Since(start))
+		}
+	})
 }
 
 // pidOf is the fake PID of owner's reservation on s.
