@@ -43,6 +43,7 @@ type PSGPU struct {
 
 	mu       sync.Mutex
 	reserved map[string]uint64
+	commands map[string]string // the command an owner is listed with, where not the owner itself (setHeld)
 }
 
 var _ vramguard.VRAMReader = (*PSGPU)(nil)
@@ -92,6 +93,7 @@ func (g *PSGPU) Release(owner string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.reserved, owner)
+	delete(g.commands, owner)
 }
 
 // Snapshot lists the server's models as runners and the reservations as
@@ -129,7 +131,7 @@ func (g *PSGPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
 	for _, o := range owners {
 		used += g.reserved[o]
 		d.Processes = append(d.Processes, vramguard.GPUProcess{
-			PID: fakePID("owner " + o), UsedBytes: g.reserved[o], UsedKnown: true, Command: o, Role: vramguard.RoleOther,
+			PID: fakePID("owner " + o), UsedBytes: g.reserved[o], UsedKnown: true, Command: cmp.Or(g.commands[o], o), Role: vramguard.RoleOther,
 		})
 	}
 	g.mu.Unlock()
@@ -144,4 +146,59 @@ func fakePID(name string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(strings.ToLower(name)))
 	return 1<<22 + h.Sum32()%(1<<22)
+}
+
+// setHeld sets what owner holds to bytes (it does not add), listed with
+// command, as a process whose use grows and shrinks (a fake ComfyUI).
+// Growth is checked against a fresh listing, as Reserve is, and fails with
+// a [*VRAMError] (or the listing's error) changing nothing; shrinking
+// always succeeds without a listing; zero releases the owner. The owner's
+// PID, fakePID("owner "+owner), is stable.
+func (g *PSGPU) setHeld(ctx context.Context, owner, command string, bytes uint64) error {
+	g.mu.Lock()
+	cur := g.reserved[owner]
+	g.mu.Unlock()
+	var models uint64
+	if bytes > cur {
+		var err error
+		if models, err = g.list(ctx); err != nil {
+			return err
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur = g.reserved[owner]
+	if bytes > cur {
+		used := models
+		for _, b := range g.reserved {
+			used += b
+		}
+		if free := g.Total - min(used, g.Total); bytes-cur > free {
+			return &VRAMError{Owner: command, Requested: bytes - cur, Free: free}
+		}
+	}
+	if bytes == 0 {
+		delete(g.reserved, owner)
+		delete(g.commands, owner)
+		return nil
+	}
+	if g.reserved == nil {
+		g.reserved = make(map[string]uint64)
+	}
+	if g.commands == nil {
+		g.commands = make(map[string]string)
+	}
+	g.reserved[owner] = bytes
+	g.commands[owner] = command
+	return nil
+}
+
+// free is the device's total and free bytes at a fresh listing.
+func (g *PSGPU) free(ctx context.Context) (total, free uint64, err error) {
+	snap, err := g.Snapshot(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	d := snap.Devices[0]
+	return d.Total, d.Free, nil
 }

@@ -142,3 +142,49 @@ func (s *Server) freeHoldingLocked(r *runner, now bool) {
 	}
 	s.afterLocked(s.cfg.ReleaseLag, func() { delete(s.holdings, h.pid) })
 }
+
+// setHeld sets what owner holds on the ledger to bytes (it does not add),
+// listed under name, as a process whose use grows and shrinks (a fake
+// ComfyUI: its CUDA context, models and cache). Growth that does not fit in
+// the free memory fails with a [*VRAMError] and changes nothing, whatever
+// [Config.StrictVRAM] says; shrinking always succeeds; zero releases the
+// owner. The owner keeps one PID while it holds anything.
+func (s *Server) setHeld(owner, name string, bytes uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.external[owner]
+	var cur uint64
+	if h != nil {
+		cur = h.bytes
+	}
+	if bytes > cur {
+		if free := s.freeLocked(); bytes-cur > free {
+			return &VRAMError{Owner: name, Requested: bytes - cur, Free: free}
+		}
+	}
+	switch {
+	case bytes == 0:
+		if h != nil {
+			delete(s.external, owner)
+			delete(s.holdings, h.pid)
+		}
+	case h == nil:
+		h = &holding{name: name, bytes: bytes, pid: s.newPIDLocked()}
+		s.external[owner] = h
+		s.holdings[h.pid] = h
+	default:
+		h.bytes = bytes
+	}
+	s.notifyLocked()
+	return nil
+}
+
+// heldPID is the PID owner's memory is listed under, 0 when it holds none.
+func (s *Server) heldPID(owner string) uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h, ok := s.external[owner]; ok {
+		return h.pid
+	}
+	return 0
+}

@@ -1,0 +1,1418 @@
+package vramguardtest
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Defaults used where a [ComfyConfig] field is zero.
+const (
+	// DefaultComfyUIVersion is the ComfyUI release the fake follows and
+	// reports as system.comfyui_version.
+	DefaultComfyUIVersion = "0.3.64"
+	// DefaultComfyStepTime is the time a fake sampler step takes.
+	DefaultComfyStepTime = 10 * time.Millisecond
+	// DefaultComfyContextBytes is the fake process's CUDA context.
+	DefaultComfyContextBytes = 256 << 20
+	// DefaultComfyCommand is the command the fake GPU lists the process with.
+	DefaultComfyCommand = "python main.py"
+)
+
+// comfyGCInterval is the prompt worker's gc_collect_interval (main.py):
+// after a prompt, torch's cache is handed back to the driver at most this
+// often.
+const comfyGCInterval = 10 * time.Second
+
+// comfyMaxEvents bounds a fake ComfyUI's event log.
+const comfyMaxEvents = 4096
+
+// ComfyDevice is the fake GPU a fake ComfyUI allocates on: a [*Server]'s
+// ledger (the memory [Server.GPU] and [Server.Memory] report) or a
+// [*PSGPU]. It is sealed: only those two implement it.
+type ComfyDevice interface {
+	// comfySet sets what owner holds to bytes, listed with command;
+	// growth that does not fit fails with a *VRAMError.
+	comfySet(ctx context.Context, owner, command string, bytes uint64) error
+	// comfyRelease frees everything owner holds.
+	comfyRelease(owner string)
+	// comfyPID is the PID owner is listed under.
+	comfyPID(owner string) uint32
+	// comfyMemory is the device's total and free bytes.
+	comfyMemory(ctx context.Context) (total, free uint64, err error)
+	// comfyName is the device's name.
+	comfyName() string
+}
+
+var (
+	_ ComfyDevice = (*Server)(nil)
+	_ ComfyDevice = (*PSGPU)(nil)
+)
+
+func (s *Server) comfySet(_ context.Context, owner, command string, bytes uint64) error {
+	return s.setHeld(owner, command, bytes)
+}
+func (s *Server) comfyRelease(owner string)    { _ = s.setHeld(owner, "", 0) }
+func (s *Server) comfyPID(owner string) uint32 { return s.heldPID(owner) }
+func (s *Server) comfyName() string            { return "Simulated GPU" }
+func (s *Server) comfyMemory(context.Context) (total, free uint64, err error) {
+	total, _, free = s.Memory()
+	return total, free, nil
+}
+
+func (g *PSGPU) comfySet(ctx context.Context, owner, command string, bytes uint64) error {
+	return g.setHeld(ctx, owner, command, bytes)
+}
+func (g *PSGPU) comfyRelease(owner string)    { g.Release(owner) }
+func (g *PSGPU) comfyPID(owner string) uint32 { return fakePID("owner " + owner) }
+func (g *PSGPU) comfyName() string            { return cmp.Or(g.Name, "Simulated GPU") }
+func (g *PSGPU) comfyMemory(ctx context.Context) (total, free uint64, err error) {
+	return g.free(ctx)
+}
+
+// ComfyConfig configures a fake ComfyUI ([NewComfyUI]). The zero value is
+// a ComfyUI with no checkpoints (every prompt that loads one fails
+// validation), 10 ms sampler steps, no work memory, no custom nodes, a
+// free that leaves the GPU at once and a 256 MiB CUDA context.
+type ComfyConfig struct {
+	// Models maps a checkpoint's file name, CheckpointLoaderSimple's
+	// ckpt_name, to the bytes it holds on the GPU once loaded.
+	Models map[string]uint64
+	// StepTime is the time one sampler step takes (KSampler's "steps"
+	// input); zero means DefaultComfyStepTime.
+	StepTime time.Duration
+	// WorkBytes is held from the start of a prompt's sampling to its end
+	// (activations). Then it stays in torch's reserved cache
+	// (ComfyMemory.Cache) until the worker's next gc, which prompt_worker
+	// runs after a prompt only when 10 s have passed since the last one:
+	// after the first prompt (last_gc_collect starts at 0) and after a
+	// /free at once, so the cache outlives only back-to-back prompts; the
+	// worker empties it 10 s after the last gc at the latest.
+	WorkBytes uint64
+	// CustomNodes are node classes a graph may use besides the built-in
+	// ones, by class_type.
+	CustomNodes map[string]ComfyCustomNode
+	// SettleLag is how long the worker takes to apply a /free: the memory
+	// leaves the GPU that long after it starts (zero: at once). The worker
+	// runs no prompt meanwhile.
+	SettleLag time.Duration
+	// StatsDelay delays every /system_stats answer that arrives while a
+	// free is being applied (from ComfyFreeApplied to ComfyFreeSettled).
+	StatsDelay time.Duration
+	// ContextBytes is the process's CUDA context, held from NewComfyUI
+	// until Close and never freed; zero means DefaultComfyContextBytes.
+	ContextBytes uint64
+	// Command is the process's command as the fake GPU lists it; empty
+	// means DefaultComfyCommand.
+	Command string
+	// Argv is /system_stats' system.argv; nil means ["main.py"].
+	Argv []string
+	// Version is /system_stats' system.comfyui_version; empty means
+	// DefaultComfyUIVersion. It changes nothing else.
+	Version string
+}
+
+// ComfyCustomNode is a custom node class ([ComfyConfig.CustomNodes]). It
+// accepts any inputs, links of any type included, and its outputs are of
+// any type ("*"). It produces no UI output.
+type ComfyCustomNode struct {
+	// PinBytes is the memory the class allocates the first time a node of
+	// it runs and keeps outside ComfyUI's model management (a module-level
+	// tensor, say): it survives /free, unload_models and free_memory alike,
+	// until Close.
+	PinBytes uint64
+	// Output makes it an output node (OUTPUT_NODE): a graph with no other
+	// output may use it, and it always runs.
+	Output bool
+}
+
+// ComfyMemory is what a fake ComfyUI's process holds on the GPU.
+type ComfyMemory struct {
+	Context uint64 // the CUDA context
+	Models  uint64 // checkpoints loaded on the GPU
+	Cache   uint64 // torch's reserved but unallocated cache: held, and counted free by /system_stats
+	Work    uint64 // activations of the prompt running
+	Pinned  uint64 // custom nodes' memory outside model management
+}
+
+// Total is everything the process holds.
+func (m ComfyMemory) Total() uint64 { return m.Context + m.Models + m.Cache + m.Work + m.Pinned }
+
+// ComfyEventKind says what a [ComfyEvent] records.
+type ComfyEventKind string
+
+// The kinds of [ComfyEvent].
+const (
+	// ComfyPromptQueued: POST /prompt accepted a prompt. Detail is its
+	// number, as the reply gives it.
+	ComfyPromptQueued ComfyEventKind = "prompt_queued"
+	// ComfyPromptStart: the worker took the prompt (execution_start).
+	ComfyPromptStart ComfyEventKind = "prompt_start"
+	// ComfyPromptEnd: the prompt ended and is in the history. Detail is
+	// "success", "cached" (a success in which no node ran), "error" or
+	// "interrupted".
+	ComfyPromptEnd ComfyEventKind = "prompt_end"
+	// ComfyFreeRequested: POST /free arrived. Detail lists the flags it
+	// set ("unload_models", "free_memory", space separated); empty when it
+	// set none (and so did not wake the worker).
+	ComfyFreeRequested ComfyEventKind = "free_requested"
+	// ComfyFreeApplied: the worker began applying the pending flags, after
+	// the prompt it was running or at once when idle. Detail lists the
+	// flags applied ("unload_models" or "unload_models free_memory").
+	ComfyFreeApplied ComfyEventKind = "free_applied"
+	// ComfyFreeSettled: the freed memory left the GPU, SettleLag after
+	// ComfyFreeApplied. Detail is "released <N> bytes".
+	ComfyFreeSettled ComfyEventKind = "free_settled"
+	// ComfyCacheEmptied: outside a free, the worker handed torch's cache
+	// back to the driver (gc.collect and soft_empty_cache after a prompt,
+	// at most every 10 s). Detail is "released <N> bytes".
+	ComfyCacheEmptied ComfyEventKind = "cache_emptied"
+)
+
+// ComfyEvent is one thing that happened in a fake ComfyUI.
+type ComfyEvent struct {
+	Time     time.Time
+	Kind     ComfyEventKind
+	PromptID string // the prompt's, where there is one
+	Detail   string
+}
+
+// ComfyUI is a fake ComfyUI server: the diffusion server that shares the
+// GPU with Ollama, served over real HTTP and WebSocket on 127.0.0.1, whose
+// memory is held on a fake GPU ([ComfyDevice]: a [Server]'s ledger or a
+// [PSGPU]), so that code that makes room on a GPU for ComfyUI, or for
+// Ollama next to it, is tested without either.
+//
+// It was written from ComfyUI's source at commit a125cd84 (ComfyUI 0.3.64,
+// October 2025: server.py, main.py's prompt_worker, execution.py,
+// comfy_execution/progress.py, comfy/model_management.py) and has never
+// been run against a real ComfyUI, which needs PyTorch and a GPU. Where
+// the two differ, ComfyUI is right.
+//
+// # What it reproduces
+//
+//   - The routes a client uses, each also under /api: POST /prompt, GET
+//     /prompt, GET and POST /queue, GET /history (max_items, offset), GET
+//     /history/{prompt_id}, POST /history, POST /interrupt, POST /free,
+//     GET /system_stats and GET /ws?clientId=. Unknown paths answer
+//     aiohttp's 404, a body that is not JSON aiohttp's 500.
+//   - validate_prompt's refusals with its texts: no_prompt,
+//     invalid_prompt (a node without class_type, an unknown class),
+//     prompt_no_outputs and prompt_outputs_failed_validation with per-node
+//     errors (required_input_missing, bad_linked_input,
+//     return_type_mismatch, invalid_input_type, value_smaller_than_min,
+//     value_bigger_than_max, value_not_in_list for a ckpt_name not in
+//     Models, exception_during_validation and
+//     exception_during_inner_validation for a link to a missing node).
+//     A graph with some valid outputs is queued with the errors of the
+//     others in node_errors.
+//   - The built-in classes CheckpointLoaderSimple, CLIPTextEncode,
+//     EmptyLatentImage, KSampler, VAEDecode, SaveImage and PreviewImage
+//     with their inputs, types and bounds, plus ComfyConfig.CustomNodes.
+//   - One worker that runs prompts one at a time in the queue's heap
+//     order (number, then prompt_id; front and number as POST /prompt
+//     computes them), ComfyUI's node cache (a node whose inputs did not
+//     change since a prompt that ran it does not run again: an identical
+//     prompt runs nothing and lists every node in execution_cached), its
+//     node order, its interrupt points (before each node and after each
+//     sampler step) and its messages, to the prompt's client_id only
+//     (progress_state and status to every socket, as ComfyUI sends them).
+//   - The memory: CheckpointLoaderSimple loads its checkpoint
+//     (Models[ckpt_name]) and a node that uses a checkpoint unloaded by
+//     /free loads it again; KSampler holds WorkBytes while the prompt
+//     runs; at the prompt's start, models whose loader left the node
+//     cache move into torch's cache (ComfyMemory.Cache), which new
+//     allocations reuse before growing; after a prompt the cache goes
+//     back to the driver at most every 10 s (the first prompt's at once);
+//     an allocation that does not fit is torch's "CUDA out of memory",
+//     after which ComfyUI unloads every model.
+//   - POST /free: it only sets flags and answers 200 at once; the worker
+//     applies them after the prompt it is running (at once when idle):
+//     unload_models (implied by free_memory) releases Models and Cache,
+//     free_memory also drops the node cache. Pinned and Context stay.
+//     Nothing tells the client when it is done; here it takes SettleLag,
+//     and /system_stats answers StatsDelay late meanwhile.
+//   - /system_stats' figures as model_management computes them on CUDA:
+//     vram_free is the device's free memory plus the process's own
+//     cache, so it overstates what another process can allocate.
+//
+// # What it does not
+//
+// No image is produced (SaveImage and PreviewImage report file names that
+// do not exist, and there is no /view), no model is read, and there is no
+// CPU, lowvram or partial loading: a checkpoint is on the GPU whole or not
+// at all, and a checkpoint's parts (model, CLIP, VAE) are one allocation.
+// There is one device, the torch device cuda:0. sampler_name and
+// scheduler accept any string. Command-line flags (--disable-smart-memory,
+// --reserve-vram, --cache-lru) and the LRU and none caches are not
+// modelled; nor are previews, subgraph expansion, lazy inputs, async
+// nodes, object_info, uploads or the frontend. Validated values are not
+// converted in the stored prompt (ComfyUI stores "20" as 20). Tracebacks
+// are placeholders. The fixed system figures (RAM, Python and PyTorch
+// versions) are made up. A socket replaced by a new one with the same
+// clientId stays open but gets nothing; unlike 0.3.64, whose closing
+// socket removes the registration by id, the old socket's close never
+// removes the new one's.
+//
+// A ComfyUI is safe for concurrent use. Close it when done: Close stops
+// its worker, timers and sockets, frees its memory on the device and
+// returns once every goroutine it started has returned.
+type ComfyUI struct {
+	cfg     ComfyConfig
+	dev     ComfyDevice
+	owner   string // unique name of the process on the device
+	pid     uint32
+	ckpts   []string // Models' names, sorted (folder_paths.get_filename_list)
+	hs      *httptest.Server
+	url     *url.URL
+	ctx     context.Context // canceled by Close: device calls, sockets
+	cancel  context.CancelFunc
+	done    chan struct{} // closed by Close
+	wake    chan struct{} // wakes the worker: a prompt or a flag
+	wg      sync.WaitGroup
+	closing sync.Once
+
+	mu       sync.Mutex
+	closed   bool
+	number   int64        // PromptServer.number
+	queue    []*comfyItem // a heap, in heapq's layout
+	running  *comfyItem
+	history  []*comfyHistory // insertion order
+	flags    comfyFlags
+	stop     bool // nodes.interrupt_processing
+	applying bool // a free is being applied
+	held     ComfyMemory
+	resident map[string]bool             // checkpoints on the GPU
+	cache    map[string]*comfyCacheEntry // node cache by input signature
+	objects  map[string]string           // PreviewImage objects' file prefixes, by node id and class
+	pinned   map[string]bool             // custom classes that pinned their memory
+	counters map[string]int              // SaveImage's last file counter by folder and prefix
+	execTo   *string                     // the running prompt's client_id (server.client_id)
+	lastNode string                      // server.last_node_id
+	sockets  map[string]*comfySocket
+	events   []ComfyEvent
+	changed  chan struct{} // closed and replaced at every event and change of Held
+}
+
+// comfyFlags are the pending /free flags (PromptQueue.flags).
+type comfyFlags struct{ unload, free bool }
+
+func (f comfyFlags) set() bool { return f.unload || f.free }
+
+func (f comfyFlags) String() string {
+	var s []string
+	if f.unload {
+		s = append(s, "unload_models")
+	}
+	if f.free {
+		s = append(s, "free_memory")
+	}
+	return strings.Join(s, " ")
+}
+
+// comfyCacheEntry is a node's cached output: what a later identical node
+// reuses instead of running.
+type comfyCacheEntry struct {
+	ckpt string  // the checkpoint a CheckpointLoaderSimple loaded
+	ui   jsonObj // an output node's UI output; nil for none
+	node string  // the node that produced it, for the meta of the history
+}
+
+// NewComfyUI starts a fake ComfyUI on 127.0.0.1 whose process holds its
+// memory on dev, and holds its CUDA context there at once. It fails when
+// dev is nil, cfg is invalid (a negative duration, a custom class named
+// like a built-in one or empty, an empty checkpoint name) or the context
+// does not fit on dev (a [*VRAMError] in the chain). Like
+// httptest.NewServer it panics if it cannot listen.
+func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
+	switch d := dev.(type) {
+	case nil:
+		return nil, errors.New("fake comfyui: no device")
+	case *Server:
+		if d == nil {
+			return nil, errors.New("fake comfyui: no device")
+		}
+	case *PSGPU:
+		if d == nil || d.Client == nil {
+			return nil, errors.New("fake comfyui: a PSGPU device needs a Client")
+		}
+	}
+	if cfg.StepTime < 0 || cfg.SettleLag < 0 || cfg.StatsDelay < 0 {
+		return nil, errors.New("fake comfyui: negative duration in config")
+	}
+	for name := range cfg.CustomNodes {
+		if name == "" || comfyBuiltins[name] != nil {
+			return nil, fmt.Errorf("fake comfyui: custom node class %q is empty or built in", name)
+		}
+	}
+	ckpts := make([]string, 0, len(cfg.Models))
+	for name := range cfg.Models {
+		if name == "" {
+			return nil, errors.New("fake comfyui: empty checkpoint name")
+		}
+		ckpts = append(ckpts, name)
+	}
+	slices.Sort(ckpts)
+	if cfg.StepTime == 0 {
+		cfg.StepTime = DefaultComfyStepTime
+	}
+	if cfg.ContextBytes == 0 {
+		cfg.ContextBytes = DefaultComfyContextBytes
+	}
+	cfg.Command = cmp.Or(cfg.Command, DefaultComfyCommand)
+	if cfg.Argv == nil {
+		cfg.Argv = []string{"main.py"}
+	}
+	cfg.Version = cmp.Or(cfg.Version, DefaultComfyUIVersion)
+
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	c := &ComfyUI{
+		cfg:      cfg,
+		dev:      dev,
+		owner:    "fake comfyui " + hex.EncodeToString(id[:]),
+		ckpts:    ckpts,
+		done:     make(chan struct{}),
+		wake:     make(chan struct{}, 1),
+		resident: make(map[string]bool),
+		cache:    make(map[string]*comfyCacheEntry),
+		objects:  make(map[string]string),
+		pinned:   make(map[string]bool),
+		counters: make(map[string]int),
+		sockets:  make(map[string]*comfySocket),
+		changed:  make(chan struct{}),
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if err := dev.comfySet(c.ctx, c.owner, cfg.Command, cfg.ContextBytes); err != nil {
+		c.cancel()
+		return nil, fmt.Errorf("fake comfyui: the cuda context does not fit on the device: %w", err)
+	}
+	c.held.Context = cfg.ContextBytes
+	c.pid = dev.comfyPID(c.owner)
+	c.hs = httptest.NewServer(http.HandlerFunc(c.serveHTTP))
+	u, err := url.Parse(c.hs.URL)
+	if err != nil {
+		c.hs.Close()
+		dev.comfyRelease(c.owner)
+		c.cancel()
+		panic("fake comfyui: " + err.Error())
+	}
+	c.url = u
+	c.wg.Add(1)
+	go c.work()
+	return c, nil
+}
+
+// URL returns the server's base URL (http://127.0.0.1:port).
+func (c *ComfyUI) URL() *url.URL {
+	u := *c.url
+	return &u
+}
+
+// PID returns the fake process id the fake GPU lists the process under
+// (role other, command ComfyConfig.Command). It is stable for the
+// ComfyUI's life.
+func (c *ComfyUI) PID() uint32 { return c.pid }
+
+// Client returns an HTTP client for the server, as httptest.Server's
+// Client does: its idle connections are closed by Close, so that a test's
+// goroutine check sees none.
+func (c *ComfyUI) Client() *http.Client { return c.hs.Client() }
+
+// WaitFor blocks until cond returns true, or ctx is done (it then returns
+// context.Cause(ctx)), or the ComfyUI is closed. cond is called at once
+// and after every event and every change of what the process holds; it
+// may call Held and Events.
+func (c *ComfyUI) WaitFor(ctx context.Context, cond func() bool) error {
+	for {
+		c.mu.Lock()
+		ch := c.changed
+		c.mu.Unlock()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-c.done:
+			return errors.New("fake comfyui: closed")
+		}
+	}
+}
+
+// notifyLocked wakes WaitFor callers.
+func (c *ComfyUI) notifyLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// Held returns what the process holds on the GPU now. Memory a /free
+// releases is held until it settles. It is safe for concurrent use.
+func (c *ComfyUI) Held() ComfyMemory {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.held
+}
+
+// Events returns what happened, oldest first (the last 4096 events). It is
+// safe for concurrent use.
+func (c *ComfyUI) Events() []ComfyEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.events)
+}
+
+// Close stops the server: the worker (a prompt running is cut short and
+// never reaches the history), its timers and every WebSocket; it frees
+// everything the process holds on the device and returns once every
+// goroutine the ComfyUI started has returned. It is safe to call more
+// than once.
+func (c *ComfyUI) Close() {
+	c.closing.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		close(c.done)
+		c.cancel()
+		c.mu.Unlock()
+		c.hs.Close()
+		c.wg.Wait()
+		c.dev.comfyRelease(c.owner)
+		c.mu.Lock()
+		c.held = ComfyMemory{}
+		c.mu.Unlock()
+	})
+}
+
+func (c *ComfyUI) eventLocked(kind ComfyEventKind, promptID, detail string) {
+	if len(c.events) == comfyMaxEvents {
+		c.events = slices.Delete(c.events, 0, 1)
+	}
+	c.events = append(c.events, ComfyEvent{Time: time.Now(), Kind: kind, PromptID: promptID, Detail: detail})
+	c.notifyLocked()
+}
+
+// signal wakes the worker (PromptQueue.not_empty.notify).
+func (c *ComfyUI) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// sleep waits d, and reports false when the ComfyUI closed first.
+func (c *ComfyUI) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return !c.isClosed()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.done:
+		return false
+	}
+}
+
+func (c *ComfyUI) isClosed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// The worker: main.py's prompt_worker.
+
+func (c *ComfyUI) work() {
+	defer c.wg.Done()
+	var (
+		needGC bool
+		lastGC time.Time // zero: last_gc_collect = 0, long ago
+	)
+	for {
+		it, alive := c.next(needGC, lastGC)
+		if !alive {
+			return
+		}
+		if it != nil {
+			r, alive := c.execute(it)
+			if !alive {
+				return
+			}
+			needGC = true
+			c.taskDone(it, r)
+		}
+		c.mu.Lock()
+		flags := c.flags
+		c.flags = comfyFlags{}
+		c.mu.Unlock()
+		if flags.set() {
+			if !c.applyFree(flags) {
+				return
+			}
+			needGC, lastGC = true, time.Time{}
+		}
+		if needGC && time.Since(lastGC) > comfyGCInterval {
+			c.emptyCache()
+			needGC, lastGC = false, time.Now()
+		}
+	}
+}
+
+// next waits for a prompt (returned, now running), for flags or for the
+// gc deadline (nil); alive is false once the ComfyUI is closed.
+func (c *ComfyUI) next(needGC bool, lastGC time.Time) (it *comfyItem, alive bool) {
+	for {
+		c.mu.Lock()
+		switch {
+		case c.closed:
+			c.mu.Unlock()
+			return nil, false
+		case len(c.queue) > 0:
+			it = c.popLocked()
+			c.running = it
+			c.queueUpdatedLocked()
+			c.mu.Unlock()
+			return it, true
+		case c.flags.set():
+			c.mu.Unlock()
+			return nil, true
+		}
+		c.mu.Unlock()
+		var t *time.Timer
+		var deadline <-chan time.Time
+		if needGC {
+			d := comfyGCInterval - time.Since(lastGC)
+			if d <= 0 {
+				return nil, true
+			}
+			t = time.NewTimer(d)
+			deadline = t.C
+		}
+		var timedOut, closed bool
+		select {
+		case <-c.wake:
+		case <-deadline:
+			timedOut = true
+		case <-c.done:
+			closed = true
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if timedOut || closed {
+			return nil, !closed
+		}
+	}
+}
+
+// applyFree applies /free's flags, as prompt_worker does after a prompt:
+// unload_all_models (and torch's cache with it), for free_memory the node
+// cache too. The memory leaves the device SettleLag later.
+func (c *ComfyUI) applyFree(f comfyFlags) (alive bool) {
+	f.unload = true // implied by free_memory
+	c.mu.Lock()
+	c.applying = true
+	c.eventLocked(ComfyFreeApplied, "", f.String())
+	c.mu.Unlock()
+	if !c.sleep(c.cfg.SettleLag) {
+		return false // closed: Close frees everything
+	}
+	c.mu.Lock()
+	h := c.held
+	released := h.Models + h.Cache
+	h.Models, h.Cache = 0, 0
+	clear(c.resident)
+	if f.free {
+		clear(c.cache)
+		clear(c.objects)
+	}
+	c.mu.Unlock()
+	_ = c.commit(h) // shrinking cannot fail
+	c.mu.Lock()
+	c.applying = false
+	c.eventLocked(ComfyFreeSettled, "", fmt.Sprintf("released %d bytes", released))
+	c.mu.Unlock()
+	return true
+}
+
+// emptyCache is gc.collect and soft_empty_cache after prompts.
+func (c *ComfyUI) emptyCache() {
+	c.mu.Lock()
+	h := c.held
+	n := h.Cache
+	h.Cache = 0
+	c.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	_ = c.commit(h)
+	c.mu.Lock()
+	c.eventLocked(ComfyCacheEmptied, "", fmt.Sprintf("released %d bytes", n))
+	c.mu.Unlock()
+}
+
+// Memory. Only the worker changes what the process holds (and Close, once
+// the worker has returned), so it reads c.held, asks the device and then
+// stores the result without holding c.mu across the device call.
+
+// commit makes h what the process holds, on the device and in Held.
+// Growth that does not fit fails and changes nothing.
+func (c *ComfyUI) commit(h ComfyMemory) error {
+	c.mu.Lock()
+	old := c.held
+	c.mu.Unlock()
+	if h.Total() != old.Total() {
+		if err := c.dev.comfySet(c.ctx, c.owner, c.cfg.Command, h.Total()); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.held = h
+	c.notifyLocked()
+	c.mu.Unlock()
+	return nil
+}
+
+// take allocates n bytes into the field of ComfyMemory that field picks,
+// reusing torch's cache first, as the caching allocator does.
+func (c *ComfyUI) take(n uint64, field func(*ComfyMemory) *uint64) error {
+	c.mu.Lock()
+	h := c.held
+	c.mu.Unlock()
+	reuse := min(n, h.Cache)
+	h.Cache -= reuse
+	*field(&h) += n
+	return c.commit(h)
+}
+
+// loadModel puts a checkpoint on the GPU unless it is there.
+func (c *ComfyUI) loadModel(name string) error {
+	c.mu.Lock()
+	there := c.resident[name]
+	c.mu.Unlock()
+	if there {
+		return nil
+	}
+	if err := c.take(c.cfg.Models[name], func(m *ComfyMemory) *uint64 { return &m.Models }); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.resident[name] = true
+	c.mu.Unlock()
+	return nil
+}
+
+// unloadAllAfterOOM is execute()'s unload_all_models after an out of
+// memory error: every model leaves, and torch's cache with them.
+func (c *ComfyUI) unloadAllAfterOOM() {
+	c.mu.Lock()
+	h := c.held
+	h.Models, h.Cache = 0, 0
+	clear(c.resident)
+	c.mu.Unlock()
+	_ = c.commit(h)
+}
+
+// dropUnusedLocked is the node cache's clean_unused at a prompt's start:
+// entries the prompt has no node for go, and a checkpoint no remaining
+// entry loaded leaves the GPU for torch's cache.
+func (c *ComfyUI) dropUnusedLocked(g *comfyGraph) {
+	keep := make(map[string]bool, len(g.order))
+	objects := make(map[string]bool, len(g.order))
+	for _, id := range g.order {
+		keep[g.sigs[id]] = true
+		objects[id+"\x00"+g.nodes[id].class] = true
+	}
+	for sig := range c.cache {
+		if !keep[sig] {
+			delete(c.cache, sig)
+		}
+	}
+	for k := range c.objects {
+		if !objects[k] {
+			delete(c.objects, k)
+		}
+	}
+	used := make(map[string]bool)
+	for _, e := range c.cache {
+		if e.ckpt != "" {
+			used[e.ckpt] = true
+		}
+	}
+	for name := range c.resident {
+		if !used[name] {
+			delete(c.resident, name)
+			b := c.cfg.Models[name]
+			c.held.Models -= b
+			c.held.Cache += b
+		}
+	}
+}
+
+// oomMessage is torch's CUDA out of memory text for an allocation of n
+// bytes the device could not grant.
+func (c *ComfyUI) oomMessage(n uint64, ve *VRAMError) string {
+	total, free, err := c.dev.comfyMemory(c.ctx)
+	if err != nil {
+		free = ve.Free
+	}
+	h := c.Held()
+	return fmt.Sprintf("CUDA out of memory. Tried to allocate %s. GPU 0 has a total capacity of %s of which %s is free. "+
+		"Including non-PyTorch memory, this process has %s memory in use. Of the allocated memory %s is allocated by PyTorch, "+
+		"and %s is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "+
+		"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  "+
+		"(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+		torchSize(n), torchSize(total), torchSize(free), torchSize(h.Total()),
+		torchSize(h.Models+h.Work+h.Pinned), torchSize(h.Cache))
+}
+
+// torchSize is c10's format_size.
+func torchSize(n uint64) string {
+	switch {
+	case n <= 1024:
+		return fmt.Sprintf("%d bytes", n)
+	case n <= 1<<20:
+		return fmt.Sprintf("%.2f KiB", float64(n)/(1<<10))
+	case n <= 1<<30:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+}
+
+// The queue: PromptQueue, a heapq of (number, prompt_id, prompt,
+// extra_data, outputs_to_execute).
+
+// comfyItem is one queued prompt.
+type comfyItem struct {
+	number  pyNum
+	id      string
+	prompt  jsonObj // the graph as sent
+	extra   jsonObj // extra_data, client_id included
+	outputs []string
+	to      *string // the client_id messages go to; nil for none
+	graph   *comfyGraph
+}
+
+// tuple is the item as /queue and the history list it.
+func (it *comfyItem) tuple() []any {
+	outs := make([]any, len(it.outputs))
+	for i, o := range it.outputs {
+		outs[i] = o
+	}
+	return []any{it.number, it.id, it.prompt, it.extra, outs}
+}
+
+func comfyLess(a, b *comfyItem) bool {
+	if a.number.f != b.number.f {
+		return a.number.f < b.number.f
+	}
+	return a.id < b.id
+}
+
+// pushLocked is heapq.heappush.
+func (c *ComfyUI) pushLocked(it *comfyItem) {
+	c.queue = append(c.queue, it)
+	comfySiftDown(c.queue, 0, len(c.queue)-1)
+}
+
+// popLocked is heapq.heappop.
+func (c *ComfyUI) popLocked() *comfyItem {
+	n := len(c.queue) - 1
+	last := c.queue[n]
+	c.queue[n] = nil
+	c.queue = c.queue[:n]
+	if n == 0 {
+		return last
+	}
+	top := c.queue[0]
+	c.queue[0] = last
+	comfySiftUp(c.queue, 0)
+	return top
+}
+
+// comfyHeapify is heapq.heapify.
+func comfyHeapify(q []*comfyItem) {
+	for i := len(q)/2 - 1; i >= 0; i-- {
+		comfySiftUp(q, i)
+	}
+}
+
+// comfySiftDown is heapq's _siftdown.
+func comfySiftDown(q []*comfyItem, start, pos int) {
+	item := q[pos]
+	for pos > start {
+		parent := (pos - 1) >> 1
+		if !comfyLess(item, q[parent]) {
+			break
+		}
+		q[pos] = q[parent]
+		pos = parent
+	}
+	q[pos] = item
+}
+
+// comfySiftUp is heapq's _siftup.
+func comfySiftUp(q []*comfyItem, pos int) {
+	end, start, item := len(q), pos, q[pos]
+	child := 2*pos + 1
+	for child < end {
+		if right := child + 1; right < end && !comfyLess(q[child], q[right]) {
+			child = right
+		}
+		q[pos] = q[child]
+		pos = child
+		child = 2*pos + 1
+	}
+	q[pos] = item
+	comfySiftDown(q, start, pos)
+}
+
+// queueInfoLocked is PromptServer.get_queue_info.
+func (c *ComfyUI) queueInfoLocked() jsonObj {
+	n := len(c.queue)
+	if c.running != nil {
+		n++
+	}
+	return jsonObj{{"exec_info", jsonObj{{"queue_remaining", n}}}}
+}
+
+// queueUpdatedLocked is PromptServer.queue_updated: a status to every
+// socket.
+func (c *ComfyUI) queueUpdatedLocked() {
+	c.sendLocked("status", jsonObj{{"status", c.queueInfoLocked()}}, nil)
+}
+
+// comfyHistory is one entry of the history.
+type comfyHistory struct {
+	item    *comfyItem
+	outputs jsonObj
+	status  jsonObj
+	meta    jsonObj
+}
+
+func (h *comfyHistory) json() jsonObj {
+	return jsonObj{{"prompt", h.item.tuple()}, {"outputs", h.outputs}, {"status", h.status}, {"meta", h.meta}}
+}
+
+// taskDone is PromptQueue.task_done and what prompt_worker sends after it.
+func (c *ComfyUI) taskDone(it *comfyItem, r *comfyRun) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.running = nil
+	status := "error"
+	if r.success {
+		status = "success"
+	}
+	msgs := make([]any, len(r.messages))
+	copy(msgs, r.messages)
+	h := &comfyHistory{
+		item:    it,
+		outputs: r.outputs,
+		status:  jsonObj{{"status_str", status}, {"completed", r.success}, {"messages", msgs}},
+		meta:    r.meta,
+	}
+	if i := slices.IndexFunc(c.history, func(e *comfyHistory) bool { return e.item.id == it.id }); i >= 0 {
+		c.history[i] = h // a dict keeps the key's place
+	} else {
+		if len(c.history) > 10000 { // MAXIMUM_HISTORY_SIZE
+			c.history = slices.Delete(c.history, 0, 1)
+		}
+		c.history = append(c.history, h)
+	}
+	c.eventLocked(ComfyPromptEnd, it.id, r.outcome())
+	c.queueUpdatedLocked()
+	if it.to != nil {
+		c.sendLocked("executing", jsonObj{{"node", nil}, {"prompt_id", it.id}}, it.to)
+	}
+}
+
+// Execution: PromptExecutor.execute_async and execute().
+
+// comfyRun is one prompt's execution.
+type comfyRun struct {
+	c         *ComfyUI
+	it        *comfyItem
+	messages  []any // status_messages: [event, data] pairs
+	executed  []string
+	ran       bool
+	success   bool
+	interrupt bool
+	progress  []string // the progress registry's nodes, in order
+	pstate    map[string]*comfyProgress
+	outputs   jsonObj
+	meta      jsonObj
+}
+
+// comfyProgress is a node's entry in the progress registry.
+type comfyProgress struct {
+	state      string
+	value, max pyNum
+}
+
+func (r *comfyRun) outcome() string {
+	switch {
+	case r.interrupt:
+		return "interrupted"
+	case !r.success:
+		return "error"
+	case !r.ran:
+		return "cached"
+	}
+	return "success"
+}
+
+// addMessageLocked is PromptExecutor.add_message.
+func (r *comfyRun) addMessageLocked(event string, data jsonObj, broadcast bool) {
+	data = append(slices.Clone(data), jsonKV{"timestamp", time.Now().UnixMilli()})
+	r.messages = append(r.messages, []any{event, data})
+	if r.it.to != nil || broadcast {
+		r.c.sendLocked(event, data, r.it.to)
+	}
+}
+
+// progressLocked updates a node's progress entry and sends progress_state
+// to every socket, as WebUIProgressHandler does.
+func (r *comfyRun) progressLocked(id, state string, value, max *pyNum) {
+	p, ok := r.pstate[id]
+	if !ok {
+		p = &comfyProgress{state: "pending", value: pyInt(0), max: pyInt(1)}
+		r.pstate[id] = p
+		r.progress = append(r.progress, id)
+	}
+	p.state = state
+	switch state {
+	case "running":
+		p.value, p.max = *value, *max
+	case "finished":
+		p.value = p.max
+	}
+	nodes := jsonObj{}
+	for _, n := range r.progress {
+		q := r.pstate[n]
+		if q.state == "pending" {
+			continue
+		}
+		nodes = append(nodes, jsonKV{n, jsonObj{
+			{"value", q.value}, {"max", q.max}, {"state", q.state}, {"node_id", n}, {"prompt_id", r.it.id},
+			{"display_node_id", n}, {"parent_node_id", nil}, {"real_node_id", n},
+		}})
+	}
+	r.c.sendLocked("progress_state", jsonObj{{"prompt_id", r.it.id}, {"nodes", nodes}}, nil)
+}
+
+// comfyFailure is why a node failed.
+type comfyFailure struct {
+	node      string
+	interrupt bool
+	typ, msg  string
+	inputs    jsonObj
+}
+
+// execute runs a prompt. alive is false when the ComfyUI closed meanwhile.
+func (c *ComfyUI) execute(it *comfyItem) (r *comfyRun, alive bool) {
+	g := it.graph
+	r = &comfyRun{c: c, it: it, success: true, pstate: make(map[string]*comfyProgress)}
+	c.mu.Lock()
+	c.stop = false
+	c.execTo = it.to
+	c.eventLocked(ComfyPromptStart, it.id, "")
+	r.addMessageLocked("execution_start", jsonObj{{"prompt_id", it.id}}, false)
+	c.dropUnusedLocked(g)
+	c.notifyLocked()
+	cachedNodes := []any{}
+	for _, id := range g.order {
+		if c.cache[g.sigs[id]] != nil {
+			cachedNodes = append(cachedNodes, id)
+		}
+	}
+	r.addMessageLocked("execution_cached", jsonObj{{"nodes", cachedNodes}, {"prompt_id", it.id}}, false)
+	el := newComfyExecList(g, func(id string) bool { return c.cache[g.sigs[id]] != nil })
+	for _, o := range it.outputs {
+		el.add(o)
+	}
+	c.mu.Unlock()
+
+	for !el.empty() {
+		id, ok := el.stage()
+		if !ok {
+			r.fail(&comfyFailure{node: id, typ: "graph.DependencyCycleError", msg: "Dependency cycle detected", inputs: jsonObj{}})
+			break
+		}
+		f, alive := r.node(id)
+		if !alive {
+			return r, false
+		}
+		if f != nil {
+			r.fail(f)
+			break
+		}
+		el.complete(id)
+	}
+	c.mu.Lock()
+	if r.success {
+		r.addMessageLocked("execution_success", jsonObj{{"prompt_id", it.id}}, false)
+	}
+	r.outputs, r.meta = jsonObj{}, jsonObj{}
+	for _, id := range g.order {
+		if e := c.cache[g.sigs[id]]; e != nil && e.ui != nil {
+			r.outputs = append(r.outputs, jsonKV{id, e.ui})
+			r.meta = append(r.meta, jsonKV{id, jsonObj{{"node_id", id}, {"display_node", id}, {"parent_node", nil}, {"real_node_id", id}}})
+		}
+	}
+	c.lastNode = ""
+	c.execTo = nil
+	c.held.Cache += c.held.Work // the activations' memory stays reserved
+	c.held.Work = 0
+	c.notifyLocked()
+	c.mu.Unlock()
+	return r, true
+}
+
+// fail is handle_execution_error.
+func (r *comfyRun) fail(f *comfyFailure) {
+	c := r.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r.success = false
+	executed := make([]any, len(r.executed))
+	for i, e := range r.executed {
+		executed[i] = e
+	}
+	class := r.it.graph.nodes[f.node].class
+	if f.interrupt {
+		r.interrupt = true
+		r.addMessageLocked("execution_interrupted", jsonObj{
+			{"prompt_id", r.it.id}, {"node_id", f.node}, {"node_type", class}, {"executed", executed},
+		}, true)
+		return
+	}
+	current := make([]any, len(r.it.graph.order)) // caches.outputs.all_node_ids(): the prompt's nodes
+	for i, id := range r.it.graph.order {
+		current[i] = id
+	}
+	r.addMessageLocked("execution_error", jsonObj{
+		{"prompt_id", r.it.id}, {"node_id", f.node}, {"node_type", class}, {"executed", executed},
+		{"exception_message", f.msg}, {"exception_type", f.typ},
+		{"traceback", []any{"  File \"execution.py\", in execute\n    (the fake ComfyUI has no Python traceback)\n"}},
+		{"current_inputs", f.inputs}, {"current_outputs", current},
+	}, false)
+}
+
+// interrupted is throw_exception_if_processing_interrupted.
+func (c *ComfyUI) interrupted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stop {
+		c.stop = false
+		return true
+	}
+	return false
+}
+
+// node runs one node of the prompt, as execute() does.
+func (r *comfyRun) node(id string) (f *comfyFailure, alive bool) {
+	c, g := r.c, r.it.graph
+	n := g.nodes[id]
+	c.mu.Lock()
+	if e := c.cache[g.sigs[id]]; e != nil {
+		if r.it.to != nil {
+			var out any
+			if e.ui != nil {
+				out = e.ui
+			}
+			c.sendLocked("executed", jsonObj{{"node", id}, {"display_node", id}, {"output", out}, {"prompt_id", r.it.id}}, r.it.to)
+		}
+		r.progressLocked(id, "finished", nil, nil)
+		c.mu.Unlock()
+		return nil, true
+	}
+	zero, one := pyFloat(0), pyFloat(1)
+	r.progressLocked(id, "running", &zero, &one)
+	if r.it.to != nil {
+		c.lastNode = id
+		c.sendLocked("executing", jsonObj{{"node", id}, {"display_node", id}, {"prompt_id", r.it.id}}, r.it.to)
+	}
+	c.mu.Unlock()
+	if c.interrupted() { // before_node_execution
+		return &comfyFailure{node: id, interrupt: true}, true
+	}
+	r.ran = true
+	entry := &comfyCacheEntry{node: id}
+	fail := func(err error) (*comfyFailure, bool) {
+		if c.isClosed() {
+			return nil, false
+		}
+		return r.allocFailure(id, err), true
+	}
+	switch n.class {
+	case "CheckpointLoaderSimple":
+		name := pyStr(n.input("ckpt_name"))
+		if err := c.loadModel(name); err != nil {
+			return fail(err)
+		}
+		entry.ckpt = name
+	case "CLIPTextEncode", "VAEDecode", "KSampler":
+		if name, ok := g.ckptOf(n, comfyModelInput[n.class], c.cfg.Models, map[string]bool{}); ok {
+			if err := c.loadModel(name); err != nil {
+				return fail(err)
+			}
+		}
+		if n.class != "KSampler" {
+			break
+		}
+		c.mu.Lock()
+		need := c.cfg.WorkBytes - min(c.cfg.WorkBytes, c.held.Work)
+		c.mu.Unlock()
+		if need > 0 {
+			if err := c.take(need, func(m *ComfyMemory) *uint64 { return &m.Work }); err != nil {
+				return fail(err)
+			}
+		}
+		steps := n.intInput("steps")
+		for i := int64(1); i <= steps; i++ {
+			if !c.sleep(c.cfg.StepTime) {
+				return nil, false
+			}
+			if c.interrupted() { // the progress hook
+				return &comfyFailure{node: id, interrupt: true}, true
+			}
+			c.mu.Lock()
+			v, m := pyInt(i), pyInt(steps)
+			r.progressLocked(id, "running", &v, &m)
+			c.sendLocked("progress", jsonObj{{"value", i}, {"max", steps}, {"prompt_id", r.it.id}, {"node", id}}, r.it.to)
+			c.mu.Unlock()
+		}
+	case "SaveImage", "PreviewImage":
+		entry.ui = r.images(n)
+	default:
+		if cn, ok := c.cfg.CustomNodes[n.class]; ok {
+			c.mu.Lock()
+			pinned := c.pinned[n.class]
+			c.mu.Unlock()
+			if !pinned && cn.PinBytes > 0 {
+				if err := c.take(cn.PinBytes, func(m *ComfyMemory) *uint64 { return &m.Pinned }); err != nil {
+					return fail(err)
+				}
+			}
+			c.mu.Lock()
+			c.pinned[n.class] = true
+			c.mu.Unlock()
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if entry.ui != nil && r.it.to != nil {
+		c.sendLocked("executed", jsonObj{{"node", id}, {"display_node", id}, {"output", entry.ui}, {"prompt_id", r.it.id}}, r.it.to)
+	}
+	c.cache[g.sigs[id]] = entry
+	r.progressLocked(id, "finished", nil, nil)
+	r.executed = append(r.executed, id)
+	return nil, true
+}
+
+// allocFailure turns a device refusal into the node's error: torch's out
+// of memory error, after which ComfyUI unloads every model.
+func (r *comfyRun) allocFailure(id string, err error) *comfyFailure {
+	n := r.it.graph.nodes[id]
+	inputs := jsonObj{}
+	for _, kv := range n.inputs {
+		if _, link := comfyLink(kv.V); !link {
+			inputs = append(inputs, jsonKV{kv.K, []any{pyStr(kv.V)}})
+		}
+	}
+	var ve *VRAMError
+	if !errors.As(err, &ve) {
+		return &comfyFailure{node: id, typ: "RuntimeError", msg: "CUDA error: " + err.Error() + "\n", inputs: inputs}
+	}
+	msg := r.c.oomMessage(ve.Requested, ve)
+	r.c.unloadAllAfterOOM()
+	return &comfyFailure{
+		node: id, typ: "torch.OutOfMemoryError", inputs: inputs,
+		msg: msg + "\nThis error means you ran out of memory on your GPU.\n\nTIPS: If the workflow worked before you might have accidentally set the batch_size to a large number.",
+	}
+}
+
+// images is SaveImage's or PreviewImage's UI output: one file per image
+// of the batch, numbered as get_save_image_path numbers them.
+func (r *comfyRun) images(n *comfyNode) jsonObj {
+	c := r.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	typ, prefix := "output", "ComfyUI"
+	if n.class == "SaveImage" {
+		if v, ok := n.inputs.get("filename_prefix"); ok {
+			prefix = pyStr(v)
+		}
+	} else {
+		typ = "temp"
+		key := n.id + "\x00" + n.class
+		suffix, ok := c.objects[key]
+		if !ok {
+			const letters = "abcdefghijklmnopqrstupvxyz" // sic, nodes.py
+			var b [5]byte
+			_, _ = rand.Read(b[:])
+			for i := range b {
+				b[i] = letters[int(b[i])%len(letters)]
+			}
+			suffix = "_temp_" + string(b[:])
+			c.objects[key] = suffix
+		}
+		prefix += suffix
+	}
+	clean := comfyNormPath(prefix)
+	sub, file := "", clean
+	if i := strings.LastIndex(clean, "/"); i >= 0 {
+		sub, file = clean[:i], clean[i+1:]
+	}
+	key := typ + "\x00" + sub + "\x00" + file
+	images := []any{}
+	for b := range r.it.graph.batch(n, map[string]bool{}) {
+		c.counters[key]++
+		name := strings.ReplaceAll(file, "%batch_num%", fmt.Sprint(b))
+		images = append(images, jsonObj{
+			{"filename", fmt.Sprintf("%s_%05d_.png", name, c.counters[key])}, {"subfolder", sub}, {"type", typ},
+		})
+	}
+	return jsonObj{{"images", images}}
+}
+
+// comfyNormPath is os.path.normpath on posix, enough for a file prefix.
+func comfyNormPath(p string) string {
+	var parts []string
+	for _, s := range strings.Split(p, "/") {
+		switch s {
+		case "", ".":
+		case "..":
+			if len(parts) > 0 && parts[len(parts)-1] != ".." {
+				parts = parts[:len(parts)-1]
+			} else if !strings.HasPrefix(p, "/") {
+				parts = append(parts, s)
+			}
+		default:
+			parts = append(parts, s)
+		}
+	}
+	out := strings.Join(parts, "/")
+	if strings.HasPrefix(p, "/") {
+		out = "/" + out
+	}
+	if out == "" {
+		return "."
+	}
+	return out
+}
+
+// comfyExecList is comfy_execution.graph.ExecutionList: the nodes still
+// to run, each blocked by the uncached nodes it reads from.
+type comfyExecList struct {
+	g        *comfyGraph
+	cached   func(string) bool
+	pending  []string // insertion order
+	in       map[string]bool
+	count    map[string]int
+	blocking map[string][]string // from → the nodes it blocks, in order
+}
+
+func newComfyExecList(g *comfyGraph, cached func(string) bool) *comfyExecList {
+	return &comfyExecList{g: g, cached: cached, in: map[string]bool{}, count: map[string]int{}, blocking: map[string][]string{}}
+}
+
+func (l *comfyExecList) empty() bool { return len(l.pending) == 0 }
+
+// add is TopologicalSort.add_node.
+func (l *comfyExecList) add(id string) {
+	type link struct{ from, to string }
+	stack := []string{id}
+	var links []link
+	for len(stack) > 0 {
+		u := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if l.in[u] {
+			continue
+		}
+		l.in[u] = true
+		l.pending = append(l.pending, u)
+		l.count[u] = 0
+		l.blocking[u] = nil
+		for _, kv := range l.g.nodes[u].inputs {
+			from, ok := comfyLink(kv.V)
+			if !ok || l.g.nodes[from] == nil {
+				continue
+			}
+			if !l.cached(from) {
+				stack = append(stack, from)
+			}
+			links = append(links, link{from, u})
+		}
+	}
+	for _, k := range links {
+		if l.cached(k.from) {
+			continue
+		}
+		l.add(k.from)
+		if !slices.Contains(l.blocking[k.from], k.to) {
+			l.blocking[k.from] = append(l.blocking[k.from], k.to)
+			l.count[k.to]++
+		}
+	}
+}
+
+// stage is stage_node_execution with ux_friendly_pick_node; ok is false
+// for a dependency cycle (id then names a node in it).
+func (l *comfyExecList) stage() (id string, ok bool) {
+	var ready []string
+	for _, n := range l.pending {
+		if l.count[n] == 0 {
+			ready = append(ready, n)
+		}
+	}
+	if len(ready) == 0 {
+		return l.pending[0], false
+	}
+	for _, n := range ready {
+		if l.g.output(n) {
+			return n, true
+		}
+	}
+	for _, n := range ready {
+		for _, b := range l.blocking[n] {
+			if l.g.output(b) {
+				return n, true
+			}
+		}
+	}
+	for _, n := range ready {
+		for _, b := range l.blocking[n] {
+			for _, b1 := range l.blocking[b] {
+				if l.g.output(b1) {
+					return n, true
+				}
+			}
+		}
+	}
+	return ready[0], true
+}
+
+// complete is complete_node_execution.
+func (l *comfyExecList) complete(id string) {
+	l.pending = slices.DeleteFunc(l.pending, func(n string) bool { return n == id })
+	delete(l.in, id)
+	for _, b := range l.blocking[id] {
+		l.count[b]--
+	}
+	delete(l.blocking, id)
+}
