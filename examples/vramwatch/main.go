@@ -36,6 +36,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -43,6 +44,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyui"
 	"github.com/vramguard/vramguard/gpu"
 )
 
@@ -110,6 +112,8 @@ type config struct {
 	json     bool
 	listen   string // serve HTTP on this address instead of printing tables
 	gpu      bool   // open a GPU reader
+	comfyui  string // ComfyUI's URL: name its process as a holder
+	comfyPID uint   // ComfyUI's process, when it cannot be found from comfyui
 }
 
 func (c *cmd) parse(args []string) (*config, error) {
@@ -122,6 +126,8 @@ func (c *cmd) parse(args []string) (*config, error) {
 	fs.BoolVar(&cfg.json, "json", false, "print JSON: one object per refresh, one per line")
 	fs.StringVar(&cfg.listen, "listen", "", "serve GET /metrics and GET /ready?model=NAME&free=BYTES&device=N on `ADDR` (host:port) until SIGINT/SIGTERM, instead of printing tables")
 	fs.BoolVar(&cfg.gpu, "gpu", true, "read the GPU (NVML, else nvidia-smi); -gpu=false: no GPU reader")
+	fs.StringVar(&cfg.comfyui, "comfyui", "", "ComfyUI's `URL`: its process is named \"ComfyUI\" among the holders (found by the port it listens on and its argv)")
+	fs.UintVar(&cfg.comfyPID, "comfyui-pid", 0, "ComfyUI's `PID`, where -comfyui cannot find it (a container)")
 	fs.Usage = func() {} // Parse calls it on every error; only -h prints the usage
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -144,6 +150,10 @@ func (c *cmd) parse(args []string) (*config, error) {
 		return nil, usage("-interval %v: want 100ms or more", cfg.interval)
 	case cfg.listen != "" && (cfg.once || cfg.json):
 		return nil, usage("-listen serves HTTP: -once and -json are for the table")
+	case cfg.comfyPID != 0 && cfg.comfyui == "":
+		return nil, usage("-comfyui-pid names ComfyUI's process: give -comfyui too")
+	case cfg.comfyPID > math.MaxUint32:
+		return nil, usage("-comfyui-pid %d: not a process id", cfg.comfyPID)
 	}
 	return &cfg, nil
 }
@@ -184,6 +194,16 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 		} else {
 			w.gpu = r
 			defer func() { err = errors.Join(err, r.Close()) }() // shuts NVML down
+		}
+	}
+	if cfg.comfyui != "" {
+		cc, err := comfyui.New(comfyui.Options{URL: cfg.comfyui, PID: uint32(cfg.comfyPID), VRAM: w.gpu})
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		if w.gpu != nil {
+			w.gpu = cc.Reader(w.gpu)
 		}
 	}
 	if ctx.Err() != nil {

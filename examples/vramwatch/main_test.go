@@ -806,3 +806,26 @@ func TestProcRunners(t *testing.T) {
 		t.Error("no error for a procfs root that does not exist")
 	}
 }
+
+// TestComfyUINamed: with -comfyui and its PID, ComfyUI's process is named
+// "ComfyUI" among the holders (its command line was "python main.py");
+// -comfyui-pid alone is a usage error.
+func TestComfyUINamed(t *testing.T) {
+	s := newSim(t)
+	if err := s.Reserve("python main.py", 6*gib); err != nil {
+		t.Fatal(err)
+	}
+	var pid uint32
+	for _, h := range s.Holders() {
+		if h.Name == "python main.py" {
+			pid = h.PID
+		}
+	}
+	code, out, errOut := invoke(t.Context(), t, s, gpuSim, nil, false, "-once", "-comfyui", "http://127.0.0.1:1", "-comfyui-pid", fmt.Sprint(pid))
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("%d  6.0 GiB  other  -       ComfyUI\n", pid)) || strings.Contains(out, "python main.py") {
+		t.Errorf("exit %d, stderr %q, output\n%s\nwant ComfyUI's process named", code, errOut, out)
+	}
+	if code, _, errOut := invoke(t.Context(), t, s, gpuSim, nil, false, "-once", "-comfyui-pid", "7"); code != 2 || !strings.Contains(errOut, "-comfyui too") {
+		t.Errorf("-comfyui-pid alone: exit %d, %q; want a usage error", code, errOut)
+	}
+}
