@@ -14,6 +14,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyui"
 	"github.com/vramguard/vramguard/nodes"
 )
 
@@ -97,4 +98,42 @@ func (s *Studio) HandOver(ctx context.Context) (*vramguard.UnloadReport, error) 
 		return rep, fmt.Errorf("%s not verified gone", s.Model)
 	}
 	return rep, nil
+}
+
+// Alternate is the studio's render loop with ComfyUI as its diffusion
+// stage: for each description it writes a prompt in a phase whose End
+// hands the GPU over with need bytes free (verified), renders wf on
+// ComfyUI with the prompt in node textNode's "text", and frees ComfyUI
+// with a measured receipt before the next prompt. It returns the
+// receipts, one per round.
+func (s *Studio) Alternate(ctx context.Context, comfy *comfyui.Client, wf comfyui.Workflow, textNode string, need uint64, descs []string) ([]*comfyui.Receipt, error) {
+	var receipts []*comfyui.Receipt
+	for _, d := range descs {
+		phase, err := s.Client.StartPhase(ctx, "prompt", vramguard.PhaseOptions{NeedBytes: need})
+		if err != nil {
+			return receipts, err
+		}
+		g := phase.Guard()
+		gen, err := g.Generate(ctx, &vramguard.GenerateRequest{Model: s.Model, Prompt: "Write a diffusion prompt for: " + d}, nil)
+		if _, eerr := phase.End(ctx); err != nil || eerr != nil {
+			return receipts, errors.Join(err, eerr)
+		}
+		node := wf[textNode]
+		inputs := map[string]any{}
+		for k, v := range node.Inputs {
+			inputs[k] = v
+		}
+		inputs["text"] = gen.Text
+		node.Inputs = inputs
+		wf[textNode] = node
+		if _, err := comfy.Run(ctx, wf); err != nil {
+			return receipts, fmt.Errorf("rendering: %w", err)
+		}
+		rc, err := comfy.Free(ctx, comfyui.FreeRequest{Wait: true})
+		if err != nil {
+			return receipts, fmt.Errorf("freeing ComfyUI: %w", err)
+		}
+		receipts = append(receipts, rc)
+	}
+	return receipts, nil
 }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyui"
 	"github.com/vramguard/vramguard/vramguardtest"
 
 	"example.com/adopter"
@@ -352,4 +353,64 @@ func TestLostUnloadIsVerified(t *testing.T) {
 		}
 		gpuEmpty(t, s)
 	})
+}
+
+// TestAlternateWithComfyUI: the studio's render loop against the test
+// double's fake Ollama and fake ComfyUI on one 16 GiB fake GPU, where the
+// LLM (7 GiB) and a render (6 GiB checkpoint, 3 GiB working memory) do
+// not fit together: every round's hand-over makes the room, every render
+// succeeds, every receipt says freed, and nothing failed to load.
+func TestAlternateWithComfyUI(t *testing.T) {
+	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 16 << 30, StrictVRAM: true,
+		Models: []vramguardtest.ModelConfig{{Name: "llama3.2", SizeVRAM: 7 << 30}}})
+	defer s.Close()
+	fake, err := vramguardtest.NewComfyUI(s, vramguardtest.ComfyConfig{Models: map[string]uint64{"sd.safetensors": 6 << 30},
+		WorkBytes: 3 << 30, StepTime: 5 * time.Millisecond, SettleLag: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fake.Close()
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: s.GPU(), PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	comfy, err := comfyui.New(comfyui.Options{URL: fake.URL().String(), VRAM: s.GPU(), PID: fake.PID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer comfy.Close()
+	wf := comfyui.Workflow{
+		"4": {ClassType: "CheckpointLoaderSimple", Inputs: map[string]any{"ckpt_name": "sd.safetensors"}},
+		"5": {ClassType: "EmptyLatentImage", Inputs: map[string]any{"width": 512, "height": 512, "batch_size": 1}},
+		"6": {ClassType: "CLIPTextEncode", Inputs: map[string]any{"text": "", "clip": []any{"4", 1}}},
+		"3": {ClassType: "KSampler", Inputs: map[string]any{"model": []any{"4", 0}, "positive": []any{"6", 0}, "negative": []any{"6", 0},
+			"latent_image": []any{"5", 0}, "seed": 1, "steps": 4, "cfg": 7.0, "sampler_name": "euler", "scheduler": "normal", "denoise": 1.0}},
+		"8": {ClassType: "VAEDecode", Inputs: map[string]any{"samples": []any{"3", 0}, "vae": []any{"4", 2}}},
+		"9": {ClassType: "SaveImage", Inputs: map[string]any{"images": []any{"8", 0}, "filename_prefix": "studio"}},
+	}
+	st := &adopter.Studio{Client: c, Model: "llama3.2"}
+	receipts, err := st.Alternate(t.Context(), comfy, wf, "6", 9<<30, []string{"a castle", "a lighthouse", "a forest"})
+	if err != nil || len(receipts) != 3 {
+		t.Fatalf("Alternate = %d receipts, %v; want 3", len(receipts), err)
+	}
+	for i, rc := range receipts {
+		// The checkpoint at least (torch's cache is emptied after a first
+		// prompt, as ComfyUI's worker does), down to the CUDA context.
+		if rc.Outcome != comfyui.OutcomeFreed || rc.Released() < 6<<30-rc.Tolerance || rc.Process.After > 256<<20+rc.Tolerance {
+			t.Errorf("round %d: %s; want the render's memory freed, measured", i+1, rc)
+		}
+	}
+	loads := 0
+	for _, e := range s.Events("") {
+		switch e.Kind {
+		case vramguardtest.EventLoaded:
+			loads++
+		case vramguardtest.EventLoadFailed:
+			t.Errorf("a load failed: %+v", e)
+		}
+	}
+	if loads != 3 {
+		t.Errorf("%d loads of llama3.2; want 3, one per round", loads)
+	}
 }
