@@ -19,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyui"
 	"github.com/vramguard/vramguard/pool"
 	"github.com/vramguard/vramguard/vramguardtest"
 	"github.com/vramguard/vramguard/vramprom"
@@ -707,4 +708,27 @@ func TestUnloadAlreadyGone(t *testing.T) {
 		fmt.Sprintf(`vramguard_model_unloads_total{cause="unload",model="tiny:latest",outcome="verified",server=%q}`, srv):     1,
 		fmt.Sprintf(`vramguard_model_unloads_total{cause="unload",model="tiny:latest",outcome="already gone",server=%q}`, srv): 1,
 	})
+}
+
+// TestGaugesNameComfyUI: features in pairs. With the VRAM reader wrapped
+// by comfyui.Client.Reader, the fake ComfyUI's process ("python main.py"
+// on the fake GPU) is the holder "ComfyUI" in the device's series.
+func TestGaugesNameComfyUI(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{TotalVRAM: 16 * gib})
+	fake, err := vramguardtest.NewComfyUI(s, vramguardtest.ComfyConfig{ContextBytes: gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fake.Close()
+	cc, err := comfyui.New(comfyui.Options{URL: fake.URL().String(), PID: fake.PID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	_, reg, _ := setup(t, s, vramprom.Config{VRAM: cc.Reader(s.GPU())}, vramguard.Options{})
+	got := series(t, reg)
+	want(t, got, map[string]float64{`vramguard_device_memory_bytes{device="0",holder="ComfyUI",kind="other"}`: gib})
+	if _, ok := got[`vramguard_device_memory_bytes{device="0",holder="python main.py",kind="other"}`]; ok {
+		t.Errorf("ComfyUI also listed by its command:\n%s", dump(got, "vramguard_device_memory_bytes"))
+	}
 }
