@@ -46,7 +46,10 @@ type TenantOptions struct {
 	Name string
 	// First frees ComfyUI before Ollama's idle models (the order is the
 	// caller's choice: an LLM step that matters more than the render
-	// cache, or the other way round).
+	// cache, or the other way round). Room-making asks tenants for every
+	// room it makes on the device, a hand-over to ComfyUI itself
+	// (Phase.End with NeedBytes) included: with First that hand-over frees
+	// ComfyUI's cache too before unloading the phase's models.
 	First bool
 	// DropCache also drops ComfyUI's node cache (FreeRequest.DropCache).
 	DropCache bool
