@@ -18,7 +18,7 @@
 // GET /ready?model=NAME&free=BYTES&device=N, which answers 200 when every
 // condition asked for holds (the model resident, checked against its
 // runner process on a local server; BYTES free on device N) and 503
-// otherwise, with a JSON body that says why (see listen.go). A model is
+// otherwise, with a JSON body that says why (see package probe). A model is
 // "loading" while a runner serves its weights and /api/ps does not list it
 // yet (from Ollama v0.17 on /api/ps lists a model only once it is loaded;
 // v0.6.5 lists it from the start of its load, so there it reads resident).
