@@ -1,0 +1,248 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard"
+)
+
+// unloadTrailer is the trailer of a generation sent with keep_alive 0:
+// what the gate verified before it let the done line go.
+const unloadTrailer = "X-Vramgate-Unload"
+
+// request is what the gate reads of a generate, chat, embed or OpenAI
+// request's body; everything else passes through untouched.
+type request struct {
+	Model     string            `json:"model"`
+	Prompt    string            `json:"prompt"`
+	Messages  []json.RawMessage `json:"messages"`
+	KeepAlive *api.Duration     `json:"keep_alive"`
+	Stream    *bool             `json:"stream"`
+	Options   struct {
+		NumCtx int `json:"num_ctx"`
+	} `json:"options"`
+}
+
+// keepAliveZero: the request asks Ollama to unload the model when it
+// ends (keep_alive 0, "0", "0s").
+func (q *request) keepAliveZero() bool { return q.KeepAlive != nil && q.KeepAlive.Duration == 0 }
+
+// isUnload is Ollama's own test of an unload request: keep_alive 0 and no
+// prompt (generate) or no messages (chat), which is what `ollama stop`
+// sends.
+func (q *request) isUnload(chat bool) bool {
+	if chat {
+		return q.keepAliveZero() && len(q.Messages) == 0
+	}
+	return q.keepAliveZero() && q.Prompt == ""
+}
+
+func (q *request) streams() bool { return q.Stream == nil || *q.Stream }
+
+// parseRequest reads and decodes a body; false means the answer was
+// written.
+func (g *gate) parseRequest(w http.ResponseWriter, r *http.Request) ([]byte, *request, bool) {
+	body, ok := g.readBody(w, r)
+	if !ok {
+		return nil, nil, false
+	}
+	var q request
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := json.Unmarshal(body, &q); err != nil {
+			writeError(w, http.StatusBadRequest, "malformed JSON body: %v", err)
+			return nil, nil, false
+		}
+	}
+	return body, &q, true
+}
+
+// state is what one forwarded request carries to modifyResponse.
+type state struct {
+	client string
+	model  string
+	load   bool   // the model was not resident: this request loads it
+	cause  string // why it was absent, for a load
+	by     string // who or what made it leave
+	// admission says what the admission checked, for the reply's header.
+	admission string
+	unlockFn  func()
+	once      sync.Once
+	// holdDone: a generation with keep_alive 0, whose done line waits for
+	// the verified unload.
+	holdDone bool
+	chat     bool
+	released chan struct{} // closed once the done line went out (holdDone)
+	fired    bool
+}
+
+func (st *state) unlock() {
+	st.once.Do(func() {
+		if st.unlockFn != nil {
+			st.unlockFn()
+		}
+	})
+}
+
+type stateKey struct{}
+
+func stateOf(ctx context.Context) *state {
+	st, _ := ctx.Value(stateKey{}).(*state)
+	return st
+}
+
+// generate handles /api/generate and /api/chat: unloads answered only
+// once verified, loads admitted, keep_alive 0 generations held until the
+// model is verified gone.
+func (g *gate) generate(chat bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, q, ok := g.parseRequest(w, r)
+		if !ok {
+			return
+		}
+		client := clientOf(r)
+		if q.Model != "" && q.isUnload(chat) {
+			g.unloadReply(w, r, q, chat, client)
+			return
+		}
+		st := &state{client: client, model: q.Model, chat: chat}
+		if q.Model != "" && q.keepAliveZero() {
+			st.holdDone = true
+			st.released = make(chan struct{})
+		}
+		g.forward(w, r, body, q, st)
+	}
+}
+
+// admitted handles the routes that may load a model and that the gate
+// only admits: embeddings and the OpenAI-compatible routes.
+func (g *gate) admitted(w http.ResponseWriter, r *http.Request) {
+	body, q, ok := g.parseRequest(w, r)
+	if !ok {
+		return
+	}
+	g.forward(w, r, body, q, &state{client: clientOf(r), model: q.Model})
+}
+
+// forward admits the request's load, if it causes one, and sends it on.
+func (g *gate) forward(w http.ResponseWriter, r *http.Request, body []byte, q *request, st *state) {
+	defer st.unlock()
+	if q.Model != "" {
+		v := g.admit(r.Context(), q.Model, q.Options.NumCtx, st.client, false)
+		if v.refusal != nil {
+			g.refuse(w, v.refusal, st.client)
+			return
+		}
+		st.load, st.cause, st.by, st.admission, st.unlockFn = v.load, v.cause, v.causeBy, v.summary(), v.unlock
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+	g.proxy.ServeHTTP(w, r)
+	if st.holdDone && !st.fired {
+		// The reply ended without its done line (the client left, Ollama
+		// failed): the model may still leave on its own, but the gate
+		// makes sure, detached from the request and bounded.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), g.cfg.unloadWait)
+		defer cancel()
+		if _, err := g.verifiedUnload(ctx, q.Model, st.client, "keep_alive 0 (reply cut)"); err != nil && !errors.Is(err, vramguard.ErrLeased) {
+			g.log.Warn("unload after a cut keep_alive 0 generation failed", "model", q.Model, "client", st.client, "err", err)
+		}
+	}
+}
+
+// modifyResponse runs when Ollama's reply headers arrive: the load has
+// happened (or failed), so the next load may be admitted.
+func (g *gate) modifyResponse(resp *http.Response) error {
+	st := stateOf(resp.Request.Context())
+	if st == nil {
+		return nil
+	}
+	st.unlock()
+	if st.admission != "" {
+		resp.Header.Set("X-Vramgate-Admission", st.admission)
+	}
+	if resp.StatusCode == http.StatusOK && st.load {
+		g.noteLoad(st)
+	}
+	if st.holdDone && resp.StatusCode == http.StatusOK {
+		resp.Header.Del("Content-Length")
+		resp.ContentLength = -1
+		resp.Trailer = http.Header{unloadTrailer: nil}
+		resp.Body = &doneHolder{src: resp.Body, br: bufio.NewReaderSize(resp.Body, 64<<10), onDone: func() {
+			st.fired = true
+			ctx, cancel := context.WithTimeout(resp.Request.Context(), g.cfg.unloadWait)
+			defer cancel()
+			rep, err := g.verifiedUnload(ctx, st.model, st.client, "keep_alive 0")
+			resp.Trailer.Set(unloadTrailer, unloadSummary(rep, err))
+		}}
+	}
+	return nil
+}
+
+// doneHolder passes a streamed reply through line by line and, before
+// the line that says done, calls onDone (the verified unload).
+type doneHolder struct {
+	src    io.ReadCloser
+	br     *bufio.Reader
+	onDone func()
+	out    []byte
+	err    error
+	fired  bool
+}
+
+func (d *doneHolder) Read(p []byte) (int, error) {
+	for len(d.out) == 0 {
+		if d.err != nil {
+			return 0, d.err
+		}
+		line, err := d.br.ReadBytes('\n')
+		if len(line) > 0 && !d.fired && isDoneLine(line) {
+			d.fired = true
+			d.onDone()
+		}
+		d.out, d.err = line, err
+	}
+	n := copy(p, d.out)
+	d.out = d.out[n:]
+	return n, nil
+}
+
+func (d *doneHolder) Close() error { return d.src.Close() }
+
+// isDoneLine: the line is a reply object with "done": true.
+func isDoneLine(line []byte) bool {
+	if !bytes.Contains(line, []byte(`"done"`)) {
+		return false
+	}
+	var v struct {
+		Done bool `json:"done"`
+	}
+	return json.Unmarshal(line, &v) == nil && v.Done
+}
+
+// noteLoad records a load that went through the gate: the metric and the
+// INFO line say which client caused it and why the model had left.
+func (g *gate) noteLoad(st *state) {
+	model := vramguard.NormalizeModelName(st.model)
+	g.mu.Lock()
+	g.loaded[model] = st.client
+	g.mu.Unlock()
+	g.metrics.loads.WithLabelValues(g.metrics.label(st.client), model, st.cause).Inc()
+	g.log.Info("load", "model", model, "client", st.client, "cause", st.cause, "by", st.by)
+}
+
+// reloadWindow is how long after the gate unloaded a model a load of it
+// is reported as a reload with that cause.
+const reloadWindow = 10 * time.Minute

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/gpu"
+	"github.com/vramguard/vramguard/probe"
+)
+
+// startTimeout bounds the first look at Ollama: a gate in front of a
+// server that does not answer refuses to start.
+const startTimeout = 5 * time.Second
+
+// gate is the proxy and what it keeps between requests.
+type gate struct {
+	cfg      *config
+	log      *slog.Logger
+	upstream *url.URL
+	client   *vramguard.OllamaClient // the gate's own client of Ollama
+	reader   vramguard.VRAMReader    // nil without a GPU reader
+	probe    *probe.Handler
+	proxy    *httputil.ReverseProxy
+	metrics  *gateMetrics
+	leases   *leaseTable
+	closers  []func() error // run in reverse at close
+
+	// admitMu serializes the admission of loads: a load is admitted and
+	// forwarded, and the next load is admitted only once Ollama answered
+	// the first (its reply's headers come after the load), so that two
+	// loads are never both admitted into the same room.
+	admitMu sync.Mutex
+
+	mu     sync.Mutex
+	loaded map[string]string     // models that loaded through the gate -> the client that loaded them
+	gone   map[string]goneRecord // the gate's last verified unload of each model
+	seen   map[string]bool       // models the gate saw resident
+}
+
+// goneRecord is a verified unload through the gate: a later load of the
+// model is a reload with that cause.
+type goneRecord struct {
+	at     time.Time
+	client string // who asked for it ("" when the gate made room)
+	why    string
+}
+
+func newGate(ctx context.Context, cfg *config, log *slog.Logger, newReader func(context.Context) (vramguard.VRAMReader, error)) (g *gate, err error) {
+	up, err := parseUpstream(cfg.ollama)
+	if err != nil {
+		return nil, err
+	}
+	g = &gate{cfg: cfg, log: log, upstream: up, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, g.close())
+		}
+	}()
+	if cfg.gpu {
+		switch {
+		case newReader != nil:
+			g.reader, err = newReader(ctx)
+			if err != nil {
+				return g, err
+			}
+		default:
+			r, rerr := gpu.NewAutoReader(ctx, gpu.ReaderOptions{})
+			if rerr != nil {
+				log.Info("no GPU reader: loads are admitted without measuring memory", "err", rerr)
+			} else {
+				g.reader = r
+				g.closers = append(g.closers, r.Close)
+			}
+		}
+	}
+	var cu *comfyui.Client
+	if cfg.comfyui != "" {
+		cu, err = comfyui.New(comfyui.Options{URL: cfg.comfyui, VRAM: g.reader, Device: cfg.device, Logger: log})
+		if err != nil {
+			return g, err
+		}
+		g.closers = append(g.closers, func() error { cu.Close(); return nil })
+		if g.reader != nil {
+			g.reader = cu.Reader(g.reader)
+		}
+	}
+	var protected []string
+	for _, m := range strings.Split(cfg.protected, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			protected = append(protected, m)
+		}
+	}
+	g.client, err = vramguard.NewClient(vramguard.Options{
+		Host:              up.String(),
+		VRAM:              g.reader,
+		UnloadTimeout:     cfg.unloadWait,
+		Protected:         protected,
+		KeepModelsOnClose: true, // the gate generates nothing; stop() unloads what loaded through it
+		Leases: vramguard.LeaseOptions{
+			Dir: cfg.leaseDir,
+			// A vramguard program pointed at the gate names the gate's
+			// address in its leases: they keep the same models.
+			Honour: []string{cfg.listen},
+		},
+		// No vramprom hooks: the gate's unloads are counted by its own
+		// series, with the client that asked (vramgate_unloads_total).
+		Logger: log,
+	})
+	if err != nil {
+		return g, err
+	}
+	g.closers = append(g.closers, g.client.Close)
+	if cu != nil && g.reader != nil {
+		unregister, err := g.client.RegisterTenant(cu.Tenant(comfyui.TenantOptions{WhileBusy: comfyui.Refuse}))
+		if err != nil {
+			return g, err
+		}
+		g.closers = append(g.closers, func() error { unregister(); return nil })
+	}
+	sctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if _, err := g.client.Running(sctx); err != nil {
+		return g, &vramguard.Error{Op: "start", Kind: vramguard.KindUnavailable,
+			Err: fmt.Errorf("the Ollama server at %s does not answer (start it first, or give -ollama): %w", up, err)}
+	}
+	g.metrics = newGateMetrics()
+	g.probe, err = probe.New(probe.Config{Client: g.client, VRAM: g.reader, Collectors: g.metrics.collectors()})
+	if err != nil {
+		return g, err
+	}
+	g.closers = append(g.closers, func() error { g.probe.Close(); return nil })
+	g.leases = newLeaseTable(g)
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(up)
+			pr.Out.Header.Del(clientHeader)
+		},
+		FlushInterval:  -1, // every write reaches the client as it arrives
+		ModifyResponse: g.modifyResponse,
+		ErrorHandler:   g.proxyError,
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return g, nil
+}
+
+// parseUpstream reads -ollama: a URL, or host:port as OLLAMA_HOST is.
+func parseUpstream(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, usage("-ollama %q: want http://host:port or host:port", s)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	return u, nil
+}
+
+func (g *gate) close() error {
+	var errs []error
+	for i := len(g.closers) - 1; i >= 0; i-- {
+		errs = append(errs, g.closers[i]())
+	}
+	g.closers = nil
+	return errors.Join(errs...)
+}
+
+// handler is every route the gate answers.
+func (g *gate) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/generate", g.generate(false))
+	mux.HandleFunc("POST /api/chat", g.generate(true))
+	for _, p := range []string{"/api/embed", "/api/embeddings", "/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
+		mux.HandleFunc("POST "+p, g.admitted)
+	}
+	mux.HandleFunc("POST /api/unload", g.unloadRoute)
+	mux.HandleFunc("GET /vramgate/can-load", g.canLoad)
+	mux.HandleFunc("GET /vramgate/leases", g.leases.list)
+	mux.HandleFunc("POST /vramgate/leases", g.leases.take)
+	mux.HandleFunc("POST /vramgate/leases/{id}", g.leases.extend)
+	mux.HandleFunc("DELETE /vramgate/leases/{id}", g.leases.release)
+	mux.Handle("GET /metrics", g.probe)
+	mux.Handle("GET /ready", g.probe)
+	mux.HandleFunc("/", g.passThrough)
+	return g.metrics.count(mux)
+}
+
+// serve answers on cfg.listen until ctx is done, then stops cleanly.
+func (g *gate) serve(ctx context.Context, c *cmd) (err error) {
+	defer func() { err = errors.Join(err, g.close()) }()
+	ln, err := net.Listen("tcp", g.cfg.listen)
+	if err != nil {
+		return &vramguard.Error{Op: "listen", Kind: vramguard.KindUnavailable, Err: err}
+	}
+	srv := &http.Server{
+		Handler:           g.handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+	}
+	fmt.Fprintln(c.stderr, startLine(ln.Addr().String(), g.upstream.String()))
+	if c.ready != nil {
+		c.ready(ln.Addr().String())
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return &vramguard.Error{Op: "serve", Kind: vramguard.KindUnavailable, Err: err}
+	case <-ctx.Done():
+	}
+	return g.stop(ctx, srv, done)
+}
+
+// startLine is the line the gate prints once it listens.
+func startLine(addr, upstream string) string {
+	return fmt.Sprintf("vramgate: http://%s -> %s (GET /metrics, /ready; leases at /vramgate/leases)", addr, upstream)
+}
+
+// stop ends the gate: no new requests, those in flight get -stop-timeout,
+// the HTTP leases are released and the models that loaded through the
+// gate unloaded, verified (unless -keep-on-exit). Every failure is
+// returned.
+func (g *gate) stop(ctx context.Context, srv *http.Server, done <-chan error) error {
+	var errs []error
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.stopWait)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close() // cuts the streams that did not end in time
+		errs = append(errs, &vramguard.Error{Op: "shutdown", Kind: vramguard.KindTimeout,
+			Err: fmt.Errorf("requests still in flight after %v were cut: %w", g.cfg.stopWait, err)})
+	}
+	<-done // http.ErrServerClosed
+	errs = append(errs, g.leases.releaseAll())
+	if !g.cfg.keepOnExit {
+		errs = append(errs, g.unloadLoaded(context.WithoutCancel(ctx)))
+	}
+	return errors.Join(errs...)
+}
+
+// unloadLoaded unloads, verified, the models that loaded through the
+// gate and are still resident; a model another program's lease keeps is
+// left and said so on the log.
+func (g *gate) unloadLoaded(ctx context.Context) error {
+	g.mu.Lock()
+	models := make([]string, 0, len(g.loaded))
+	for m := range g.loaded {
+		models = append(models, m)
+	}
+	g.mu.Unlock()
+	var errs []error
+	for _, m := range models {
+		uctx, cancel := context.WithTimeout(ctx, g.cfg.unloadWait)
+		rep, err := g.client.UnloadModel(uctx, m)
+		cancel()
+		switch {
+		case errors.Is(err, vramguard.ErrLeased):
+			g.log.Info("left at stop: leased", "model", m, "err", err)
+		case err != nil:
+			errs = append(errs, fmt.Errorf("unload %s at stop: %w", m, err))
+		default:
+			g.log.Info("unloaded at stop", "model", m, "verified", rep.Verified, "checked", rep.Checked.String())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeJSON answers with v as JSON.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError answers as Ollama does: {"error": msg}.
+func writeError(w http.ResponseWriter, code int, format string, args ...any) {
+	writeJSON(w, code, map[string]string{"error": "vramgate: " + fmt.Sprintf(format, args...)})
+}
+
+// readBody reads a request body the gate must look into, bounded by
+// -max-body; false means the answer (413 or 400) was written.
+func (g *gate) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request body over %d bytes (vramgate -max-body)", g.cfg.maxBody)
+		} else {
+			writeError(w, http.StatusBadRequest, "reading the request body: %v", err)
+		}
+		return nil, false
+	}
+	return b, true
+}
+
+// proxyError answers a request Ollama did not answer: 502, as Ollama's
+// own errors are shaped.
+func (g *gate) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if st := stateOf(r.Context()); st != nil {
+		st.unlock()
+	}
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return // the client went away; nothing to answer
+	}
+	g.log.Warn("Ollama did not answer", "path", r.URL.Path, "err", err)
+	writeError(w, http.StatusBadGateway, "Ollama at %s did not answer: %v", g.upstream, err)
+}
+
+// passThrough forwards a request as it is.
+func (g *gate) passThrough(w http.ResponseWriter, r *http.Request) {
+	g.proxy.ServeHTTP(w, r)
+}

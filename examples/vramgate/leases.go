@@ -1,0 +1,301 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/ollama/ollama/api"
+
+	"github.com/vramguard/vramguard"
+)
+
+// defaultLeaseTTL is an HTTP lease's TTL when the request names none.
+const defaultLeaseTTL = time.Minute
+
+// httpLease is a lease an HTTP client took through the gate: a host-wide
+// vramguard lease the gate holds for it, until its TTL unless extended.
+type httpLease struct {
+	token  string // the secret id only its taker knows
+	model  string // as the lease names it
+	holder string // the name the client gave
+	remote string // the client's address when it took the lease
+	// lease and timer change at an extension: read them under the
+	// table's lock.
+	lease *vramguard.Lease
+	timer *time.Timer
+}
+
+// leaseTable is the gate's HTTP leases, by token.
+type leaseTable struct {
+	g  *gate
+	mu sync.Mutex
+	by map[string]*httpLease
+}
+
+func newLeaseTable(g *gate) *leaseTable { return &leaseTable{g: g, by: map[string]*httpLease{}} }
+
+// leaseAnswer is what the lease routes answer about one lease.
+type leaseAnswer struct {
+	ID     string    `json:"id,omitempty"` // only to the taker: extends and releases the lease
+	Model  string    `json:"model"`
+	Holder string    `json:"holder"`
+	Server string    `json:"server"`
+	Until  time.Time `json:"until"`
+	Lease  string    `json:"lease"` // the host-wide lease as every vramguard program sees it
+}
+
+// answerOf describes l; the table's lock is held.
+func answerOf(l *httpLease, withID bool) leaseAnswer {
+	info := l.lease.Info()
+	a := leaseAnswer{Model: info.Model, Holder: l.holder, Server: info.Server, Until: info.Until, Lease: info.String()}
+	if withID {
+		a.ID = l.token
+	}
+	return a
+}
+
+// leaseRequest is the body of a take or an extension.
+type leaseRequest struct {
+	Model  string        `json:"model"`
+	Holder string        `json:"holder"`
+	TTL    *api.Duration `json:"ttl"` // "90s", or seconds; default 60 s
+}
+
+func (t *leaseTable) parse(w http.ResponseWriter, r *http.Request) (*leaseRequest, time.Duration, bool) {
+	body, ok := t.g.readBody(w, r)
+	if !ok {
+		return nil, 0, false
+	}
+	var q leaseRequest
+	if len(body) > 0 {
+		if err := json.Unmarshal(body, &q); err != nil {
+			writeError(w, http.StatusBadRequest, "malformed JSON body: %v (want {\"model\", \"holder\", \"ttl\"})", err)
+			return nil, 0, false
+		}
+	}
+	ttl := defaultLeaseTTL
+	if q.TTL != nil {
+		ttl = q.TTL.Duration
+	}
+	if ttl <= 0 || ttl > t.g.cfg.leaseMax {
+		writeError(w, http.StatusBadRequest, "ttl %v: want more than 0 and at most %v (vramgate -lease-max); a lease without an end is not offered over HTTP", ttl, t.g.cfg.leaseMax)
+		return nil, 0, false
+	}
+	return &q, ttl, true
+}
+
+// take answers POST /vramgate/leases {"model", "holder", "ttl"}: 201 with
+// the lease and the id that alone extends and releases it.
+func (t *leaseTable) take(w http.ResponseWriter, r *http.Request) {
+	q, ttl, ok := t.parse(w, r)
+	if !ok {
+		return
+	}
+	if strings.TrimSpace(q.Model) == "" {
+		writeError(w, http.StatusBadRequest, "a lease needs a model")
+		return
+	}
+	if err := checkHolder(q.Holder); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	l, err := t.g.client.HoldModel(r.Context(), q.Model, ttl)
+	if err != nil {
+		writeError(w, leaseStatus(err), "lease %s: %s", q.Model, oneLine(err.Error()))
+		return
+	}
+	hl := &httpLease{token: newToken(), model: l.Info().Model, holder: q.Holder, remote: r.RemoteAddr, lease: l}
+	t.mu.Lock()
+	t.by[hl.token] = hl
+	hl.timer = time.AfterFunc(ttl, func() { t.expire(hl) })
+	ans := answerOf(hl, true)
+	t.mu.Unlock()
+	t.g.metrics.leases.Inc()
+	t.g.log.Info("lease taken", "model", hl.model, "holder", q.Holder, "remote", r.RemoteAddr, "until", ans.Until)
+	writeJSON(w, http.StatusCreated, ans)
+}
+
+// extend answers POST /vramgate/leases/ID {"ttl"}: the lease now ends ttl
+// from now (a new host-wide lease replaces the old one, so that it never
+// lapses in between).
+func (t *leaseTable) extend(w http.ResponseWriter, r *http.Request) {
+	hl := t.lookup(w, r)
+	if hl == nil {
+		return
+	}
+	_, ttl, ok := t.parse(w, r)
+	if !ok {
+		return
+	}
+	nl, err := t.g.client.HoldModel(r.Context(), hl.model, ttl)
+	if err != nil {
+		writeError(w, leaseStatus(err), "extend the lease: %s", oneLine(err.Error()))
+		return
+	}
+	t.mu.Lock()
+	if t.by[hl.token] != hl { // released or expired meanwhile
+		t.mu.Unlock()
+		_ = nl.Release()
+		writeError(w, http.StatusNotFound, "no such lease (it ended)")
+		return
+	}
+	old := hl.lease
+	hl.lease = nl
+	hl.timer.Stop()
+	hl.timer = time.AfterFunc(ttl, func() { t.expire(hl) })
+	ans := answerOf(hl, true)
+	t.mu.Unlock()
+	if err := old.Release(); err != nil {
+		t.g.log.Warn("release of the lease an extension replaced failed", "err", err)
+	}
+	writeJSON(w, http.StatusOK, ans)
+}
+
+// release answers DELETE /vramgate/leases/ID.
+func (t *leaseTable) release(w http.ResponseWriter, r *http.Request) {
+	hl := t.lookup(w, r)
+	if hl == nil {
+		return
+	}
+	if err := t.drop(hl); err != nil {
+		writeError(w, http.StatusInternalServerError, "release: %v", err)
+		return
+	}
+	t.g.log.Info("lease released", "model", hl.model, "holder", hl.holder)
+	writeJSON(w, http.StatusOK, map[string]any{"released": true, "model": hl.model})
+}
+
+// list answers GET /vramgate/leases: the HTTP leases the gate holds,
+// without their ids.
+func (t *leaseTable) list(w http.ResponseWriter, r *http.Request) {
+	t.mu.Lock()
+	out := make([]leaseAnswer, 0, len(t.by))
+	for _, hl := range t.by {
+		out = append(out, answerOf(hl, false))
+	}
+	t.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Until.Before(out[j].Until) })
+	writeJSON(w, http.StatusOK, map[string]any{"leases": out})
+}
+
+// lookup finds the lease the path's id names; an id that names none
+// (another holder's lease has no id here) is a 404 that says nothing of
+// which leases exist.
+func (t *leaseTable) lookup(w http.ResponseWriter, r *http.Request) *httpLease {
+	t.mu.Lock()
+	hl := t.by[r.PathValue("id")]
+	t.mu.Unlock()
+	if hl == nil {
+		writeError(w, http.StatusNotFound, "no such lease: an id is the one POST /vramgate/leases returned to its taker; leases of other programs are not released over HTTP")
+	}
+	return hl
+}
+
+// drop ends a lease: out of the table, its host-wide lease released.
+func (t *leaseTable) drop(hl *httpLease) error {
+	t.mu.Lock()
+	if t.by[hl.token] != hl {
+		t.mu.Unlock()
+		return nil
+	}
+	delete(t.by, hl.token)
+	hl.timer.Stop()
+	l := hl.lease
+	t.mu.Unlock()
+	t.g.metrics.leases.Dec()
+	return l.Release()
+}
+
+// expire ends a lease at its TTL: its taker did not extend it (it may be
+// gone).
+func (t *leaseTable) expire(hl *httpLease) {
+	if err := t.drop(hl); err != nil {
+		t.g.log.Warn("release at the TTL failed", "holder", hl.holder, "err", err)
+		return
+	}
+	t.g.log.Info("lease ended at its TTL", "model", hl.model, "holder", hl.holder)
+}
+
+// releaseAll ends every HTTP lease (the gate stops).
+func (t *leaseTable) releaseAll() error {
+	t.mu.Lock()
+	all := make([]*httpLease, 0, len(t.by))
+	for _, hl := range t.by {
+		all = append(all, hl)
+	}
+	t.mu.Unlock()
+	var errs []error
+	for _, hl := range all {
+		if err := t.drop(hl); err != nil {
+			errs = append(errs, fmt.Errorf("release the lease of %s on %s: %w", hl.holder, hl.model, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// holderOf names the HTTP client of the lease with host-wide id id; ""
+// when the gate holds no such lease.
+func (t *leaseTable) holderOf(id string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, hl := range t.by {
+		if hl.lease.Info().ID == id {
+			return hl.holder + " (" + hl.remote + ")"
+		}
+	}
+	return ""
+}
+
+// infosOn lists the HTTP leases on model.
+func (t *leaseTable) infosOn(model string) []vramguard.LeaseInfo {
+	name := vramguard.NormalizeModelName(model)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []vramguard.LeaseInfo
+	for _, hl := range t.by {
+		if info := hl.lease.Info(); info.Model == name {
+			info.Note = "vramgate lease of " + hl.holder
+			out = append(out, info)
+		}
+	}
+	return out
+}
+
+// checkHolder accepts a name a person can read: 1 to 64 printable
+// characters.
+func checkHolder(h string) error {
+	if h == "" || len(h) > 64 {
+		return errors.New("a lease needs a holder: who takes it, 1 to 64 characters")
+	}
+	for _, r := range h {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("holder %q: printable characters only", h)
+		}
+	}
+	return nil
+}
+
+func leaseStatus(err error) int {
+	switch vramguard.KindOf(err) {
+	case vramguard.KindInvalidInput:
+		return http.StatusBadRequest
+	case vramguard.KindCanceled:
+		return http.StatusRequestTimeout
+	}
+	return http.StatusServiceUnavailable
+}
+
+func newToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
+}
