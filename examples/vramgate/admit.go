@@ -434,14 +434,23 @@ func orEmpty(s []string) []string {
 
 // resident lists the models Ollama has resident, normalized; the gate
 // remembers each as seen (a later load of it is a reload).
+//
+// It asks /api/ps itself rather than through OllamaClient.Running, whose
+// listings are shared at most one per poll interval (50 ms): a proxy that
+// waited for the next one would add that to every request. Ollama up to
+// v0.32.3 sometimes answers a /api/ps read during a load or unload with a
+// bodiless 500 (README, known server issues): that is read again once.
 func (g *gate) resident(ctx context.Context) ([]string, error) {
-	ps, err := g.client.Running(ctx)
+	resp, err := g.client.API().ListRunning(ctx)
+	if err != nil && ctx.Err() == nil {
+		resp, err = g.client.API().ListRunning(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, 0, len(ps))
+	names := make([]string, 0, len(resp.Models))
 	g.mu.Lock()
-	for _, m := range ps {
+	for _, m := range resp.Models {
 		n := vramguard.NormalizeModelName(m.Model)
 		names = append(names, n)
 		g.seen[n] = true
