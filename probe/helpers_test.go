@@ -95,14 +95,20 @@ type fakeProc struct {
 	state     byte // 'S' when zero
 	comm      string
 	args      []string
+	listen    int // a TCP port it listens on (atSim: the simulator's); 0 for none
 }
 
-// procTree writes a procfs tree of ps (each pid's stat and cmdline) and
-// returns its root.
-func procTree(t *testing.T, ps ...fakeProc) string {
+// atSim is fakeProc.listen for the port of the test's simulator.
+const atSim = -1
+
+// procTree writes a procfs tree of ps (each pid's stat and cmdline, and
+// for one that listens the socket in net/tcp and its fd) and returns its
+// root. sim is the port of the test's simulator.
+func procTree(t *testing.T, sim int, ps ...fakeProc) string {
 	t.Helper()
 	root := t.TempDir()
-	for _, p := range ps {
+	table := "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+	for i, p := range ps {
 		dir := filepath.Join(root, fmt.Sprint(p.pid))
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -119,16 +125,58 @@ func procTree(t *testing.T, ps ...fakeProc) string {
 		if err := os.WriteFile(filepath.Join(dir, "cmdline"), []byte(cmdline), 0o444); err != nil {
 			t.Fatal(err)
 		}
+		if p.listen == 0 {
+			continue
+		}
+		port := p.listen
+		if port == atSim {
+			port = sim
+		}
+		inode := 7000 + p.pid
+		table += fmt.Sprintf("%4d: 0100007F:%04X 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 %d 1 0000000000000000 100 0 0 10 0\n", i, port, inode)
+		fd := filepath.Join(dir, "fd")
+		if err := os.Mkdir(fd, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(fmt.Sprintf("socket:[%d]", inode), filepath.Join(fd, "3")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(root, "net"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "net", "tcp"), []byte(table), 0o444); err != nil {
+		t.Fatal(err)
 	}
 	return root
+}
+
+// simPort is the TCP port s listens on.
+func simPort(t *testing.T, s *vramguardtest.Server) int {
+	t.Helper()
+	port, err := strconv.Atoi(s.URL().Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// otherPort is a port that is not port: Ollama's default, unless that is
+// port.
+func otherPort(port int) int {
+	if port == 11434 {
+		return 11435
+	}
+	return 11434
 }
 
 // blobPath is where Ollama keeps the weights blob hex.
 func blobPath(hex string) string { return "/root/.ollama/models/blobs/sha256-" + hex }
 
 var (
-	procInit   = fakeProc{pid: 1, comm: "systemd", args: []string{"/sbin/init"}}
-	procServer = fakeProc{pid: 100, ppid: 1, comm: "ollama", args: []string{"/usr/local/bin/ollama", "serve"}}
+	procInit = fakeProc{pid: 1, comm: "systemd", args: []string{"/sbin/init"}}
+	// procServer: the `ollama serve` that listens at the simulator's port.
+	procServer = fakeProc{pid: 100, ppid: 1, comm: "ollama", args: []string{"/usr/local/bin/ollama", "serve"}, listen: atSim}
 	// procOne: the server and its runner of tiny.
 	procOne = []fakeProc{procInit, procServer,
 		{pid: 4001, ppid: 100, comm: "llama-server", args: []string{"/usr/lib/ollama/llama-server", "--model", blobPath(hexTiny), "--port", "40125"}}}

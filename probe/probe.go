@@ -30,13 +30,18 @@
 // no parameter it asks whether Ollama answers. A model is ready when
 // /api/ps lists it with an expiry and, for a server on this machine
 // (localhost, a loopback or the unspecified address) whose ollama serve
-// process procfs shows, a live runner process serves its weights: a
-// crashed runner stays listed until the next request reloads it. A model
-// whose runner runs while /api/ps does not list it yet is loading (from
-// Ollama v0.17 on /api/ps lists a model only once it is loaded; v0.6.5
-// lists it from the start of its load, so there it reads resident). free
-// asks for BYTES free on device N (default 0), as Config.VRAM reads it;
-// the answer names what holds the rest.
+// procfs shows listening at the client's port, a live runner process of
+// that server serves its weights: a crashed runner stays listed until the
+// next request reloads it. Only the runners of the server at the client's
+// address count: another ollama serve on this machine (another port,
+// another user's, a container's) neither makes the check nor lends its
+// runners of the same weights; when no ollama serve procfs shows listens
+// there, the answer checks /api/ps alone and its no_runner_check says why.
+// A model whose runner runs while /api/ps does not list it yet is loading
+// (from Ollama v0.17 on /api/ps lists a model only once it is loaded;
+// v0.6.5 lists it from the start of its load, so there it reads resident).
+// free asks for BYTES free on device N (default 0), as Config.VRAM reads
+// it; the answer names what holds the rest.
 package probe
 
 import (

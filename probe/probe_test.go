@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/probe"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 func TestReady(t *testing.T) {
@@ -28,7 +32,7 @@ func TestReady(t *testing.T) {
 		loaded  []string
 		reserve uint64
 		gpu     gpuKind
-		procs   []fakeProc // nil: an empty tree (no server visible)
+		procs   []fakeProc // nil: an empty tree (nothing listens at the simulator's port)
 		down    bool
 		query   string
 		code    int
@@ -88,11 +92,14 @@ func TestReady(t *testing.T) {
 			reasons: []string{"no live runner process"},
 		},
 		{
-			// The fake's runners are no processes: only /api/ps is asked,
-			// and the answer says so.
+			// The fake's runners are no processes, and what listens at its
+			// port is this test binary: only /api/ps is asked, and the
+			// answer says so.
 			name: "no server process visible", loaded: []string{"tiny"}, query: "model=tiny", code: 200,
+			procs: []fakeProc{procInit, {pid: 777, ppid: 1, comm: "probe.test", args: []string{"/tmp/probe.test"}, listen: atSim}},
 			check: func(t *testing.T, r *probe.Readiness) {
-				if m := r.Model; m.State != probe.StateResident || m.Verified || m.Checked != "ps" || m.NoRunnerCheck != "no Ollama server process visible on this machine" {
+				if m := r.Model; m.State != probe.StateResident || m.Verified || m.Checked != "ps" ||
+					!strings.HasPrefix(m.NoRunnerCheck, "no ollama serve process visible on this machine listens on port ") {
 					t.Errorf("model %+v", m)
 				}
 			},
@@ -165,7 +172,7 @@ func TestReady(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			h := newHandler(t, s, tt.gpu, procTree(t, tt.procs...))
+			h := newHandler(t, s, tt.gpu, procTree(t, simPort(t, s), tt.procs...))
 			hs := httptest.NewServer(h)
 			t.Cleanup(hs.Close)
 			if tt.down {
@@ -223,6 +230,131 @@ func TestReady(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The runner check of /ready is the check of the server at the client's
+// address (issue #35, item 3, as for unloads): another `ollama serve` on
+// this machine (another port, another user's, a container's) neither
+// makes the check claimed nor lends its runners of the same weights.
+func TestReadyServerAtPort(t *testing.T) {
+	tinyArgs := []string{"/usr/lib/ollama/llama-server", "--model", blobPath(hexTiny), "--port", "40125"}
+	// other: an `ollama serve` on another port, and its runner of tiny.
+	other := func(port int) []fakeProc {
+		return []fakeProc{
+			{pid: 200, ppid: 1, comm: "ollama", args: []string{"/usr/bin/ollama", "serve"}, listen: port},
+			{pid: 4002, ppid: 200, comm: "llama-server", args: tinyArgs},
+		}
+	}
+	ownRunner := fakeProc{pid: 4001, ppid: 100, comm: "llama-server", args: tinyArgs}
+	tests := []struct {
+		name    string
+		loaded  bool // tiny is loaded
+		procs   func(port int) []fakeProc
+		code    int
+		state   string
+		checked string
+		// why is NoRunnerCheck, %d the simulator's port; "" when checked.
+		why      string
+		verified bool
+		pids     []uint32
+		reason   string // a reason must contain it; "" for none
+	}{
+		{
+			name: "another server, nothing at the port", loaded: true,
+			procs: func(port int) []fakeProc { return append([]fakeProc{procInit}, other(otherPort(port))...) },
+			code:  200, state: probe.StateResident, checked: "ps",
+			why: "nothing listens on port %d in this network namespace",
+		},
+		{
+			name: "another server, the listener no ollama serve", loaded: true,
+			procs: func(port int) []fakeProc {
+				return append([]fakeProc{procInit, {pid: 777, ppid: 1, comm: "python3", args: []string{"python", "main.py"}, listen: atSim}}, other(otherPort(port))...)
+			},
+			code: 200, state: probe.StateResident, checked: "ps",
+			why: "no ollama serve process visible on this machine listens on port %d (an in-process server, or one in a container or another PID namespace)",
+		},
+		{
+			name: "another server's runner, listed", loaded: true,
+			procs: func(port int) []fakeProc { return append([]fakeProc{procInit, procServer}, other(otherPort(port))...) },
+			code:  503, state: probe.StateResident, checked: "ps+runner-processes",
+			reason: "/api/ps lists tiny:latest but no live runner process serves its weights",
+		},
+		{
+			name:  "another server's runner, not listed",
+			procs: func(port int) []fakeProc { return append([]fakeProc{procInit, procServer}, other(otherPort(port))...) },
+			code:  503, state: probe.StateAbsent, checked: "ps+runner-processes", verified: true,
+			reason: "/api/ps does not list tiny:latest",
+		},
+		{
+			name: "both servers run one", loaded: true,
+			procs: func(port int) []fakeProc {
+				return append([]fakeProc{procInit, procServer, ownRunner}, other(otherPort(port))...)
+			},
+			code: 200, state: probe.StateResident, checked: "ps+runner-processes", verified: true, pids: []uint32{4001},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s *vramguardtest.Server
+			if tt.loaded {
+				s = newSim(t, "tiny")
+			} else {
+				s = newSim(t)
+			}
+			port := simPort(t, s)
+			hs := endpoints(t, s, gpuNone, procTree(t, port, tt.procs(port)...))
+			code, body := get(t, hs.URL+"/ready?model=tiny")
+			var r probe.Readiness
+			if err := json.Unmarshal([]byte(body), &r); err != nil {
+				t.Fatalf("%v: %s", err, body)
+			}
+			why := ""
+			if tt.why != "" {
+				why = fmt.Sprintf(tt.why, port)
+			}
+			m := r.Model
+			if code != tt.code || m == nil || m.State != tt.state || m.Checked != tt.checked || m.NoRunnerCheck != why ||
+				m.Verified != tt.verified || !slices.Equal(m.RunnerPIDs, tt.pids) {
+				t.Errorf("%d %s\nwant %d, state %s, checked %s, no_runner_check %q, verified %v, runner_pids %v",
+					code, body, tt.code, tt.state, tt.checked, why, tt.verified, tt.pids)
+			}
+			if tt.reason != "" && (len(r.Reasons) != 1 || !strings.Contains(r.Reasons[0], tt.reason)) {
+				t.Errorf("reasons %q; want one that says %q", r.Reasons, tt.reason)
+			}
+		})
+	}
+}
+
+// What keeps the runner check from being made is the answer's
+// no_runner_check: the socket tables or the process table unreadable.
+func TestReadyNoRunnerCheck(t *testing.T) {
+	t.Run("no socket tables", func(t *testing.T) {
+		s := newSim(t, "tiny")
+		root := procTree(t, simPort(t, s), procOne...)
+		if err := os.Remove(filepath.Join(root, "net", "tcp")); err != nil {
+			t.Fatal(err)
+		}
+		m := newHandler(t, s, gpuNone, root).Ready(t.Context(), probe.Query{Model: "tiny"}).Model
+		if m.Checked != "ps" || m.Verified || !strings.HasPrefix(m.NoRunnerCheck, "cannot read this machine's socket tables: ") {
+			t.Errorf("model %+v; want checked ps, not verified, the socket tables unreadable", m)
+		}
+	})
+	t.Run("process table unreadable", func(t *testing.T) {
+		if os.Geteuid() == 0 {
+			t.Skip("root reads a directory whatever its mode")
+		}
+		s := newSim(t, "tiny")
+		root := procTree(t, simPort(t, s), procOne...)
+		// Its files can be opened, not listed.
+		if err := os.Chmod(root, 0o311); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Chmod(root, 0o755) })
+		m := newHandler(t, s, gpuNone, root).Ready(t.Context(), probe.Query{Model: "tiny"}).Model
+		if m.Checked != "ps" || m.Verified || !strings.HasPrefix(m.NoRunnerCheck, "process table: ") {
+			t.Errorf("model %+v; want checked ps, not verified, the process table unreadable", m)
+		}
+	})
 }
 
 func TestReadyBadQuery(t *testing.T) {
@@ -310,7 +442,7 @@ func TestMetrics(t *testing.T) {
 	if err := s.Reserve("comfyui", 6*gib); err != nil {
 		t.Fatal(err)
 	}
-	hs := endpoints(t, s, gpuSim, procTree(t, procAll...))
+	hs := endpoints(t, s, gpuSim, procTree(t, simPort(t, s), procAll...))
 	code, body := get(t, hs.URL+"/metrics")
 	if code != 200 {
 		t.Fatalf("status %d: %s", code, body)

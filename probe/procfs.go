@@ -1,15 +1,12 @@
 package probe
 
 // What this machine's procfs shows: the runner processes (a gauge of
-// /metrics) and whether the server watched runs here (for /ready).
+// /metrics), and where the server watched runs and listens (for /ready).
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -62,40 +59,6 @@ func (rc *runnerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// serverVisible reports whether the procfs root ("" for /proc) shows an
-// `ollama serve` process. Only the command lines of processes named
-// ollama* are read.
-func serverVisible(root string) bool {
-	if root == "" {
-		root = "/proc"
-	}
-	ents, err := os.ReadDir(root)
-	if err != nil {
-		return false
-	}
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join(root, e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		i, j := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
-		if i < 0 || j < i || !strings.HasPrefix(strings.ToLower(string(stat[i+1:j])), "ollama") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(root, e.Name(), "cmdline"))
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		if gpu.ClassifyCommand(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")) == vramguard.RoleOllamaServer {
-			return true
-		}
-	}
-	return false
-}
-
 // isLocal reports whether the server at host runs on this machine: its
 // host is localhost, a loopback or the unspecified address. Names are
 // not resolved.
@@ -113,4 +76,29 @@ func isLocal(host string) bool {
 	}
 	ip := net.ParseIP(name)
 	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
+}
+
+// portOf returns the TCP port of the server at host (a URL, or
+// host[:port]): Ollama's 11434 when it names none (443 for https).
+func portOf(host string) (int, bool) {
+	if !strings.Contains(host, "://") {
+		host = "http://" + host
+	}
+	u, err := url.Parse(host)
+	if err != nil {
+		return 0, false
+	}
+	p := u.Port()
+	switch {
+	case p != "":
+	case u.Scheme == "https":
+		return 443, true
+	default:
+		return 11434, true
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || n == 0 {
+		return 0, false
+	}
+	return int(n), true
 }

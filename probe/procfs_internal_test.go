@@ -12,3 +12,15 @@ func TestIsLocal(t *testing.T) {
 		}
 	}
 }
+
+func TestPortOf(t *testing.T) {
+	for host, want := range map[string]int{
+		"http://127.0.0.1:11435": 11435, "127.0.0.1:8080": 8080, "http://localhost": 11434, "localhost": 11434,
+		"https://localhost": 443, "http://[::1]:9000/ollama": 9000, "http://127.0.0.1:0": 0, "http://127.0.0.1:99999": 0,
+	} {
+		got, ok := portOf(host)
+		if got != want || ok != (want != 0) {
+			t.Errorf("portOf(%q) = %d, %v; want %d", host, got, ok, want)
+		}
+	}
+}

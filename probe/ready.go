@@ -15,6 +15,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/gpu"
+	"github.com/vramguard/vramguard/internal/procs"
 )
 
 // Query is what /ready is asked. Its zero value asks only whether Ollama
@@ -100,13 +101,19 @@ type ModelState struct {
 	// Name is the model's normalized name ("tiny:latest").
 	Name  string `json:"name"`
 	State string `json:"state"`
-	// Verified: the state rests on the runner processes as well as on
-	// /api/ps (Checked "ps+runner-processes"), and they agree.
+	// Verified: the state rests on the runner processes of the server
+	// listening at the client's address as well as on /api/ps (Checked
+	// "ps+runner-processes"), and they agree.
 	Verified bool `json:"verified"`
 	// Checked names the checks made: "ps+runner-processes", "ps", or
 	// "none" when Ollama did not answer.
 	Checked string `json:"checked"`
-	// NoRunnerCheck says why the runner processes were not checked.
+	// NoRunnerCheck says why the runner processes were not checked: a
+	// remote server, a model with no weights blob, no `ollama serve` this
+	// machine shows listening at the client's port (nothing listens
+	// there, or the listener is another program, a server in a container
+	// or another PID namespace, or one whose open files cannot be read),
+	// or the socket tables or process table unreadable.
 	NoRunnerCheck string   `json:"no_runner_check,omitempty"`
 	RunnerPIDs    []uint32 `json:"runner_pids,omitempty"`
 	// SizeVRAM and ExpiresAt are what /api/ps lists for a resident model.
@@ -212,11 +219,15 @@ func (h *Handler) modelState(ctx context.Context, model string, fail func(string
 	return m
 }
 
-// runners returns the live runner processes of model's weights on this
+// runners returns the live runner processes of model's weights whose
+// parent is the `ollama serve` listening at the client's port on this
 // machine: checked is false when that cannot be told (why says why);
-// notFound when the server does not know the model.
+// notFound when the server does not know the model. A runner of another
+// server on this machine (another port, another user's, a container's)
+// is never counted.
 func (h *Handler) runners(ctx context.Context, model string) (pids []uint32, checked bool, why string, notFound bool) {
-	if !isLocal(h.client.Host()) {
+	host := h.client.Host()
+	if !isLocal(host) {
 		return nil, false, "remote server", false
 	}
 	blob, err := h.client.ModelBlob(ctx, model)
@@ -228,18 +239,27 @@ func (h *Handler) runners(ctx context.Context, model string) (pids []uint32, che
 	case blob == "":
 		return nil, false, "the model has no weights file of its own", false
 	}
-	rs, err := gpu.ProcRunners(h.procRoot)
-	if err != nil {
-		return nil, false, trim(err), false
+	port, ok := portOf(host)
+	if !ok {
+		return nil, false, fmt.Sprintf("no port in %q", host), false
 	}
-	if !serverVisible(h.procRoot) {
-		// Without the server in sight, its runners are not either: no
-		// runner seen would prove nothing.
-		return nil, false, "no Ollama server process visible on this machine", false
+	// Without the server at the client's address in sight, its runners
+	// are not either: no runner seen would prove nothing, and a runner of
+	// another server proves nothing of this one.
+	server, why, err := procs.ListeningServer(h.procRoot, port)
+	switch {
+	case err != nil:
+		return nil, false, "process table: " + err.Error(), false
+	case server == 0:
+		return nil, false, why, false
+	}
+	rs, err := procs.Runners(h.procRoot)
+	if err != nil {
+		return nil, false, "process table: " + err.Error(), false
 	}
 	for _, r := range rs {
-		if !r.Orphaned && (r.Blob == blob || (r.Model != "" && vramguard.NormalizeModelName(r.Model) == model)) {
-			pids = append(pids, r.PID)
+		if r.ServerPID == server && (r.Blob == blob || (r.Model != "" && vramguard.NormalizeModelName(r.Model) == model)) {
+			pids = append(pids, uint32(r.PID))
 		}
 	}
 	return pids, true, "", false
