@@ -1158,9 +1158,21 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 	if err != nil {
 		return err
 	}
-	// Every model counts, whatever its device: one device holding all.
+	// Every model counts, whatever its device and its size_vram (a CPU
+	// server lists 0, which room-making on a device skips): one device
+	// holding all, each model at least a byte, so that the rules that keep
+	// a model (protected, leased, in use) apply to every one.
 	one := &VRAMSnapshot{Devices: []DeviceMemory{{}}}
-	v := buildRoomView(one, &one.Devices[0], listed, c.ownRules(unloadMode{force: rq.mode.force})(), nil)
+	all := slices.Clone(listed)
+	for i := range all {
+		all[i].SizeVRAM = max(all[i].SizeVRAM, 1)
+	}
+	v := buildRoomView(one, &one.Devices[0], all, c.ownRules(unloadMode{force: rq.mode.force})(), nil)
+	for i := range v.kept {
+		if j := slices.IndexFunc(listed, func(m api.ProcessModelResponse) bool { return m.Model == v.kept[i].Model }); j >= 0 {
+			v.kept[i].SizeVRAM = listed[j].SizeVRAM // as /api/ps lists it
+		}
+	}
 	rep.Kept, rep.RetryAfter = v.kept, retryAfter(v.kept, time.Now())
 	for _, m := range listed {
 		if !slices.ContainsFunc(v.kept, func(k KeptModel) bool { return k.Model == m.Model }) {

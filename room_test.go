@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -661,5 +663,61 @@ func TestEnsureFreeKeepInUseAndKeepOwn(t *testing.T) {
 	_, err = c.EnsureFree(t.Context(), req)
 	if !errors.As(err, &re) || !errors.Is(err, vramguard.ErrLeased) || len(re.Kept) != 1 || re.Kept[0].Model != "held:latest" || len(re.Kept[0].Leases) != 1 {
 		t.Errorf("KeepOwn = %v; want a refusal keeping held by this client's lease", err)
+	}
+}
+
+// A CPU server lists every model with size_vram 0. EnsureFree with
+// AllModels (the only way without a VRAM reader) still keeps what the
+// rules keep: another program's leased model, a protected one. It once
+// planned to unload both, the leased one included, because room-making on
+// a device skips models that hold nothing on it before it reads the rules
+// (vramgate's slots found it on every real server).
+func TestEnsureFreeAllModelsOnCPU(t *testing.T) {
+	ps := `{"models":[` +
+		`{"name":"leased:latest","model":"leased:latest","size":100,"size_vram":0,"expires_at":"2099-01-01T00:00:00Z"},` +
+		`{"name":"kept:latest","model":"kept:latest","size":100,"size_vram":0,"expires_at":"2099-01-01T00:00:00Z"},` +
+		`{"name":"idle:latest","model":"idle:latest","size":100,"size_vram":0,"expires_at":"2099-01-01T00:00:00Z"}]}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/ps" {
+			http.Error(w, "not here", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, ps)
+	}))
+	defer srv.Close()
+	dir := leaseDir(t)
+	other, err := vramguard.NewClient(vramguard.Options{Host: srv.URL, Leases: vramguard.LeaseOptions{Dir: dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	l, err := other.HoldModel(t.Context(), "leased", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	c, err := vramguard.NewClient(vramguard.Options{Host: srv.URL, Leases: vramguard.LeaseOptions{Dir: dir}, Protected: []string{"kept"},
+		KeepModelsOnClose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{AllModels: true, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(rep.Plan, []string{"idle:latest"}) {
+		t.Fatalf("plan %v, want [idle:latest]: the leased and the protected model are kept", rep.Plan)
+	}
+	kept := map[string]vramguard.KeptModel{}
+	for _, k := range rep.Kept {
+		kept[k.Model] = k
+	}
+	if k := kept["leased:latest"]; len(k.Leases) != 1 || k.SizeVRAM != 0 {
+		t.Errorf("leased model kept as %+v, want its lease and size_vram 0", k)
+	}
+	if k := kept["kept:latest"]; !k.Protected {
+		t.Errorf("protected model kept as %+v", k)
 	}
 }
