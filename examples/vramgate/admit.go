@@ -270,7 +270,24 @@ func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, re
 		return nil
 	}
 	if _, err := g.verifiedUnload(ctx, victims[0], "", "made a slot for "+name+" (client "+client+")"); err != nil {
-		return failed(name, "the unload that makes a slot ("+victims[0]+")", err)
+		var le *vramguard.LeasedError
+		if !errors.As(err, &le) {
+			return failed(name, "the unload that makes a slot ("+victims[0]+")", err)
+		}
+		// A lease came between the plan and the unload: refused as any
+		// leased slot is.
+		k := vramguard.KeptModel{Model: le.Model, Leases: le.Leases}
+		ref := &refusal{Model: name, Reason: "leased", status: http.StatusServiceUnavailable, Blockers: g.keptBlockers(k),
+			Checked: v.checked, NotChecked: v.notChecked}
+		ref.Error = fmt.Sprintf("vramgate: %s would need the slot of %s, which a lease keeps: %s", name, le.Model, describe(ref.Blockers))
+		var until time.Duration
+		for _, l := range le.Leases {
+			if d := time.Until(l.Until); !l.Until.IsZero() && d > 0 && (until == 0 || d < until) {
+				until = d
+			}
+		}
+		ref.setRetry(until, g.cfg.retryAfter)
+		return ref
 	}
 	v.made = append(v.made, victims[0])
 	return nil

@@ -58,7 +58,9 @@ type goneRecord struct {
 	why    string
 }
 
-func newGate(ctx context.Context, cfg *config, log *slog.Logger, newReader func(context.Context) (vramguard.VRAMReader, error)) (g *gate, err error) {
+// newGate builds the gate for the address it listens on (addr, the
+// listener's: -listen 127.0.0.1:0 names a port only then).
+func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, newReader func(context.Context) (vramguard.VRAMReader, error)) (g *gate, err error) {
 	up, err := parseUpstream(cfg.ollama)
 	if err != nil {
 		return nil, err
@@ -113,7 +115,7 @@ func newGate(ctx context.Context, cfg *config, log *slog.Logger, newReader func(
 			Dir: cfg.leaseDir,
 			// A vramguard program pointed at the gate names the gate's
 			// address in its leases: they keep the same models.
-			Honour: []string{cfg.listen},
+			Honour: []string{addr},
 		},
 		// No vramprom hooks: the gate's unloads are counted by its own
 		// series, with the client that asked (vramgate_unloads_total).
@@ -198,13 +200,9 @@ func (g *gate) handler() http.Handler {
 	return g.metrics.count(mux)
 }
 
-// serve answers on cfg.listen until ctx is done, then stops cleanly.
-func (g *gate) serve(ctx context.Context, c *cmd) (err error) {
+// serve answers on ln until ctx is done, then stops cleanly.
+func (g *gate) serve(ctx context.Context, c *cmd, ln net.Listener) (err error) {
 	defer func() { err = errors.Join(err, g.close()) }()
-	ln, err := net.Listen("tcp", g.cfg.listen)
-	if err != nil {
-		return &vramguard.Error{Op: "listen", Kind: vramguard.KindUnavailable, Err: err}
-	}
 	srv := &http.Server{
 		Handler:           g.handler(),
 		ReadHeaderTimeout: 10 * time.Second,

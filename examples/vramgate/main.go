@@ -210,9 +210,14 @@ func (c *cmd) run(ctx context.Context, args []string) error {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
-	g, err := newGate(ctx, cfg, log, c.newReader)
+	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
+		return &vramguard.Error{Op: "listen", Kind: vramguard.KindUnavailable, Err: err}
+	}
+	g, err := newGate(ctx, cfg, ln.Addr().String(), log, c.newReader)
+	if err != nil {
+		_ = ln.Close()
 		return err
 	}
-	return g.serve(ctx, c)
+	return g.serve(ctx, c, ln)
 }

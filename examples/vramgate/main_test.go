@@ -757,3 +757,26 @@ func TestREADME(t *testing.T) {
 		t.Fatalf("the gate printed %q", first)
 	}
 }
+
+// A vramguard program pointed at the gate names the gate's address in its
+// leases: the gate honours them as its upstream's (with -listen
+// 127.0.0.1:0 the address is the port the listener got).
+func TestLeaseOfAProgramBehindTheGate(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	g := startGate(t, sim.URL().String(), nil)
+	behind, err := vramguard.NewClient(vramguard.Options{Host: g.URL, Leases: vramguard.LeaseOptions{Dir: g.LeaseDir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer behind.Close()
+	load(t, sim.APIClient(), "tiny")
+	l, err := behind.HoldModel(t.Context(), "tiny", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	code, _, body := do(t, "POST", g.URL+"/api/generate", `{"model":"tiny","keep_alive":0}`)
+	if code != 409 || !sim.Listed("tiny") || !strings.Contains(string(body), "leased") {
+		t.Fatalf("unload through the gate of a model leased behind it: %d %s (listed %v)", code, body, sim.Listed("tiny"))
+	}
+}
