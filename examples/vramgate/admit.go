@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyui"
 )
 
 // admitPoll is how often a load kept out by leases looks again while it
@@ -307,6 +308,11 @@ func (g *gate) roomRefusal(name string, err error, v *verdict) *refusal {
 	for _, k := range re.Kept {
 		ref.Blockers = append(ref.Blockers, g.keptBlockers(k)...)
 		leased = leased || len(k.Leases) > 0
+	}
+	var busy *comfyui.BusyError
+	if errors.As(err, &busy) {
+		ref.Blockers = append(ref.Blockers, blocker{Kind: "tenant", Holder: fmt.Sprintf("%s, rendering prompt %s (%d in its queue)",
+			comfyui.HolderName, busy.PromptID, busy.Queued)})
 	}
 	ref.Blockers = append(ref.Blockers, holderBlockers(re.Holders)...)
 	if leased {
