@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ollama/ollama/api"
+
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
 )
@@ -31,9 +33,13 @@ type verdict struct {
 	made       []string // what it unloaded to make room, verified
 	refusal    *refusal
 	unlock     func() // releases the admission lock (a load); nil otherwise
+	unknown    bool   // the server does not have the model (it answers 404 itself)
 }
 
 func (v *verdict) summary() string {
+	if v.unknown {
+		return "model not found: nothing admitted"
+	}
 	if !v.load {
 		return "resident"
 	}
@@ -104,6 +110,14 @@ func (g *gate) admit(ctx context.Context, model string, numCtx int, client strin
 	if !dry {
 		g.admitMu.Lock()
 		v.unlock = g.admitMu.Unlock
+		defer func() {
+			// A panic below (net/http recovers it) must not leave every
+			// later load waiting for the lock.
+			if r := recover(); r != nil {
+				v.unlock()
+				panic(r)
+			}
+		}()
 		// Another load may have landed while this one waited its turn.
 		if resident, err = g.resident(ctx); err != nil {
 			v.unlock()
@@ -113,6 +127,21 @@ func (g *gate) admit(ctx context.Context, model string, numCtx int, client strin
 			v.unlock()
 			return &verdict{}
 		}
+	}
+	// A model the server does not have loads nothing: Ollama answers 404
+	// itself, and no room is made for it.
+	if _, err := g.client.API().Show(ctx, &api.ShowRequest{Model: name}); err != nil {
+		var se api.StatusError
+		if errors.As(err, &se) && se.StatusCode == http.StatusNotFound {
+			if v.unlock != nil {
+				v.unlock()
+			}
+			return &verdict{unknown: true}
+		}
+		if v.unlock != nil {
+			v.unlock()
+		}
+		return &verdict{refusal: failed(name, "Ollama's /api/show", err)}
 	}
 	v.load = true
 	v.cause, v.causeBy = g.causeOf(name)
@@ -184,6 +213,31 @@ func (g *gate) check(ctx context.Context, v *verdict, name string, numCtx int, c
 		KeepOwn:   true, // the gate's own leases are HTTP clients': kept as any other's
 		KeepInUse: true,
 	}
+	if !req.DryRun {
+		// Room-making keeps the gate's own client's generations only:
+		// a plan that would unload a model the gate is forwarding a
+		// request on is refused instead (it would wait for that request,
+		// or cut it).
+		plan := req
+		plan.DryRun = true
+		rep, err := g.client.EnsureFree(ctx, plan)
+		if err != nil {
+			return g.roomRefusal(name, err, v)
+		}
+		var busy []blocker
+		for _, p := range rep.Plan {
+			if n := g.inUse(p); n > 0 {
+				busy = append(busy, blocker{Kind: "in use", Model: vramguard.NormalizeModelName(p), Holder: fmt.Sprintf("%d requests through the gate", n)})
+			}
+		}
+		if len(busy) > 0 {
+			ref := &refusal{Model: name, Reason: "in use", status: http.StatusServiceUnavailable, Blockers: busy,
+				Checked: v.checked, NotChecked: v.notChecked}
+			ref.Error = fmt.Sprintf("vramgate: the room for %s needs models that requests through the gate are using: %s", name, describe(busy))
+			ref.setRetry(0, g.cfg.retryAfter)
+			return ref
+		}
+	}
 	rep, err := g.client.EnsureFree(ctx, req)
 	if err != nil {
 		return g.roomRefusal(name, err, v)
@@ -242,6 +296,12 @@ func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, re
 			ownLeased = append(ownLeased, vramguard.KeptModel{Model: vramguard.NormalizeModelName(p), Leases: held})
 			continue
 		}
+		// KeepInUse knows the gate's own client's generations only: the
+		// requests the gate forwards keep their models here.
+		if g.inUse(p) > 0 {
+			ownLeased = append(ownLeased, vramguard.KeptModel{Model: vramguard.NormalizeModelName(p), InUse: true})
+			continue
+		}
 		victims = append(victims, p)
 	}
 	if len(victims) == 0 {
@@ -249,7 +309,7 @@ func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, re
 		leased := false
 		rep.Kept = append(rep.Kept, ownLeased...)
 		for _, k := range ownLeased {
-			if k.Leases[0].Until.After(time.Now()) && (rep.RetryAfter == 0 || time.Until(k.Leases[0].Until) < rep.RetryAfter) {
+			if len(k.Leases) > 0 && k.Leases[0].Until.After(time.Now()) && (rep.RetryAfter == 0 || time.Until(k.Leases[0].Until) < rep.RetryAfter) {
 				rep.RetryAfter = time.Until(k.Leases[0].Until)
 			}
 		}
@@ -259,6 +319,9 @@ func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, re
 		}
 		if leased {
 			ref.Reason = "leased"
+		}
+		if ref.Reason == "no slot" && slices.ContainsFunc(rep.Kept, func(k vramguard.KeptModel) bool { return k.InUse }) {
+			ref.Reason = "in use"
 		}
 		ref.Error = fmt.Sprintf("vramgate: %s would need one of Ollama's %d slots (-max-loaded), and every resident model is kept: %s",
 			name, g.cfg.maxLoaded, describe(ref.Blockers))
@@ -361,7 +424,11 @@ func (g *gate) keptBlockers(k vramguard.KeptModel) []blocker {
 		bs = append(bs, blocker{Kind: "protected", Model: k.Model})
 	}
 	if k.InUse {
-		bs = append(bs, blocker{Kind: "in use", Model: k.Model})
+		b := blocker{Kind: "in use", Model: k.Model}
+		if n := g.inUse(k.Model); n > 0 {
+			b.Holder = fmt.Sprintf("%d requests through the gate", n)
+		}
+		bs = append(bs, b)
 	}
 	if k.Unattributed {
 		bs = append(bs, blocker{Kind: "unattributed", Model: k.Model})
@@ -398,12 +465,13 @@ func (r *refusal) setRetry(after, fallback time.Duration) {
 // failed is a check that could not be made: the load is refused (502)
 // rather than let through unchecked.
 func failed(model, what string, err error) *refusal {
-	return &refusal{Model: model, Reason: "failed", status: http.StatusBadGateway, Blockers: []blocker{},
+	return &refusal{Model: model, Reason: "failed", status: http.StatusBadGateway, Blockers: []blocker{}, Checked: []string{},
 		Error: fmt.Sprintf("vramgate: %s failed, the load of %s is not admitted: %v", what, model, err)}
 }
 
 // refuse writes a refusal: 503 with Retry-After and the blockers.
 func (g *gate) refuse(w http.ResponseWriter, ref *refusal, client string) {
+	ref.Checked = orEmpty(ref.Checked)
 	if ref.status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, ref.RetryAfter))))
 	}
@@ -434,6 +502,10 @@ func (g *gate) canLoad(w http.ResponseWriter, r *http.Request) {
 		numCtx = n
 	}
 	v := g.admit(r.Context(), model, numCtx, clientOf(r), true)
+	if v.unknown {
+		writeError(w, http.StatusNotFound, "model %q not found on the server", model)
+		return
+	}
 	if v.refusal != nil {
 		g.refuse(w, v.refusal, clientOf(r))
 		return

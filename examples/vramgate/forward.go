@@ -60,7 +60,7 @@ func (g *gate) parseRequest(w http.ResponseWriter, r *http.Request) ([]byte, *re
 	var q request
 	if len(bytes.TrimSpace(body)) > 0 {
 		if err := json.Unmarshal(body, &q); err != nil {
-			writeError(w, http.StatusBadRequest, "malformed JSON body: %v", err)
+			writeError(w, http.StatusBadRequest, "malformed JSON body: %s", jsonProblem(err))
 			return nil, nil, false
 		}
 	}
@@ -77,6 +77,7 @@ type state struct {
 	// admission says what the admission checked, for the reply's header.
 	admission string
 	unlockFn  func()
+	loadedFn  func() // the load was answered (track)
 	once      sync.Once
 	// holdDone: a generation with keep_alive 0, whose done line waits for
 	// the verified unload.
@@ -88,6 +89,9 @@ type state struct {
 
 func (st *state) unlock() {
 	st.once.Do(func() {
+		if st.loadedFn != nil {
+			st.loadedFn()
+		}
 		if st.unlockFn != nil {
 			st.unlockFn()
 		}
@@ -143,7 +147,11 @@ func (g *gate) forward(w http.ResponseWriter, r *http.Request, body []byte, q *r
 			g.refuse(w, v.refusal, st.client)
 			return
 		}
+		g.log.Debug("admitted", "model", q.Model, "client", st.client, "admission", v.summary())
 		st.load, st.cause, st.by, st.admission, st.unlockFn = v.load, v.cause, v.causeBy, v.summary(), v.unlock
+		var done func()
+		st.loadedFn, done = g.track(q.Model, v.load)
+		defer done()
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
@@ -185,7 +193,13 @@ func (g *gate) modifyResponse(resp *http.Response) error {
 			ctx, cancel := context.WithTimeout(resp.Request.Context(), g.cfg.unloadWait)
 			defer cancel()
 			rep, err := g.verifiedUnload(ctx, st.model, st.client, "keep_alive 0")
-			resp.Trailer.Set(unloadTrailer, unloadSummary(rep, err))
+			sum := unloadSummary(rep, err)
+			if errors.Is(err, vramguard.ErrLeased) {
+				// keep_alive 0 went to Ollama as sent: it unloads the
+				// model itself when this request ends, lease or not.
+				sum += "; Ollama unloads it at the end of this request (keep_alive 0 was forwarded as sent)"
+			}
+			resp.Trailer.Set(unloadTrailer, sum)
 		}}
 	}
 	return nil
@@ -246,3 +260,15 @@ func (g *gate) noteLoad(st *state) {
 // reloadWindow is how long after the gate unloaded a model a load of it
 // is reported as a reload with that cause.
 const reloadWindow = 10 * time.Minute
+
+// jsonProblem says what is wrong with a body, without Go's type names.
+func jsonProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		if te.Field != "" {
+			return "field " + te.Field + " cannot be a JSON " + te.Value
+		}
+		return "want a JSON object, got a JSON " + te.Value
+	}
+	return err.Error()
+}

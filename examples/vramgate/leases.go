@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -78,13 +79,17 @@ func (t *leaseTable) parse(w http.ResponseWriter, r *http.Request) (*leaseReques
 	var q leaseRequest
 	if len(body) > 0 {
 		if err := json.Unmarshal(body, &q); err != nil {
-			writeError(w, http.StatusBadRequest, "malformed JSON body: %v (want {\"model\", \"holder\", \"ttl\"})", err)
+			writeError(w, http.StatusBadRequest, "malformed JSON body: %s (want {\"model\", \"holder\", \"ttl\"})", jsonProblem(err))
 			return nil, 0, false
 		}
 	}
 	ttl := defaultLeaseTTL
 	if q.TTL != nil {
 		ttl = q.TTL.Duration
+		if ttl == math.MaxInt64 { // how api.Duration reads a negative span
+			writeError(w, http.StatusBadRequest, "a negative ttl: want more than 0 and at most %v", t.g.cfg.leaseMax)
+			return nil, 0, false
+		}
 	}
 	if ttl <= 0 || ttl > t.g.cfg.leaseMax {
 		writeError(w, http.StatusBadRequest, "ttl %v: want more than 0 and at most %v (vramgate -lease-max); a lease without an end is not offered over HTTP", ttl, t.g.cfg.leaseMax)

@@ -780,3 +780,113 @@ func TestLeaseOfAProgramBehindTheGate(t *testing.T) {
 		t.Fatalf("unload through the gate of a model leased behind it: %d %s (listed %v)", code, body, sim.Listed("tiny"))
 	}
 }
+
+// An unload sent while a load through the gate is still running waits for
+// that load to end, then unloads, verified: on a server whose runners
+// this machine cannot see (the test double, a container, a remote host)
+// /api/ps alone would call it gone, and Ollama 0.17 on loses the unload.
+func TestUnloadDuringALoadThroughTheGate(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{Version: "0.17.4", Models: []vramguardtest.ModelConfig{
+		{Name: "tiny", Size: 2 * gib, Chunks: 2, LoadLatency: 300 * time.Millisecond},
+	}})
+	g := startGate(t, sim.URL().String(), nil)
+	c := apiClient(t, g.URL)
+	gen := make(chan error, 1)
+	go func() {
+		gen <- c.Generate(context.Background(), &api.GenerateRequest{Model: "tiny", Prompt: "hi", KeepAlive: &api.Duration{Duration: 5 * time.Minute}},
+			func(api.GenerateResponse) error { return nil })
+	}()
+	for deadline := time.Now().Add(10 * time.Second); sim.Requests("tiny") == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the load did not reach the server")
+		}
+	}
+	if sim.Listed("tiny") {
+		t.Fatal("tiny is listed already: the unload would not be sent during the load")
+	}
+	code, hdr, body := do(t, "POST", g.URL+"/api/generate", `{"model":"tiny","keep_alive":0}`)
+	if code != 200 || !strings.HasPrefix(hdr.Get(unloadTrailer), "verified") {
+		t.Fatalf("unload during the load: %d %q %s", code, hdr.Get(unloadTrailer), body)
+	}
+	if err := <-gen; err != nil {
+		t.Logf("the loading generation: %v", err)
+	}
+	if sim.Listed("tiny") {
+		t.Fatal("tiny is resident after the unload was answered")
+	}
+}
+
+// With one slot, a load that would need the slot of a model a request
+// through the gate is using is refused (503, "in use"), and that request
+// goes on undisturbed.
+func TestSlotOfAModelInUse(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
+		{Name: "tiny", Size: 2 * gib, Chunks: 2},
+		{Name: "small", Size: 3 * gib, Chunks: 40, TokenLatency: 10 * time.Millisecond},
+	}})
+	g := startGate(t, sim.URL().String(), nil, "-max-loaded", "1")
+	c := apiClient(t, g.URL)
+	load(t, c, "small")
+	n := 0
+	gen := make(chan error, 1)
+	go func() {
+		gen <- c.Generate(context.Background(), &api.GenerateRequest{Model: "small", Prompt: "hi"}, func(api.GenerateResponse) error {
+			n++
+			return nil
+		})
+	}()
+	for deadline := time.Now().Add(10 * time.Second); sim.InFlight("small") == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream on small did not reach the server")
+		}
+	}
+	code, hdr, body := do(t, "POST", g.URL+"/api/generate", `{"model":"tiny","prompt":"hi"}`)
+	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), `"reason":"in use"`) || !strings.Contains(string(body), "requests through the gate") {
+		t.Fatalf("load beside a model in use: %d %s", code, body)
+	}
+	if err := <-gen; err != nil || n != 41 {
+		t.Fatalf("the stream on small: %v after %d chunks", err, n)
+	}
+	if !sim.Listed("small") || sim.Requests("tiny") != 0 {
+		t.Fatal("small was evicted, or tiny reached the server")
+	}
+}
+
+// A load of a model the server does not have makes no room: Ollama's own
+// 404 answers it, and nothing resident is unloaded; can-load says 404.
+func TestUnknownModelMakesNoRoom(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	g := startGate(t, sim.URL().String(), nil, "-max-loaded", "1")
+	load(t, sim.APIClient(), "tiny")
+	code, hdr, body := do(t, "POST", g.URL+"/api/generate", `{"model":"nosuch","prompt":"hi"}`)
+	if code != 404 || !sim.Listed("tiny") || !strings.Contains(hdr.Get("X-Vramgate-Admission"), "not found") {
+		t.Fatalf("load of an unknown model: %d %q %s (tiny listed %v)", code, hdr.Get("X-Vramgate-Admission"), body, sim.Listed("tiny"))
+	}
+	if code, _, body := do(t, "GET", g.URL+"/vramgate/can-load?model=nosuch", ""); code != 404 {
+		t.Fatalf("can-load of an unknown model: %d %s", code, body)
+	}
+}
+
+// POST /api/unload {"all": true} with a leased model: the others go,
+// verified; the leased one is named as left, and the answer does not say
+// that everything was verified gone.
+func TestUnloadAllLeavesLeased(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	g := startGate(t, sim.URL().String(), nil)
+	load(t, sim.APIClient(), "tiny")
+	load(t, sim.APIClient(), "small")
+	if code, _, body := do(t, "POST", g.URL+"/vramgate/leases", `{"model":"tiny","holder":"h"}`); code != 201 {
+		t.Fatalf("lease: %d %s", code, body)
+	}
+	code, hdr, body := do(t, "POST", g.URL+"/api/unload", `{"all":true}`)
+	var ans struct {
+		Left     []string `json:"left"`
+		Verified bool     `json:"verified"`
+	}
+	if err := json.Unmarshal(body, &ans); err != nil || code != 200 || ans.Verified || len(ans.Left) != 1 || ans.Left[0] != "tiny:latest" {
+		t.Fatalf("unload all: %d %s (%v)", code, body, err)
+	}
+	if !sim.Listed("tiny") || sim.Listed("small") || !strings.Contains(hdr.Get(unloadTrailer), "1 left") {
+		t.Fatalf("after: tiny listed %v, small %v, %s %q", sim.Listed("tiny"), sim.Listed("small"), unloadTrailer, hdr.Get(unloadTrailer))
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -46,6 +45,8 @@ func unloadOf(r *vramguard.UnloadReport) unloadJSON {
 // how, or why not.
 func unloadSummary(r *vramguard.UnloadReport, err error) string {
 	switch {
+	case errors.Is(err, vramguard.ErrLeased):
+		return "not unloaded by the gate: " + oneLine(err.Error())
 	case err != nil:
 		return "failed: " + oneLine(err.Error())
 	case r == nil:
@@ -75,7 +76,7 @@ func (g *gate) verifiedUnload(ctx context.Context, model, client, why string) (*
 		// client is not kept by it, so the gate keeps it here.
 		err = &vramguard.Error{Op: "unload", Model: model, Kind: vramguard.KindRefused,
 			Err: &vramguard.LeasedError{Model: vramguard.NormalizeModelName(model), Leases: held}}
-	} else {
+	} else if err = g.awaitLoad(ctx, model); err == nil {
 		// UnloadReport.WasLoaded is false when the model went before the
 		// library's first look; the gate's own look tells an eviction from
 		// an unload of a model already gone.
@@ -217,6 +218,7 @@ func (g *gate) unloadRoute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := make([]unloadJSON, 0, len(models))
+	left := []string{}
 	var errs []error
 	verified := true
 	for _, m := range models {
@@ -229,21 +231,24 @@ func (g *gate) unloadRoute(w http.ResponseWriter, r *http.Request) {
 				u.Leased = append(u.Leased, l.String())
 			}
 			out = append(out, u)
+			left = append(left, m)
 		case err != nil:
 			errs = append(errs, err)
 			verified = false
 		default:
 			out = append(out, unloadOf(rep))
-			verified = verified && (rep.Verified || rep.Protected)
+			verified = verified && rep.Verified
 		}
 	}
 	err = errors.Join(errs...)
-	ans := map[string]any{"unloaded": out, "verified": verified && err == nil}
+	// verified: every listed model is verified gone; left names those a
+	// lease kept resident (no failure: 200).
+	ans := map[string]any{"unloaded": out, "left": left, "verified": verified && err == nil && len(left) == 0}
 	code := http.StatusOK
 	if err != nil {
 		code = unloadStatus(err)
 		ans["error"] = "vramgate: unload all: " + oneLine(err.Error())
 	}
-	w.Header().Set(unloadTrailer, "all: "+strconv.Itoa(len(out))+" models")
+	w.Header().Set(unloadTrailer, fmt.Sprintf("all: %d listed, %d left (leased)", len(models), len(left)))
 	writeJSON(w, code, ans)
 }
