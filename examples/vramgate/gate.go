@@ -222,6 +222,7 @@ func (g *gate) serve(ctx context.Context, c *cmd, ln net.Listener) (err error) {
 		return &vramguard.Error{Op: "serve", Kind: vramguard.KindUnavailable, Err: err}
 	case <-ctx.Done():
 	}
+	fmt.Fprintf(c.stderr, "vramgate: stopping: no new requests; those in flight have %v to end\n", g.cfg.stopWait)
 	return g.stop(ctx, srv, done)
 }
 
@@ -268,7 +269,7 @@ func (g *gate) unloadLoaded(ctx context.Context) error {
 		cancel()
 		switch {
 		case errors.Is(err, vramguard.ErrLeased):
-			g.log.Info("left at stop: leased", "model", m, "err", err)
+			g.log.Info("kept resident at stop: leased", "model", m, "err", err)
 		case err != nil:
 			errs = append(errs, fmt.Errorf("unload %s at stop: %w", m, err))
 		default:

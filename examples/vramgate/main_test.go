@@ -708,6 +708,9 @@ func TestStop(t *testing.T) {
 	if code := g.stop(t); code != 0 {
 		t.Fatalf("stop: %d\n%s", code, g.Stderr)
 	}
+	if !strings.Contains(g.Stderr.String(), "vramgate: stopping: no new requests; those in flight have 10s to end\n") {
+		t.Errorf("the stop was not announced:\n%s", g.Stderr)
+	}
 	if sim.Listed("tiny") || !sim.Listed("small") {
 		t.Fatalf("after the stop: tiny listed %v (want gone), small %v (want kept)", sim.Listed("tiny"), sim.Listed("small"))
 	}
