@@ -129,25 +129,31 @@ func (g *gate) admit(ctx context.Context, model string, numCtx int, client strin
 		}
 	}
 	// A model the server does not have loads nothing: Ollama answers 404
-	// itself, and no room is made for it.
-	if _, err := g.client.API().Show(ctx, &api.ShowRequest{Model: name}); err != nil {
-		var se api.StatusError
-		if errors.As(err, &se) && se.StatusCode == http.StatusNotFound {
-			if v.unlock != nil {
-				v.unlock()
-			}
-			return &verdict{unknown: true}
-		}
+	// itself, and no room is made for it. With a GPU reader the estimate
+	// the memory check needs is that look (one /api/show, made once per
+	// admission, not once per look while it waits for leases).
+	var est *vramguard.ModelEstimate
+	var err2 error
+	if g.reader != nil {
+		est, err2 = g.client.EstimateModel(ctx, name, numCtx)
+	} else {
+		_, err2 = g.client.API().Show(ctx, &api.ShowRequest{Model: name})
+	}
+	if err2 != nil {
 		if v.unlock != nil {
 			v.unlock()
 		}
-		return &verdict{refusal: failed(name, "Ollama's /api/show", err)}
+		var se api.StatusError
+		if vramguard.KindOf(err2) == vramguard.KindNotFound || errors.As(err2, &se) && se.StatusCode == http.StatusNotFound {
+			return &verdict{unknown: true}
+		}
+		return &verdict{refusal: failed(name, "the model's /api/show", err2)}
 	}
 	v.load = true
 	v.cause, v.causeBy = g.causeOf(name)
 	deadline := time.Now().Add(g.cfg.admitWait)
 	for {
-		ref := g.check(ctx, v, name, numCtx, client, resident, dry)
+		ref := g.check(ctx, v, name, est, client, resident, dry)
 		if ref == nil {
 			return v
 		}
@@ -180,7 +186,8 @@ func (g *gate) admit(ctx context.Context, model string, numCtx int, client strin
 }
 
 // check runs the admission's checks once; nil means admitted.
-func (g *gate) check(ctx context.Context, v *verdict, name string, numCtx int, client string, resident []string, dry bool) *refusal {
+// est is the model's estimate, nil without a GPU reader.
+func (g *gate) check(ctx context.Context, v *verdict, name string, est *vramguard.ModelEstimate, client string, resident []string, dry bool) *refusal {
 	if g.cfg.maxLoaded > 0 {
 		v.checked = append(v.checked, "slots")
 		if len(resident) >= g.cfg.maxLoaded {
@@ -194,15 +201,6 @@ func (g *gate) check(ctx context.Context, v *verdict, name string, numCtx int, c
 	if g.reader == nil {
 		v.notChecked = append(v.notChecked, "memory (no GPU reader)")
 		return nil
-	}
-	est, err := g.client.EstimateModel(ctx, name, numCtx)
-	if err != nil {
-		if vramguard.KindOf(err) == vramguard.KindNotFound {
-			// Ollama answers the request itself with its 404.
-			v.notChecked = append(v.notChecked, "memory (model not found)")
-			return nil
-		}
-		return failed(name, "the model's size estimate", err)
 	}
 	v.checked = append(v.checked, "memory")
 	req := vramguard.EnsureRequest{
@@ -285,7 +283,7 @@ func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, re
 		return g.roomRefusal(name, err, v)
 	}
 	var victims []string
-	var ownLeased []vramguard.KeptModel
+	var keptHere []vramguard.KeptModel
 	for _, p := range rep.Plan {
 		if !slices.Contains(resident, vramguard.NormalizeModelName(p)) {
 			continue
@@ -293,13 +291,13 @@ func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, re
 		// The gate's own client is not kept by its own leases: the HTTP
 		// clients' leases it holds keep their models here.
 		if held := g.leases.infosOn(p); len(held) > 0 {
-			ownLeased = append(ownLeased, vramguard.KeptModel{Model: vramguard.NormalizeModelName(p), Leases: held})
+			keptHere = append(keptHere, vramguard.KeptModel{Model: vramguard.NormalizeModelName(p), Leases: held})
 			continue
 		}
 		// KeepInUse knows the gate's own client's generations only: the
 		// requests the gate forwards keep their models here.
 		if g.inUse(p) > 0 {
-			ownLeased = append(ownLeased, vramguard.KeptModel{Model: vramguard.NormalizeModelName(p), InUse: true})
+			keptHere = append(keptHere, vramguard.KeptModel{Model: vramguard.NormalizeModelName(p), InUse: true})
 			continue
 		}
 		victims = append(victims, p)
@@ -307,8 +305,8 @@ func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, re
 	if len(victims) == 0 {
 		ref := &refusal{Model: name, Reason: "no slot", status: http.StatusServiceUnavailable, Blockers: []blocker{}}
 		leased := false
-		rep.Kept = append(rep.Kept, ownLeased...)
-		for _, k := range ownLeased {
+		rep.Kept = append(rep.Kept, keptHere...)
+		for _, k := range keptHere {
 			if len(k.Leases) > 0 && k.Leases[0].Until.After(time.Now()) && (rep.RetryAfter == 0 || time.Until(k.Leases[0].Until) < rep.RetryAfter) {
 				rep.RetryAfter = time.Until(k.Leases[0].Until)
 			}
@@ -553,6 +551,10 @@ func (g *gate) resident(ctx context.Context) ([]string, error) {
 	g.mu.Unlock()
 	return names, nil
 }
+
+// reloadWindow is how long after the gate unloaded a model a load of it
+// is reported as a reload with that cause.
+const reloadWindow = 10 * time.Minute
 
 // The causes of a load, as vramgate_loads_total labels them.
 const (

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/ollama/ollama/api"
 
@@ -82,8 +81,6 @@ type state struct {
 	// holdDone: a generation with keep_alive 0, whose done line waits for
 	// the verified unload.
 	holdDone bool
-	chat     bool
-	released chan struct{} // closed once the done line went out (holdDone)
 	fired    bool
 }
 
@@ -119,10 +116,9 @@ func (g *gate) generate(chat bool) http.HandlerFunc {
 			g.unloadReply(w, r, q, chat, client)
 			return
 		}
-		st := &state{client: client, model: q.Model, chat: chat}
+		st := &state{client: client, model: q.Model}
 		if q.Model != "" && q.keepAliveZero() {
 			st.holdDone = true
-			st.released = make(chan struct{})
 		}
 		g.forward(w, r, body, q, st)
 	}
@@ -256,10 +252,6 @@ func (g *gate) noteLoad(st *state) {
 	g.metrics.loads.WithLabelValues(g.metrics.label(st.client), model, st.cause).Inc()
 	g.log.Info("load", "model", model, "client", st.client, "cause", st.cause, "by", st.by)
 }
-
-// reloadWindow is how long after the gate unloaded a model a load of it
-// is reported as a reload with that cause.
-const reloadWindow = 10 * time.Minute
 
 // jsonProblem says what is wrong with a body, without Go's type names.
 func jsonProblem(err error) string {

@@ -858,8 +858,18 @@ func TestSlotOfAModelInUse(t *testing.T) {
 // A load of a model the server does not have makes no room: Ollama's own
 // 404 answers it, and nothing resident is unloaded; can-load says 404.
 func TestUnknownModelMakesNoRoom(t *testing.T) {
+	for _, reader := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reader=%v", reader), func(t *testing.T) { unknownModelMakesNoRoom(t, reader) })
+	}
+}
+
+func unknownModelMakesNoRoom(t *testing.T, reader bool) {
 	sim := newSim(t, vramguardtest.Config{})
-	g := startGate(t, sim.URL().String(), nil, "-max-loaded", "1")
+	var r vramguard.VRAMReader
+	if reader {
+		r = sim.GPU() // the estimate is the existence check
+	}
+	g := startGate(t, sim.URL().String(), r, "-max-loaded", "1", "-make-room")
 	load(t, sim.APIClient(), "tiny")
 	code, hdr, body := do(t, "POST", g.URL+"/api/generate", `{"model":"nosuch","prompt":"hi"}`)
 	if code != 404 || !sim.Listed("tiny") || !strings.Contains(hdr.Get("X-Vramgate-Admission"), "not found") {
