@@ -79,9 +79,12 @@ func restartStuck(t *testing.T, s *ollamatest.Server) {
 	if s.External() {
 		return
 	}
-	// The server's last words say whether it crashed (Ollama up to
-	// v0.32.3 can die in /api/ps: README, known server issues).
-	t.Logf("ollama %s log before the restart:\n%s", s.Version(), s.LogTail(3000))
+	// A server that died says why (Ollama up to v0.32.3 can die in
+	// /api/ps: README, known server issues; ReportDeath marks that crash
+	// for scripts/test-integration.sh); one that lives shows its last words.
+	if !ollamatest.ReportDeath(t, s) {
+		t.Logf("ollama %s log before the restart:\n%s", s.Version(), s.LogTail(3000))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := s.Restart(ctx); err != nil {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vramguard/vramguard/internal/testkit/gguf"
 )
@@ -66,7 +67,8 @@ func Require(t testing.TB, version string) *Server {
 		unavailable(t, version, err)
 	}
 	t.Cleanup(func() {
-		if t.Failed() {
+		// A death is reported with the log's tail.
+		if died := ReportDeath(t, s); !died && t.Failed() {
 			t.Logf("ollama %s server log (tail):\n%s", s.Version(), s.LogTail(4000))
 		}
 		if err := s.Stop(); err != nil {
@@ -139,13 +141,25 @@ func (p *Pool) Get(ctx context.Context, version string) (*Server, error) {
 }
 
 // Require returns the pool's server of version, skipping or failing the
-// test like the package-level Require when none can be had.
+// test like the package-level Require when none can be had. A server that
+// died by itself during the test fails it (ReportDeath) and is started
+// again for the tests after it.
 func (p *Pool) Require(t testing.TB, version string) *Server {
 	t.Helper()
 	s, err := p.Get(t.Context(), version)
 	if err != nil {
 		unavailable(t, version, err)
 	}
+	t.Cleanup(func() {
+		if !ReportDeath(t, s) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := s.Restart(ctx); err != nil {
+			t.Errorf("restart ollama %s after its death: %v", s.Version(), err)
+		}
+	})
 	return s
 }
 

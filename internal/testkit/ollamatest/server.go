@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ollama/ollama/api"
@@ -205,9 +206,11 @@ func removeStaleDirs() {
 
 // serveProc is one run of `ollama serve`.
 type serveProc struct {
-	cmd    *exec.Cmd
-	pid    int
-	exited chan struct{} // closed when the process has been reaped
+	cmd      *exec.Cmd
+	pid      int
+	exited   chan struct{} // closed when the process has been reaped
+	logStart int64         // the log's size when it started: its lines follow
+	stopped  atomic.Bool   // set before the harness itself ends it (kill, Crash)
 }
 
 // proc returns the current serve process.
@@ -225,6 +228,10 @@ func (s *Server) spawn(ctx context.Context) error {
 		return fmt.Errorf("ollamatest: %w", err)
 	}
 	defer logFile.Close() // the child has its own copy
+	var logStart int64
+	if fi, err := logFile.Stat(); err == nil {
+		logStart = fi.Size()
+	}
 	cmd := exec.Command(s.bin, "serve")
 	cmd.Dir = s.dir
 	cmd.Env = s.env
@@ -235,7 +242,7 @@ func (s *Server) spawn(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("ollamatest: start %s: %w", s.bin, err)
 	}
-	p := &serveProc{cmd: cmd, pid: cmd.Process.Pid, exited: make(chan struct{})}
+	p := &serveProc{cmd: cmd, pid: cmd.Process.Pid, exited: make(chan struct{}), logStart: logStart}
 	go func() {
 		defer close(p.exited)
 		_ = cmd.Wait()
@@ -540,6 +547,7 @@ func (s *Server) Stop() error {
 func (s *Server) kill() error {
 	runners, _ := s.RunnerPIDs()
 	sp := s.proc()
+	sp.stopped.Store(true)
 	_ = signalGroup(sp.pid, false)
 	select {
 	case <-sp.exited:
@@ -576,6 +584,7 @@ func (s *Server) Crash() error {
 		return ErrExternal
 	}
 	sp := s.proc()
+	sp.stopped.Store(true)
 	if err := killProcess(sp.pid); err != nil {
 		return fmt.Errorf("ollamatest: kill serve %d: %w", sp.pid, err)
 	}
