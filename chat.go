@@ -144,6 +144,7 @@ func (c *OllamaClient) ChatStreaming(ctx context.Context, req *ChatRequest, keep
 					done:       m.Done,
 					doneReason: m.DoneReason,
 					metrics:    m.Metrics,
+					at:         m.CreatedAt,
 				})
 			}
 			if own {

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ollama/ollama/api"
+
 	"github.com/vramguard/vramguard/internal/procs"
 )
 
@@ -101,6 +103,46 @@ type churnModel struct {
 	server    int       // pid of the `ollama serve` whose runner served the last load; 0: unknown
 	unloadAt  time.Time // this client's last verified unload after lastUse
 	unload    UnloadCause
+	loadEnd   stamp // when the last load this client counted ended
+}
+
+// stamp is a moment on the server's clock (from a reply's created_at) or,
+// where the reply had none, on this client's.
+type stamp struct {
+	at     time.Time
+	server bool
+	// callEnd is when the call that reported it ended, on this client's
+	// clock: a call begun after it cannot have waited for the same load.
+	callEnd time.Time
+}
+
+// loadEnd is when the load a successful call waited for ended: on the
+// server's clock, its done line's created_at less total_duration (the
+// handler's start) plus load_duration; without a created_at, the call's
+// start on this client's clock plus load_duration.
+func loadEnd(st *streamState, m api.Metrics) stamp {
+	if !st.last.at.IsZero() && m.TotalDuration >= m.LoadDuration {
+		return stamp{at: st.last.at.Add(m.LoadDuration - m.TotalDuration), server: true}
+	}
+	return stamp{at: st.start.Add(m.LoadDuration)}
+}
+
+// firstOfLoad reports whether a call begun at start whose load ended at
+// end is the first of this client to report that load, and records it if
+// so. Calls that waited for one load ran at once and saw it end within tol
+// of each other (Ollama hands every waiter the one runner), while two
+// loads of a model end at least a load apart (the second starts after the
+// first's runner went).
+func (ch *churn) firstOfLoad(model string, start time.Time, end stamp, tol time.Duration) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	m := ch.model(NormalizeModelName(model))
+	if prev := m.loadEnd; !prev.at.IsZero() && prev.server == end.server && start.Before(prev.callEnd) && prev.at.Sub(end.at).Abs() <= tol {
+		return false
+	}
+	end.callEnd = time.Now()
+	m.loadEnd = end
+	return true
 }
 
 func (ch *churn) model(key string) *churnModel {
@@ -175,7 +217,7 @@ func (ch *churn) loadedAgain(model string, ka KeepAlive, numCtx, server int, sta
 	m := ch.model(NormalizeModelName(model))
 	prev := *m
 	downAt := ch.downAt
-	*m = churnModel{lastUse: end, keepAlive: ka, loaded: true, numCtx: numCtx, server: server}
+	*m = churnModel{lastUse: end, keepAlive: ka, loaded: true, numCtx: numCtx, server: server, loadEnd: prev.loadEnd}
 	ref := prev.lastUse
 	if prev.unloadAt.After(ref) {
 		ref = prev.unloadAt

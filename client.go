@@ -213,7 +213,11 @@ type Generation struct {
 	Chunks     int
 	Metrics    api.Metrics
 	// Loaded reports that this request loaded the model: the load
-	// duration the server reported reached Options.LoadThreshold.
+	// duration the server reported reached Options.LoadThreshold. Ollama
+	// reports a load to every request that waited for it; of this
+	// client's calls that ran at once and waited for one load (their waits
+	// end within LoadThreshold/2 of each other, on the server's clock),
+	// only the first to finish reports it, so one load is counted once.
 	Loaded bool
 	// Offload is set when this generation loaded the model (Loaded) and
 	// Ollama put part of it on the CPU; nil when it is all on the GPU.
@@ -360,7 +364,7 @@ func (c *OllamaClient) GenerateStreaming(ctx context.Context, req *GenerateReque
 				ar.Think = &api.ThinkValue{Value: *r.Think}
 			}
 			h := func(g api.GenerateResponse) error {
-				return fn(piece{text: g.Response, thinking: g.Thinking, done: g.Done, doneReason: g.DoneReason, metrics: g.Metrics})
+				return fn(piece{text: g.Response, thinking: g.Thinking, done: g.Done, doneReason: g.DoneReason, metrics: g.Metrics, at: g.CreatedAt})
 			}
 			if own {
 				return c.generateNDJSON(ctx, ar, h)
@@ -399,6 +403,7 @@ type piece struct {
 	done           bool
 	doneReason     string
 	metrics        api.Metrics
+	at             time.Time // created_at, on the server's clock
 }
 
 // errCallPanicked is OnCallEnd's Err for a call whose ChunkFunc panicked.
@@ -525,6 +530,11 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 // succeeded reports a successful call's load or reuse, its reload, if any,
 // and its offload.
 func (c *OllamaClient) succeeded(ctx context.Context, cl *call, gen *Generation, st *streamState, keepAlive KeepAlive, start time.Time) {
+	if gen.Loaded && !c.churn.firstOfLoad(gen.Model, st.start, loadEnd(st, gen.Metrics), c.opts.LoadThreshold/2) {
+		// Another call of this client waited for the same load: Ollama
+		// reports its load_duration to each, and one load is one.
+		gen.Loaded = false
+	}
 	c.reportLoad(gen)
 	c.noteLoad(ctx, gen, keepAlive, cl.options, start)
 	if !gen.Loaded {

@@ -538,6 +538,19 @@ func playSteps(t *testing.T, steps [][]composeOp, budget bool) ([]composeViolati
 	if n, lo, hi := s.Loads(""), composeLoadCount(all), len(all); n < lo || n > hi {
 		add(len(steps), "loads-unbalanced", "the server loaded %d times, the clients' hooks were told %d (%d counting calls that ran at once once): %s", n, hi, lo, composeLoadsString(all))
 	}
+	// One client is never told of more loads of a model than the server
+	// made: calls of one client that waited for one load report it once
+	// (seed 1796171620578333446 counted it per waiter).
+	checks++
+	perClient := map[[2]string]int{}
+	for _, l := range all {
+		perClient[[2]string{l.client, l.model}]++
+	}
+	for k, told := range perClient {
+		if n := s.Loads(k[1]); told > n {
+			add(len(steps), "loads-unbalanced", "client %s was told of %d loads of %s, the server made %d: %s", k[0], told, k[1], n, composeLoadsString(all))
+		}
+	}
 	return vs, checks
 }
 

@@ -44,7 +44,9 @@
 //
 //   - A request for a model that is not loaded loads it. The model is listed
 //     by /api/ps only once loading has finished; concurrent requests share
-//     one load. The final line of the loading request carries load_duration.
+//     one load. The final line of every request that waited for the load
+//     carries load_duration, the time from its arrival to the load's one
+//     end, as Ollama's handlers report it.
 //   - keep_alive is sticky and last-writer-wins: a request that sends one
 //     overwrites the model's setting for everybody; a request without one
 //     keeps it (or uses [Config.DefaultKeepAlive] on a new load). 0 unloads

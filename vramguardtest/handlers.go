@@ -177,9 +177,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, c *call) {
 		keepAlive = &c.KeepAlive.Duration
 	}
 	rn, loadDur, err := s.acquire(ctx, m, keepAlive, optInt(c.Options, "num_ctx"), fs)
-	if loadDur > 0 {
-		loadDur = max(loadDur, MinLoadDuration) // as Ollama reports a load
-	}
 	if err != nil {
 		if ctx.Err() != nil {
 			s.countCancel(m)

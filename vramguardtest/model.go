@@ -17,11 +17,13 @@ const (
 	DefaultChunks        = 8
 	DefaultContextLength = 4096
 	DefaultModelSize     = 1 << 30 // 1 GiB
-	// MinLoadDuration is the least load_duration a reply that loaded its
-	// model reports, whatever LoadLatency: Ollama reports the time its
-	// handler waited for the runner, 15 ms and more for a load, so that
+	// MinLoadDuration is the least time a load takes, whatever
+	// LoadLatency: a load on Ollama takes 15 ms and more, and its reply
+	// reports the time its handler waited for the runner, so that
 	// vramguard's Options.LoadThreshold (10 ms) counts it as a load
-	// (Generation.Loaded, the load hooks and metrics) out of the box.
+	// (Generation.Loaded, the load hooks and metrics) out of the box. A
+	// request that joined the load later reports the time from its own
+	// arrival to the same end.
 	MinLoadDuration = 20 * time.Millisecond
 )
 
@@ -45,9 +47,8 @@ type ModelConfig struct {
 	// ContextLength is reported by /api/ps. Zero means DefaultContextLength.
 	ContextLength int
 
-	// LoadLatency is how long a load takes. The model is not listed by
-	// /api/ps before it has elapsed. The reply reports at least
-	// MinLoadDuration as its load_duration, even with LoadLatency 0.
+	// LoadLatency is how long a load takes, at least MinLoadDuration. The
+	// model is not listed by /api/ps before it has elapsed.
 	LoadLatency time.Duration
 
 	// TokenLatency is the delay before each response chunk.

@@ -31,6 +31,11 @@ type runner struct {
 	loading  bool
 	loadDone chan struct{} // closed when loading ends, well or not
 	loadErr  error
+	// readyAt is when the load ends: its start plus max(LoadLatency,
+	// MinLoadDuration). Every request that waited for it reports the time
+	// until then (Ollama's handlers each take their checkpoint when the
+	// scheduler hands them the one runner).
+	readyAt time.Time
 
 	dead      bool          // crashed mid-stream; still listed
 	doomed    bool          // expired or unloaded: goes once refs is 0
@@ -145,7 +150,9 @@ func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration
 	}
 	m.inFlight++
 	s.notifyLocked()
-	return r, time.Since(start), nil
+	// Every request that waited for the load reports the time until its
+	// one end, so their load windows end together, as on Ollama.
+	return r, max(r.readyAt.Sub(start), time.Nanosecond), nil
 }
 
 // release drops a reference taken by acquire; served tells whether acquire
@@ -212,6 +219,7 @@ func (s *Server) startLoadLocked(m *model, vram uint64, keepAlive *time.Duration
 		pid:       s.newPIDLocked(),
 		loading:   true,
 		loadDone:  make(chan struct{}),
+		readyAt:   time.Now().Add(max(m.cfg.LoadLatency, MinLoadDuration)),
 		keepAlive: s.cfg.DefaultKeepAlive,
 		vram:      vram,
 	}
@@ -229,7 +237,7 @@ func (s *Server) startLoadLocked(m *model, vram uint64, keepAlive *time.Duration
 // the load with fail.
 func (s *Server) load(r *runner, fail *statusError) {
 	defer s.wg.Done()
-	t := time.NewTimer(r.m.cfg.LoadLatency)
+	t := time.NewTimer(time.Until(r.readyAt))
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,4 +123,65 @@ func testReloadAfterEviction(t *testing.T, s *ollamatest.Server) {
 	if _, err := c.UnloadAll(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Two calls of one client sent at once for a model that is not loaded
+// wait for one load, and Ollama reports a load_duration to each: the
+// client reports the load once (Generation.Loaded, OnCallEnd), so the
+// loads metric counts one load (composition oracle seed
+// 1796171620578333446; it counted one per waiter).
+func TestOneLoadCountedOnceOnRealServers(t *testing.T) {
+	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+		var mu sync.Mutex
+		told := 0
+		c := newClient(t, s, vramguard.Options{Hooks: vramguard.Hooks{OnCallEnd: func(_ context.Context, e vramguard.CallEnd) {
+			if e.Generation != nil && e.Generation.Loaded {
+				mu.Lock()
+				told++
+				mu.Unlock()
+			}
+		}}})
+		gens := make([]*vramguard.Generation, 2)
+		var wg sync.WaitGroup
+		release := make(chan struct{})
+		for i := range gens {
+			wg.Go(func() {
+				<-release
+				g, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: modelA, Prompt: "a castle", Options: short(4)}, vramguard.KeepAliveFor(time.Minute), nil)
+				if err != nil {
+					t.Error(err)
+				}
+				gens[i] = g
+			})
+		}
+		close(release)
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		defer func() {
+			if _, err := c.UnloadModel(context.Background(), modelA); err != nil {
+				t.Error(err)
+			}
+		}()
+		const threshold = 10 * time.Millisecond // Options.LoadThreshold's default
+		for i, g := range gens {
+			t.Logf("call %d: load_duration %v, total %v, Loaded %v", i, g.Metrics.LoadDuration, g.Metrics.TotalDuration, g.Loaded)
+			if g.Metrics.LoadDuration < threshold {
+				t.Skipf("call %d did not wait for the load (load_duration %v): the calls did not overlap on this machine", i, g.Metrics.LoadDuration)
+			}
+		}
+		reported := 0
+		for _, g := range gens {
+			if g.Loaded {
+				reported++
+			}
+		}
+		if reported != 1 || told != 1 {
+			t.Errorf("%d calls report Loaded and OnCallEnd was told %d loads for one load; want 1 and 1", reported, told)
+		}
+		if ms := running(t, s); len(ms) != 1 {
+			t.Errorf("/api/ps lists %v, want %s once", ms, modelA)
+		}
+	})
 }
