@@ -43,7 +43,11 @@ type EnsureRequest struct {
 	// KeepInUse keeps the models this client's generations run on, as a
 	// budget's room-making does (KeptModel.InUse), instead of taking them
 	// last: for a caller that makes room for a load of its own beside its
-	// other calls, not for memory it will take itself.
+	// other calls, not for memory it will take itself. It keeps those that
+	// run when the plan is made: a generation that begins on a planned
+	// victim later, with no reply yet, is cut by its unload
+	// (ErrUnloadedWhileLoading), as every unload of EnsureFree cuts this
+	// client's loads, rather than waited for.
 	KeepInUse bool
 	// KeepOwn keeps the models this client's own leases hold (its phases',
 	// HoldModel's) as another program's leases are kept (KeptModel.Leases
@@ -114,7 +118,7 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if err := c.checkOpen("ensure free", ""); err != nil {
 		return nil, err
 	}
-	return c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree, keepLoads: req.KeepInUse, keepInUse: req.KeepInUse, keepOwn: req.KeepOwn})
+	return c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree, keepInUse: req.KeepInUse, keepOwn: req.KeepOwn})
 }
 
 // ensureFree is EnsureFree for the library's own calls too (Phase.End,
