@@ -434,21 +434,7 @@ func (c *ComfyUI) Client() *http.Client { return c.hs.Client() }
 // and after every event and every change of what the process holds; it
 // may call Held and Events.
 func (c *ComfyUI) WaitFor(ctx context.Context, cond func() bool) error {
-	for {
-		c.mu.Lock()
-		ch := c.changed
-		c.mu.Unlock()
-		if cond() {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-c.done:
-			return errors.New("fake comfyui: closed")
-		}
-	}
+	return waitChange(ctx, &c.mu, &c.changed, c.done, "fake comfyui: closed", cond)
 }
 
 // notifyLocked wakes WaitFor callers.

@@ -434,10 +434,18 @@ func (s *Server) checkInFlightLocked() {
 // after every change of the server's state; it may call the Server's
 // inspection methods (Running, Listed, Stats, Memory...).
 func (s *Server) WaitFor(ctx context.Context, cond func() bool) error {
+	return waitChange(ctx, &s.mu, &s.changed, s.done, "sim: server closed", cond)
+}
+
+// waitChange is WaitFor of the fake Ollama and the fake ComfyUI: cond is
+// called at once and after every close of *changed (read under mu, which
+// notifyLocked closes and replaces), until it holds, ctx ends or done is
+// closed (an error saying closed).
+func waitChange(ctx context.Context, mu *sync.Mutex, changed *chan struct{}, done <-chan struct{}, closed string, cond func() bool) error {
 	for {
-		s.mu.Lock()
-		ch := s.changed
-		s.mu.Unlock()
+		mu.Lock()
+		ch := *changed
+		mu.Unlock()
 		if cond() {
 			return nil
 		}
@@ -445,8 +453,8 @@ func (s *Server) WaitFor(ctx context.Context, cond func() bool) error {
 		case <-ch:
 		case <-ctx.Done():
 			return context.Cause(ctx)
-		case <-s.done:
-			return errors.New("sim: server closed")
+		case <-done:
+			return errors.New(closed)
 		}
 	}
 }
