@@ -221,6 +221,7 @@ var composeTaking = new(vramguard.Lease)
 type composeResult struct {
 	op      composeOp
 	err     error
+	start   time.Time
 	elapsed time.Duration
 	skipped bool
 }
@@ -232,7 +233,7 @@ const composeBound = 3*time.Second + 10*time.Second
 func (w *composeWorld) run(ctx context.Context, id int, o composeOp) composeResult {
 	ctx = context.WithValue(ctx, composeCall{}, id)
 	start := time.Now()
-	r := composeResult{op: o}
+	r := composeResult{op: o, start: start}
 	req := func(m string) *vramguard.GenerateRequest { return &vramguard.GenerateRequest{Model: m, Prompt: "x"} }
 	switch o.kind {
 	case "guard":
@@ -417,7 +418,7 @@ func playSteps(t *testing.T, steps [][]composeOp, budget bool) ([]composeViolati
 	id := 0
 	for si, step := range steps {
 		w.mu.Lock()
-		before := len(w.unloads)
+		before, loadsBefore := len(w.unloads), len(w.loads)
 		// The models each live phase used at the step's start: none of
 		// them may be unloaded by a guard's cleanup or another phase's End.
 		kept := map[string]int{}
@@ -448,7 +449,12 @@ func playSteps(t *testing.T, steps [][]composeOp, budget bool) ([]composeViolati
 		wg.Wait()
 		w.mu.Lock()
 		unloads := slices.Clone(w.unloads[before:])
+		stepLoads := slices.Clone(w.loads[loadsBefore:])
 		w.mu.Unlock()
+		callStart := map[int]time.Time{}
+		for i, r := range results {
+			callStart[ids[i]] = r.start
+		}
 		refused := map[int]bool{}
 		for i, r := range results {
 			checks += 3 // bound, error, refusal
@@ -493,8 +499,14 @@ func playSteps(t *testing.T, steps [][]composeOp, budget bool) ([]composeViolati
 				}
 			}
 			// Another program that takes memory on the device in the same
-			// step can take the room made: no library can keep it out.
-			taken := slices.ContainsFunc(step, func(o composeOp) bool { return o.kind == "reserve" && o.device == dev })
+			// step can take the room made: no library can keep it out. Nor
+			// does EnsureFree hold a load that begins while it runs, this
+			// client's included (seed 1796234028231654201; RELIABILITY.md):
+			// it waits for the loads in flight when it begins.
+			taken := slices.ContainsFunc(step, func(o composeOp) bool { return o.kind == "reserve" && o.device == dev }) ||
+				slices.ContainsFunc(stepLoads, func(l composeLoad) bool {
+					return composeDevice(l.model) == dev && l.start.After(callStart[u.call])
+				})
 			if refused[u.call] && !taken {
 				add(si, "evicted-then-refused", "%s unloaded (%s) by an action whose admission then refused it", u.model, u.cause)
 			}

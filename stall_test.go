@@ -55,3 +55,50 @@ func TestBudgetCallOnAPlannedVictimDoesNotStall(t *testing.T) {
 		t.Errorf("the admission of b took %v: held to the unload timeout (%v) by the call on c", bTook, unloadTimeout)
 	}
 }
+
+// EnsureFree waits for this client's loads in flight before it plans:
+// on a device whose memory shows a load only once the server lists the
+// model (PSGPU; a real GPU shows a runner's memory as it allocates), the
+// room it reported was taken by its own client's load landing right
+// after (the composition oracle's open finding of seed
+// 1796171770862276545: EnsureFree did not count the loads in flight
+// beside it).
+func TestEnsureFreeWaitsForOwnLoadsInFlight(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{},
+		vramguardtest.ModelConfig{Name: "b", SizeVRAM: 5 * gib, Size: 5 * gib},
+		vramguardtest.ModelConfig{Name: "d", SizeVRAM: 4 * gib, Size: 4 * gib, LoadLatency: 300 * time.Millisecond})
+	dev := &vramguardtest.PSGPU{Client: s.APIClient(), Total: 12 * gib}
+	c := newClientAt(t, s.URL().String(), vramguard.Options{VRAM: dev})
+	hour := vramguard.KeepAliveFor(time.Hour)
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, hour, nil); err != nil {
+		t.Fatal(err)
+	}
+	loaded := make(chan error, 1)
+	go func() {
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "d", Prompt: "x"}, hour, nil)
+		loaded <- err
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := s.WaitFor(ctx, func() bool { return s.Requests("d") > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	// 7 GiB free as the device reads now; 3 once d lands.
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+	snap, err := dev.Snapshot(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := snap.Devices[0].Free; f < 6*gib {
+		t.Errorf("after EnsureFree (plan %v, free before %d) and d's load: %d bytes free, want 6 GiB: the room was made before this client's own load landed", rep.Plan, rep.FreeBefore, f)
+	}
+	if len(rep.Plan) == 0 {
+		t.Errorf("nothing planned: 3 GiB free once d landed, so a model had to go")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -84,6 +85,12 @@ type EnsureReport struct {
 // req.Device. This is the call an orchestrator makes right before loading a
 // diffusion model or a text encoder.
 //
+// It first waits, within req.Timeout, until this client's generations
+// still loading a model have it listed (or ended), so that the plan
+// counts what those loads hold; not with req.KeepInUse (a caller that
+// makes room beside its own calls counts them itself) or req.DryRun. A
+// load that begins while the room is being made is not held.
+//
 // If the device already has the room, it does nothing. Otherwise it plans
 // first (arithmetic before any unload): a model counts for the device its
 // runner's memory is on, by the reader's attribution; when the free memory
@@ -129,7 +136,46 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 	if err != nil {
 		return nil, err
 	}
+	if !req.DryRun && !req.KeepInUse && c.opts.VRAM != nil {
+		// Room for memory the caller takes itself: this client's loads in
+		// flight land first, so that the plan sees what they hold instead
+		// of making room they take (composition oracle seed
+		// 1796234028231654201). A caller making room beside its own calls
+		// (KeepInUse, a pool's placement: itself such a load) counts them
+		// its own way, and a budget's admission counts what it admitted.
+		c.awaitOwnLoads(ctx, rq)
+	}
 	return c.makeRoom(ctx, rq)
+}
+
+// awaitOwnLoads waits, within rq.timeout, until every model on which this
+// client has a generation with no reply yet is listed by the server, or
+// those generations ended or streamed: a load that does not land within
+// the bound is planned around as it is (the device shows what it holds so
+// far), and logged.
+func (c *OllamaClient) awaitOwnLoads(ctx context.Context, rq roomRequest) {
+	deadline := time.Now().Add(rq.timeout)
+	for {
+		loading := c.book.loadingModels()
+		if len(loading) == 0 {
+			return
+		}
+		ms, err := c.running(ctx)
+		if err != nil {
+			return // the plan's own reading reports it
+		}
+		loading = slices.DeleteFunc(loading, func(m string) bool { return findRunning(ms, m) != nil })
+		if len(loading) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.log.Debug("room-making: this client's loads did not land in time; planned without them", "models", loading, "timeout", rq.timeout)
+			return
+		}
+		if sleepCtx(ctx, min(rq.interval, c.opts.PollInterval)) != nil {
+			return
+		}
+	}
 }
 
 // roomRequestOf checks req and makes it the room-making's request.
