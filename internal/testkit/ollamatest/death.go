@@ -70,7 +70,7 @@ func fatalLine(path string, offset int64) string {
 // server issues). Every verified unload polls /api/ps, so a suite of
 // hundreds of them meets it now and then on v0.6.5, v0.17.4 and v0.24.0.
 func KnownCrash(version, cause string) bool {
-	if !strings.Contains(cause, "fatal error: concurrent map") {
+	if !strings.Contains(cause, "fatal error: concurrent map iteration and map write") {
 		return false
 	}
 	return versionBefore(version, 0, 32, 4)

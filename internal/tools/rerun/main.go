@@ -87,6 +87,11 @@ func judge(in io.Reader, out io.Writer) (verdict, error) {
 	marked := map[key]bool{}
 	failed := map[string][]string{} // package → failed top-level tests, in order
 	var failedPkgs []string
+	// A test that ran and never ended (its binary panicked in another
+	// goroutine, timed out, was killed or exited) has no pass, fail or
+	// skip: its package's failure is no known crash, whatever else failed.
+	open := map[key]bool{}
+	died := map[string]string{} // package → a line of its own output that says it died
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
 	for sc.Scan() {
@@ -101,6 +106,19 @@ func judge(in io.Reader, out io.Writer) (verdict, error) {
 			if strings.Contains(e.Output, ollamatest.CrashMarker) {
 				marked[key{e.Package, top(e.Test)}] = true
 			}
+			// The runtime writes these at the start of a line; a test's
+			// own log lines (a server log's tail included) are indented.
+			if o := e.Output; strings.HasPrefix(o, "panic:") || strings.HasPrefix(o, "fatal error:") {
+				if _, ok := died[e.Package]; !ok {
+					died[e.Package] = strings.TrimSpace(o)
+				}
+			}
+		}
+		switch e.Action {
+		case "run":
+			open[key{e.Package, e.Test}] = true
+		case "pass", "fail", "skip":
+			delete(open, key{e.Package, e.Test})
 		}
 		switch {
 		case e.Action != "fail":
@@ -115,9 +133,15 @@ func judge(in io.Reader, out io.Writer) (verdict, error) {
 	}
 	v := verdict{Rerun: map[string][]string{}}
 	for _, p := range failedPkgs {
-		if len(failed[p]) == 0 {
+		switch {
+		case len(failed[p]) == 0:
 			v.Unexcused = append(v.Unexcused, p+": failed with no failed test")
+		case died[p] != "":
+			v.Unexcused = append(v.Unexcused, p+": the test binary died: "+died[p])
 		}
+	}
+	for k := range open {
+		v.Unexcused = append(v.Unexcused, k.pkg+": "+k.test+" ran and never ended")
 	}
 	for p, tests := range failed {
 		for _, t := range tests {
