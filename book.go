@@ -39,6 +39,10 @@ type flight struct {
 	// streaming is set at the first chunk: the model is loaded by then,
 	// and an unload no longer cancels the request (see cancelLoads).
 	streaming atomic.Bool
+	// sent is set once the request's headers were written to the server
+	// (httptrace), or when the request does not go through net/http (the
+	// CLI fallback): before that it cannot have loaded anything.
+	sent atomic.Bool
 	// cut is set, under the book's lock, once an unload canceled it.
 	cut bool
 
@@ -137,12 +141,21 @@ func (b *book) unsent(f *flight) {
 }
 
 // inFlight returns the number of this client's generations on model, and
-// how many have begun so far (for forget).
-func (b *book) inFlight(model string) (n int, begun uint64) {
+// how many have begun so far (for forget). With sentOnly it counts only
+// those whose request has gone out.
+func (b *book) inFlight(model string, sentOnly bool) (n int, begun uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	key := NormalizeModelName(model)
-	return len(b.inflight[key]), b.begun[key]
+	if !sentOnly {
+		return len(b.inflight[key]), b.begun[key]
+	}
+	for f := range b.inflight[key] {
+		if f.sent.Load() {
+			n++
+		}
+	}
+	return n, b.begun[key]
 }
 
 // inFlightModels returns the models (normalized) on which this client

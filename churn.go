@@ -106,11 +106,12 @@ type churnModel struct {
 	loadEnd   stamp // when the last load this client counted ended
 }
 
-// stamp is a moment on the server's clock (from a reply's created_at) or,
-// where the reply had none, on this client's.
+// stamp is when a load ended, on the server's clock (from a reply's
+// created_at) or, where the reply had none, on this client's.
 type stamp struct {
 	at     time.Time
 	server bool
+	numCtx int // what the load was asked for
 	// callEnd is when the call that reported it ended, on this client's
 	// clock: a call begun after it cannot have waited for the same load.
 	callEnd time.Time
@@ -127,22 +128,20 @@ func loadEnd(st *streamState, m api.Metrics) stamp {
 	return stamp{at: st.start.Add(m.LoadDuration)}
 }
 
-// firstOfLoad reports whether a call begun at start whose load ended at
-// end is the first of this client to report that load, and records it if
-// so. Calls that waited for one load ran at once and saw it end within tol
-// of each other (Ollama hands every waiter the one runner), while two
-// loads of a model end at least a load apart (the second starts after the
-// first's runner went).
-func (ch *churn) firstOfLoad(model string, start time.Time, end stamp, tol time.Duration) bool {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	m := ch.model(NormalizeModelName(model))
-	if prev := m.loadEnd; !prev.at.IsZero() && prev.server == end.server && start.Before(prev.callEnd) && prev.at.Sub(end.at).Abs() <= tol {
-		return false
-	}
-	end.callEnd = time.Now()
-	m.loadEnd = end
-	return true
+// sameLoadWithin is how close the ends of two calls' loads are when they
+// waited for one load: Ollama hands the one runner to every waiter within
+// a few milliseconds, while two loads of a model end at least a load
+// apart (the second starts after the first's runner went). At most half
+// the threshold, so that a load it counts is never taken for another.
+func sameLoadWithin(threshold time.Duration) time.Duration {
+	return min(5*time.Millisecond, threshold/2)
+}
+
+// sameLoad reports whether a call begun at start whose load ended at end
+// waited for the load prev records.
+func (prev stamp) sameLoad(start time.Time, end stamp, tol time.Duration) bool {
+	return !prev.at.IsZero() && prev.server == end.server && prev.numCtx == end.numCtx &&
+		start.Before(prev.callEnd) && prev.at.Sub(end.at).Abs() <= tol
 }
 
 func (ch *churn) model(key string) *churnModel {
@@ -207,25 +206,34 @@ func (ch *churn) used(model string, ka KeepAlive, at time.Time) {
 	m.unloadAt, m.unload = time.Time{}, ""
 }
 
-// loadedAgain records a load that began at start and ended at end, and
-// returns why the model had left, or nil when this client had not used
-// it within window. server is the pid of the server that serves it now
-// (0: unknown).
-func (ch *churn) loadedAgain(model string, ka KeepAlive, numCtx, server int, start, end time.Time, window time.Duration) *ReloadEvent {
+// loadedAgain records a call that began at start, ended at end and
+// reported a load that ended at le. A call that waited for the load
+// another call of this client reported (stamp.sameLoad within tol) is a
+// use: first is false. Otherwise it records the load and returns why the
+// model had left, or nil when this client had not used it within window.
+// server is the pid of the server that serves it now (0: unknown).
+func (ch *churn) loadedAgain(model string, ka KeepAlive, numCtx, server int, start, end time.Time, window time.Duration, le stamp, tol time.Duration) (ev *ReloadEvent, first bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	m := ch.model(NormalizeModelName(model))
+	le.numCtx = numCtx
+	if m.loadEnd.sameLoad(start, le, tol) {
+		m.lastUse, m.keepAlive, m.expires = end, ka, time.Time{}
+		m.unloadAt, m.unload = time.Time{}, ""
+		return nil, false
+	}
+	le.callEnd = end
 	prev := *m
 	downAt := ch.downAt
-	*m = churnModel{lastUse: end, keepAlive: ka, loaded: true, numCtx: numCtx, server: server, loadEnd: prev.loadEnd}
+	*m = churnModel{lastUse: end, keepAlive: ka, loaded: true, numCtx: numCtx, server: server, loadEnd: le}
 	ref := prev.lastUse
 	if prev.unloadAt.After(ref) {
 		ref = prev.unloadAt
 	}
 	if ref.IsZero() || start.Sub(ref) > window {
-		return nil
+		return nil, true
 	}
-	ev := &ReloadEvent{Model: model, Since: max(0, start.Sub(ref)), NumCtx: numCtx}
+	ev = &ReloadEvent{Model: model, Since: max(0, start.Sub(ref)), NumCtx: numCtx}
 	if prev.loaded {
 		ev.PrevNumCtx = prev.numCtx
 	}
@@ -245,7 +253,7 @@ func (ch *churn) loadedAgain(model string, ka KeepAlive, numCtx, server int, sta
 	default:
 		ch.leftIdle(ev, prev, downAt, start)
 	}
-	return ev
+	return ev, true
 }
 
 // leftIdle names the cause of a model that left while this client did not
@@ -293,7 +301,7 @@ func ctxWords(n int) string {
 
 // noteLoad feeds a successful call to the churn record: a load returns the
 // reload event, if any, which is logged and hooked here.
-func (c *OllamaClient) noteLoad(ctx context.Context, gen *Generation, ka KeepAlive, options map[string]any, start time.Time) {
+func (c *OllamaClient) noteLoad(ctx context.Context, gen *Generation, ka KeepAlive, options map[string]any, start time.Time, le stamp) {
 	end := time.Now()
 	if !gen.Loaded {
 		c.churn.used(gen.Model, ka, end)
@@ -301,7 +309,13 @@ func (c *OllamaClient) noteLoad(ctx context.Context, gen *Generation, ka KeepAli
 	}
 	numCtx := numCtxOf(options)
 	server := c.servingServer(ctx, gen.Model)
-	ev := c.churn.loadedAgain(gen.Model, ka, numCtx, server, start, end, c.opts.ReloadWindow)
+	ev, first := c.churn.loadedAgain(gen.Model, ka, numCtx, server, start, end, c.opts.ReloadWindow, le, sameLoadWithin(c.opts.LoadThreshold))
+	if !first {
+		// Another call of this client waited for the same load: Ollama
+		// reports its load_duration to each, and one load is one.
+		gen.Loaded = false
+		return
+	}
 	if ev == nil {
 		return
 	}

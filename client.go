@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"strings"
@@ -215,9 +216,10 @@ type Generation struct {
 	// Loaded reports that this request loaded the model: the load
 	// duration the server reported reached Options.LoadThreshold. Ollama
 	// reports a load to every request that waited for it; of this
-	// client's calls that ran at once and waited for one load (their waits
-	// end within LoadThreshold/2 of each other, on the server's clock),
-	// only the first to finish reports it, so one load is counted once.
+	// client's calls that ran at once and waited for one load (the same
+	// num_ctx, their waits ending within 5 ms, at most LoadThreshold/2, of
+	// each other on the server's clock), only the first to finish reports
+	// it, so one load is counted once.
 	Loaded bool
 	// Offload is set when this generation loaded the model (Loaded) and
 	// Ollama put part of it on the CPU; nil when it is all on the GPU.
@@ -473,6 +475,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	if err != nil {
 		return nil, err
 	}
+	fctx = httptrace.WithClientTrace(fctx, &httptrace.ClientTrace{WroteHeaders: func() { f.sent.Store(true) }})
 	st := &streamState{flight: f, spent: spent}
 	// Checked at the first chunk when the model may be gone by the end,
 	// or when an offloaded model must not generate at all.
@@ -530,13 +533,8 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 // succeeded reports a successful call's load or reuse, its reload, if any,
 // and its offload.
 func (c *OllamaClient) succeeded(ctx context.Context, cl *call, gen *Generation, st *streamState, keepAlive KeepAlive, start time.Time) {
-	if gen.Loaded && !c.churn.firstOfLoad(gen.Model, st.start, loadEnd(st, gen.Metrics), c.opts.LoadThreshold/2) {
-		// Another call of this client waited for the same load: Ollama
-		// reports its load_duration to each, and one load is one.
-		gen.Loaded = false
-	}
+	c.noteLoad(ctx, gen, keepAlive, cl.options, start, loadEnd(st, gen.Metrics))
 	c.reportLoad(gen)
-	c.noteLoad(ctx, gen, keepAlive, cl.options, start)
 	if !gen.Loaded {
 		return
 	}

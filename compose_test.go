@@ -504,9 +504,9 @@ func playSteps(t *testing.T, steps [][]composeOp, budget bool) ([]composeViolati
 			// client's included (seed 1796234028231654201; RELIABILITY.md):
 			// it waits for the loads in flight when it begins.
 			taken := slices.ContainsFunc(step, func(o composeOp) bool { return o.kind == "reserve" && o.device == dev }) ||
-				slices.ContainsFunc(stepLoads, func(l composeLoad) bool {
+				(u.cause == vramguard.CauseEnsureFree && slices.ContainsFunc(stepLoads, func(l composeLoad) bool {
 					return composeDevice(l.model) == dev && l.start.After(callStart[u.call])
-				})
+				}))
 			if refused[u.call] && !taken {
 				add(si, "evicted-then-refused", "%s unloaded (%s) by an action whose admission then refused it", u.model, u.cause)
 			}

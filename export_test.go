@@ -28,7 +28,7 @@ func SetProcRoot(c *OllamaClient, root string) { c.procRoot = root }
 
 // InFlight is how many of c's generations on model are in flight.
 func InFlight(c *OllamaClient, model string) int {
-	n, _ := c.book.inFlight(model)
+	n, _ := c.book.inFlight(model, false)
 	return n
 }
 

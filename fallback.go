@@ -96,6 +96,7 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 	if err != nil {
 		return nil, err
 	}
+	f.sent.Store(true) // the CLI sends it at once
 	gen, err := func() (*Generation, error) {
 		defer end()
 		return c.runCLI(fctx, path, req, ka, fn, f)

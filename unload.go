@@ -396,7 +396,11 @@ func (u *unload) poll(wait time.Duration) unloadEvent {
 		return u.stopped(err)
 	}
 	u.cut() // a generation of ours that began since
-	ours, begun := u.c.book.inFlight(u.model)
+	// Room-making beside this client's calls (KeepInUse: a pool's
+	// placement) waits only for calls whose request went out: one that
+	// waits for the placement turn its room-making holds cannot have
+	// loaded the model, and would wait for this unload.
+	ours, begun := u.c.book.inFlight(u.model, u.mode.keepInUse)
 	u.begun = begun
 	l, err := u.c.ps.get(u.wctx, time.Now())
 	if err == nil {

@@ -45,10 +45,10 @@ type EnsureRequest struct {
 	// budget's room-making does (KeptModel.InUse), instead of taking them
 	// last: for a caller that makes room for a load of its own beside its
 	// other calls, not for memory it will take itself. It keeps those that
-	// run when the plan is made: a generation that begins on a planned
-	// victim later, with no reply yet, is cut by its unload
-	// (ErrUnloadedWhileLoading), as every unload of EnsureFree cuts this
-	// client's loads, rather than waited for.
+	// run when the plan is made; the unload of a planned victim waits for
+	// a generation that began on it later only once its request went out
+	// (one held before it, as a pool's placement turn holds it, goes on
+	// after the room is made).
 	KeepInUse bool
 	// KeepOwn keeps the models this client's own leases hold (its phases',
 	// HoldModel's) as another program's leases are kept (KeptModel.Leases
@@ -88,10 +88,11 @@ type EnsureReport struct {
 // It first waits, within req.Timeout, until this client's generations
 // still loading a model have it listed (or ended), so that the plan
 // counts what those loads hold; not with req.KeepInUse (a caller that
-// makes room beside its own calls counts them itself) or req.DryRun. A
-// load that begins while the room is being made is not held.
+// makes room beside its own calls counts them itself), req.DryRun or
+// req.AllModels. A load that begins while the room is being made is not
+// held.
 //
-// If the device already has the room, it does nothing. Otherwise it plans
+// If the device then has the room, it sends nothing. Otherwise it plans
 // first (arithmetic before any unload): a model counts for the device its
 // runner's memory is on, by the reader's attribution; when the free memory
 // plus all that may be evicted there cannot reach the need, it unloads
@@ -125,18 +126,18 @@ func (c *OllamaClient) EnsureFree(ctx context.Context, req EnsureRequest) (*Ensu
 	if err := c.checkOpen("ensure free", ""); err != nil {
 		return nil, err
 	}
-	return c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree, keepInUse: req.KeepInUse, keepOwn: req.KeepOwn})
+	return c.ensureFree(ctx, req, unloadMode{cause: CauseEnsureFree, keepLoads: req.KeepInUse, keepInUse: req.KeepInUse, keepOwn: req.KeepOwn})
 }
 
-// ensureFree is EnsureFree for the library's own calls too (Phase.End,
-// which Close makes too, and Budget.MakeRoom). mode is the unloads' (the
-// library's own calls do not cut the client's generations: unloadMode{keepLoads: true}).
+// ensureFree is EnsureFree for the library's own calls too (Phase.End's
+// hand-over, which Close makes too). mode is the unloads' (the library's
+// own calls do not cut the client's generations: unloadMode{keepLoads: true}).
 func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode unloadMode) (*EnsureReport, error) {
 	rq, err := c.roomRequestOf(req, mode)
 	if err != nil {
 		return nil, err
 	}
-	if !req.DryRun && !req.KeepInUse && c.opts.VRAM != nil {
+	if !req.DryRun && !req.KeepInUse && !req.AllModels && c.opts.VRAM != nil {
 		// Room for memory the caller takes itself: this client's loads in
 		// flight land first, so that the plan sees what they hold instead
 		// of making room they take (composition oracle seed
@@ -172,7 +173,9 @@ func (c *OllamaClient) awaitOwnLoads(ctx context.Context, rq roomRequest) {
 			c.log.Debug("room-making: this client's loads did not land in time; planned without them", "models", loading, "timeout", rq.timeout)
 			return
 		}
-		if sleepCtx(ctx, min(rq.interval, c.opts.PollInterval)) != nil {
+		// At the slower of the two intervals: every /api/ps request is
+		// one more chance of Ollama's listing race (README).
+		if sleepCtx(ctx, max(rq.interval, c.opts.PollInterval)) != nil {
 			return
 		}
 	}

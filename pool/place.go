@@ -144,10 +144,10 @@ func cheaper(a, b plan) bool {
 // placement turn it holds is taken by no request that room-making sends
 // (listings, /api/show, unloads, each bounded by the answer timeout), and
 // KeepInUse keeps every model a call of this client runs on when the plan
-// is made. A call on a model the plan unloads, begun after the plan, waits
-// for the turn with no reply yet: the unload cuts it (ErrUnloadedWhileLoading),
-// as EnsureFree's unloads cut every such call, instead of waiting for it
-// while it waits for the turn (TestPoolCallOnAPlannedVictimDoesNotStall).
+// is made. A call on a model the plan unloads, begun after the plan,
+// waits for the turn before its request goes out: the unload does not wait
+// for it (EnsureRequest.KeepInUse waits only for calls sent), and it is
+// placed once the turn is free (TestPoolCallOnAPlannedVictimDoesNotStall).
 func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*member, error) {
 	const op = "place"
 	select {

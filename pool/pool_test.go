@@ -844,7 +844,7 @@ func TestPoolEnsureFreeNamesMember(t *testing.T) {
 // when the plan is made are kept (KeepInUse). Every call ends, with a
 // result or a typed refusal, well within the test's bound; a deadlock
 // would hold them to it. (A call on a planned victim begun after the plan
-// is cut: TestPoolCallOnAPlannedVictimDoesNotStall.)
+// goes on after it: TestPoolCallOnAPlannedVictimDoesNotStall.)
 func TestPoolPlacementsMakingRoomDoNotDeadlock(t *testing.T) {
 	sims := poolSims(t, 12*gib, 12*gib)
 	// Another program's c (9 GiB) on both devices: the first placement of a

@@ -176,7 +176,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, c *call) {
 	if c.KeepAlive != nil {
 		keepAlive = &c.KeepAlive.Duration
 	}
-	rn, loadDur, err := s.acquire(ctx, m, keepAlive, optInt(c.Options, "num_ctx"), fs)
+	rn, loadDur, err := s.acquire(ctx, start, m, keepAlive, optInt(c.Options, "num_ctx"), fs)
 	if err != nil {
 		if ctx.Err() != nil {
 			s.countCancel(m)

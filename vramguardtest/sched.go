@@ -74,14 +74,15 @@ func (s *Server) takeFaultsLocked(m *model) faults {
 
 // acquire returns m's runner with a reference held for the caller, loading
 // the model first if needed. keepAlive, if set, becomes the runner's sticky
-// keep-alive. loadDur is non-zero when the caller had to wait for a load.
+// keep-alive. loadDur is non-zero when the caller had to wait for a load:
+// the time from start (the handler's, as Ollama measures it) to the load's
+// end.
 // A request for another context size (numCtx, 0 for the default) than the
 // runner was loaded with loads the model again once the runner is idle, as
 // Ollama's scheduler does (needsReload); while other requests hold the
 // runner, the request shares it instead (Ollama would wait for them).
 // On success the caller must call release.
-func (s *Server) acquire(ctx context.Context, m *model, keepAlive *time.Duration, numCtx int, fs faults) (r *runner, loadDur time.Duration, err error) {
-	start := time.Now()
+func (s *Server) acquire(ctx context.Context, start time.Time, m *model, keepAlive *time.Duration, numCtx int, fs faults) (r *runner, loadDur time.Duration, err error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
