@@ -183,9 +183,10 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		// room is made: the device would show its memory and the target
 		// still count it, and the wait could never end. Room is made
 		// once those loads are listed (or have failed), and measured.
-		if pending, err = c.awaitPending(ctx, model); err != nil {
+		if err := c.awaitPending(ctx, model); err != nil {
 			return nil, err
 		}
+		pending = 0
 		if berr, err = c.checkBudget(ctx, b, model, need+pending); err != nil {
 			return nil, err
 		}
@@ -229,20 +230,33 @@ func (a *admission) pendingBytes(ms []api.ProcessModelResponse, model string) (p
 }
 
 // awaitPending waits, within ctx, until every load this client admitted
-// is listed by the server or has ended (its generation failed), and
-// returns what those still unlisted hold (zero unless ctx ended first).
-func (c *OllamaClient) awaitPending(ctx context.Context, model string) (uint64, error) {
+// is listed by the server or has ended (its generation failed).
+func (c *OllamaClient) awaitPending(ctx context.Context, model string) error {
+	err := c.awaitListing(ctx, c.opts.PollInterval, func(ms []api.ProcessModelResponse) bool {
+		pending, _ := c.admission.pendingBytes(ms, model)
+		return pending == 0
+	})
+	var e *Error
+	if err != nil && !errors.As(err, &e) {
+		return newError("budget", model, KindCanceled, err)
+	}
+	return err
+}
+
+// awaitListing reads the server's listing, then again every interval,
+// until done says the wait is over. It fails with a listing's *Error, or
+// with ctx's cause while it sleeps.
+func (c *OllamaClient) awaitListing(ctx context.Context, interval time.Duration, done func([]api.ProcessModelResponse) bool) error {
 	for {
 		ms, err := c.running(ctx)
 		if err != nil {
-			return 0, err
+			return err
 		}
-		pending, _ := c.admission.pendingBytes(ms, model)
-		if pending == 0 {
-			return 0, nil
+		if done(ms) {
+			return nil
 		}
-		if err := sleepCtx(ctx, c.opts.PollInterval); err != nil {
-			return 0, newError("budget", model, KindCanceled, err)
+		if err := sleepCtx(ctx, interval); err != nil {
+			return err
 		}
 	}
 }

@@ -2,6 +2,7 @@ package vramguard_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -39,12 +40,7 @@ func TestBudgetCallOnAPlannedVictimDoesNotStall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	if err := s.WaitFor(ctx, func() bool {
-		for _, e := range s.Events("c") {
-			if e.Kind == vramguardtest.EventUnloadRequest {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(s.Events("c"), func(e vramguardtest.Event) bool { return e.Kind == vramguardtest.EventUnloadRequest })
 	}); err != nil {
 		t.Fatalf("no unload of c: %v", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/ollama/ollama/api"
 )
 
 // ErrNoVRAMReader: EnsureFree had no Options.VRAM to measure with and no
@@ -155,30 +157,20 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 // the bound is planned around as it is (the device shows what it holds so
 // far), and logged.
 func (c *OllamaClient) awaitOwnLoads(ctx context.Context, rq roomRequest) {
-	deadline := time.Now().Add(rq.timeout)
-	for {
-		loading := c.book.loadingModels()
-		if len(loading) == 0 {
-			return
-		}
-		ms, err := c.running(ctx)
-		if err != nil {
-			return // the plan's own reading reports it
-		}
-		loading = slices.DeleteFunc(loading, func(m string) bool { return findRunning(ms, m) != nil })
-		if len(loading) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.log.Debug("room-making: this client's loads did not land in time; planned without them", "models", loading, "timeout", rq.timeout)
-			return
-		}
-		// At the slower of the two intervals: every /api/ps request is
-		// one more chance of Ollama's listing race (README).
-		if sleepCtx(ctx, max(rq.interval, c.opts.PollInterval)) != nil {
-			return
-		}
+	if len(c.book.loadingModels()) == 0 {
+		return // no listing asked for
 	}
+	wctx, cancel := context.WithTimeout(ctx, rq.timeout)
+	defer cancel()
+	// At the slower of the two intervals: every /api/ps request is one
+	// more chance of Ollama's listing race (README).
+	err := c.awaitListing(wctx, max(rq.interval, c.opts.PollInterval), func(ms []api.ProcessModelResponse) bool {
+		return !slices.ContainsFunc(c.book.loadingModels(), func(m string) bool { return findRunning(ms, m) == nil })
+	})
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		c.log.Debug("room-making: this client's loads did not land in time; planned without them", "models", c.book.loadingModels(), "timeout", rq.timeout)
+	}
+	// Any other failure: the plan's own reading reports it.
 }
 
 // roomRequestOf checks req and makes it the room-making's request.

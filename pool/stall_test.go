@@ -3,6 +3,7 @@ package pool_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -35,12 +36,7 @@ func TestPoolCallOnAPlannedVictimDoesNotStall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	if err := sim.WaitFor(ctx, func() bool {
-		for _, e := range sim.Events("c") {
-			if e.Kind == vramguardtest.EventUnloadRequest {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(sim.Events("c"), func(e vramguardtest.Event) bool { return e.Kind == vramguardtest.EventUnloadRequest })
 	}); err != nil {
 		t.Fatalf("no unload of c: %v", err)
 	}

@@ -235,6 +235,9 @@ func (g *gate) check(ctx context.Context, v *verdict, name string, est *vramguar
 			ref.setRetry(0, g.cfg.retryAfter)
 			return ref
 		}
+		if len(rep.Plan) == 0 {
+			return nil // the room is there: the real call would read the device again to do nothing
+		}
 	}
 	rep, err := g.client.EnsureFree(ctx, req)
 	if err != nil {

@@ -84,12 +84,27 @@ func CacheDir() (string, error) {
 
 // majorMinor returns the first two numbers of a version such as "0.17.4".
 func majorMinor(v string) (major, minor int) {
+	n, _ := versionNumbers(v)
+	return n[0], n[1]
+}
+
+// versionNumbers reads "0.17.4" (a "v" before it, and a "-rc1" or "+x"
+// after a number, allowed) as its three numbers; ok is false unless all
+// three are there and are numbers (those read still come back).
+func versionNumbers(v string) (n [3]int, ok bool) {
 	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
-	major, _ = strconv.Atoi(parts[0])
-	if len(parts) > 1 {
-		minor, _ = strconv.Atoi(parts[1])
+	ok = len(parts) == 3
+	for i, p := range parts {
+		if j := strings.IndexAny(p, "-+"); j >= 0 {
+			p = p[:j]
+		}
+		x, err := strconv.Atoi(p)
+		if err != nil {
+			return n, false
+		}
+		n[i] = x
 	}
-	return major, minor
+	return n, ok
 }
 
 // needsShim reports whether building version v needs the system headers

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -79,20 +78,9 @@ func KnownCrash(version, cause string) bool {
 // versionBefore reports whether v ("0.17.4") is older than
 // major.minor.patch; a version it cannot read is not.
 func versionBefore(v string, major, minor, patch int) bool {
-	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
-	if len(parts) != 3 {
+	n, ok := versionNumbers(v)
+	if !ok {
 		return false
-	}
-	var n [3]int
-	for i, p := range parts {
-		if j := strings.IndexAny(p, "-+"); j >= 0 {
-			p = p[:j]
-		}
-		x, err := strconv.Atoi(p)
-		if err != nil {
-			return false
-		}
-		n[i] = x
 	}
 	want := [3]int{major, minor, patch}
 	for i := range n {
