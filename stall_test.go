@@ -2,6 +2,7 @@ package vramguard_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -96,5 +97,62 @@ func TestEnsureFreeWaitsForOwnLoadsInFlight(t *testing.T) {
 	}
 	if len(rep.Plan) == 0 {
 		t.Errorf("nothing planned: 3 GiB free once d landed, so a model had to go")
+	}
+}
+
+// Two phases of one client: A's hand-over waits for B's load in flight
+// and counts it. On a device that shows a load once it is listed, A's End
+// saw the room before d landed and handed over memory that d then took;
+// now it sees d, which B's phase keeps, and refuses with the *RoomError.
+func TestHandOverCountsAnotherPhasesLoadInFlight(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{},
+		vramguardtest.ModelConfig{Name: "b", SizeVRAM: 5 * gib, Size: 5 * gib},
+		vramguardtest.ModelConfig{Name: "d", SizeVRAM: 4 * gib, Size: 4 * gib, LoadLatency: 300 * time.Millisecond})
+	dev := &vramguardtest.PSGPU{Client: s.APIClient(), Total: 12 * gib}
+	c := newClientAt(t, s.URL().String(), vramguard.Options{VRAM: dev})
+	a, err := c.StartPhase(t.Context(), "a", vramguard.PhaseOptions{NeedBytes: 9 * gib, NoLease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ga := a.Guard()
+	if _, err := ga.Generate(t.Context(), &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.StartPhase(t.Context(), "b", vramguard.PhaseOptions{NoLease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := make(chan error, 1)
+	go func() {
+		gb := b.Guard()
+		_, err := gb.Generate(t.Context(), &vramguard.GenerateRequest{Model: "d", Prompt: "x"}, nil)
+		loaded <- err
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := s.WaitFor(ctx, func() bool { return s.Requests("d") > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	// 12 GiB free once b goes, as the device reads now; 8 once d lands.
+	rep, endErr := a.End(t.Context())
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+	snap, err := dev.Snapshot(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := snap.Devices[0].Free
+	var re *vramguard.RoomError
+	if endErr == nil && free < 9*gib {
+		t.Errorf("A's hand-over reported the room (free after %d) and %d bytes are free with B's d loaded: it did not count B's load in flight", rep.Handover.FreeAfter, free)
+	} else if endErr != nil && !errors.As(endErr, &re) {
+		t.Errorf("A's End: %v; want the *RoomError of a hand-over that cannot be made beside B's d", endErr)
+	}
+	if !s.Listed("d") {
+		t.Error("B's d was unloaded by A's hand-over: another phase's model")
+	}
+	if _, err := b.End(t.Context()); err != nil {
+		t.Error(err)
 	}
 }
