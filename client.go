@@ -210,7 +210,7 @@ type Generation struct {
 	Thinking string
 	// ToolCalls are the tools a chat's model asked to call, in order.
 	ToolCalls  []api.ToolCall
-	DoneReason string // "stop", "length", ...; DoneReasonUnknown ("") from the CLI fallback
+	DoneReason string // "stop", "length", ...; "" (unknown) from the CLI fallback
 	Chunks     int
 	Metrics    api.Metrics
 	// Loaded reports that this request loaded the model: the load
@@ -232,10 +232,11 @@ type Generation struct {
 	// Fallback reports that the subprocess fallback produced the text.
 	// Such a generation has no Metrics, and DoneReason "length" when the
 	// library stopped the CLI at num_predict (counted approximately, see
-	// Options.Fallback), DoneReasonUnknown ("") otherwise: the CLI does not
-	// say whether the server's reply ended. With Format, a text that is not
-	// JSON, or not of the schema's basic shape, is no success but
-	// ErrFormatMismatch (see FallbackTextError).
+	// Options.Fallback), "" (unknown) otherwise: `ollama run` prints the
+	// text and exits 0 whether or not the server's done line arrived, so a
+	// reply the server cut short looks like a complete one. With Format,
+	// a text that is not JSON, or not of the schema's basic shape, is no
+	// success but ErrFormatMismatch (see FallbackTextError).
 	Fallback bool
 	// DroppedOptions lists, sorted, the request options the fallback did
 	// not apply (only with Options.FallbackDropOptions); nil otherwise.
@@ -321,8 +322,8 @@ func validCommon(op, model string, t Timeouts, opts map[string]any, format json.
 // is retried once through `ollama run`, provided no chunk had reached fn
 // yet; a failure of both returns the first error's kind with both causes.
 // The CLI cannot carry images: such a request is not retried
-// (ErrFallbackUnsupported). A generation by the CLI reports
-// DoneReasonUnknown, since the CLI hides how the reply ended, and with
+// (ErrFallbackUnsupported). A generation by the CLI reports DoneReason ""
+// (unknown), since the CLI hides how the reply ended, and with
 // Format its text must parse as the format asks (ErrFormatMismatch).
 //
 // Images and Format are checked before anything is sent (KindInvalidInput:

@@ -19,16 +19,6 @@ import (
 	"unicode/utf8"
 )
 
-// DoneReasonUnknown is the Generation.DoneReason of a reply whose end the
-// library cannot know: that of the CLI fallback, unless the library itself
-// stopped the CLI at num_predict ("length"). `ollama run` prints the text
-// and exits 0 whether or not the server's done line arrived (the api client
-// returns nil for a stream that ends without it), so a reply the server cut
-// short looks like a complete one. Such a generation has Fallback set and
-// no Metrics; only a request with Format gets a check of the text (see
-// ErrFormatMismatch).
-const DoneReasonUnknown = ""
-
 // ErrFormatMismatch: the CLI fallback's text for a request with Format does
 // not satisfy it. It is the cause inside a *FallbackTextError, which keeps
 // the text. With Format "json" the text must parse as one JSON value; with
@@ -74,8 +64,8 @@ func (e *FallbackTextError) Unwrap() error { return e.Err }
 // same three timeouts as the streaming path. It always sends a keep-alive
 // (the CLI's default is 5 minutes), and after an unload keep-alive it
 // verifies that the model is gone, because a model left by the fallback is
-// the failure this library exists to prevent. Its Generation says
-// DoneReasonUnknown unless the library stopped the CLI ("length"), and a
+// the failure this library exists to prevent. Its Generation's DoneReason
+// is "" (unknown) unless the library stopped the CLI ("length"), and a
 // text that does not satisfy req.Format fails (ErrFormatMismatch).
 func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka KeepAlive, fn ChunkFunc) (*Generation, error) {
 	const op = "generate (cli)"
@@ -160,7 +150,7 @@ func (c *OllamaClient) runCLI(ctx context.Context, path string, req *GenerateReq
 		return nil, newError(op, req.Model, classifyMessage(msg), fmt.Errorf("%w: %s", werr, lastLine(msg)))
 	}
 	text := strings.TrimRight(out.text.String(), "\n")
-	reason := DoneReasonUnknown
+	reason := "" // the CLI does not say how the reply ended
 	if out.capped {
 		reason = "length"
 	} else if kind, err := checkFormat(req.Format, text); err != nil {

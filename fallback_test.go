@@ -164,19 +164,19 @@ func TestFallbackOptions(t *testing.T) {
 		wantText string              // of the CLI, which writes "one two three four five six"
 		reason   string              // Generation.DoneReason
 	}{
-		{name: "no options", fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: DoneReasonUnknown},
-		{name: "empty options", options: map[string]any{}, fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: DoneReasonUnknown},
+		{name: "no options", fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: ""},
+		{name: "empty options", options: map[string]any{}, fault: vramguardtest.Busy(), wantText: "one two three four five six", reason: ""},
 		{name: "options set to nil", options: map[string]any{"seed": nil}, fault: vramguardtest.Busy(),
-			wantText: "one two three four five six", reason: DoneReasonUnknown},
+			wantText: "one two three four five six", reason: ""},
 		// 4 approximate tokens: 4 words, but bytes/4 stops it first, at 16 bytes.
 		{name: "num_predict is enforced", options: map[string]any{"num_predict": 4}, fault: vramguardtest.Busy(),
 			wantText: "one two three fo", reason: "length"},
 		{name: "num_predict from JSON", options: map[string]any{"num_predict": json.Number("2")}, fault: vramguardtest.Busy(),
 			wantText: "one two ", reason: "length"},
 		{name: "num_predict above the output", options: map[string]any{"num_predict": 100}, fault: vramguardtest.Busy(),
-			wantText: "one two three four five six", reason: DoneReasonUnknown},
+			wantText: "one two three four five six", reason: ""},
 		{name: "num_predict -1 is no cap", options: map[string]any{"num_predict": -1}, fault: vramguardtest.Busy(),
-			wantText: "one two three four five six", reason: DoneReasonUnknown},
+			wantText: "one two three four five six", reason: ""},
 		{name: "sampling options refused", options: all, fault: vramguardtest.Busy(), wantKind: KindTransient,
 			refused: "seed, temperature, top_p"},
 		{name: "refusal keeps a timeout's kind", options: all, fault: vramguardtest.Stall(5 * time.Second),
@@ -324,14 +324,14 @@ func TestFallbackFormat(t *testing.T) {
 		wantText string         // Generation.Text, or FallbackTextError.Text
 		reason   string         // Generation.DoneReason on success
 	}{
-		{name: "plain text without format", out: `a castle at dawn\n`, wantText: "a castle at dawn", reason: DoneReasonUnknown},
-		{name: "empty text without format", out: ``, wantText: "", reason: DoneReasonUnknown},
+		{name: "plain text without format", out: `a castle at dawn\n`, wantText: "a castle at dawn", reason: ""},
+		{name: "empty text without format", out: ``, wantText: "", reason: ""},
 		{name: "cut JSON", format: `"json"`, out: cut + `\n\n`, wantKind: KindTransient, wantText: cut},
 		{name: "no text for JSON", format: `"json"`, out: `\n`, wantKind: KindTransient, wantText: ""},
 		{name: "two JSON values", format: `"json"`, out: `{} {}\n`, wantKind: KindTransient, wantText: "{} {}"},
-		{name: "valid JSON", format: `"json"`, out: `{"a": [1, 2]}\n\n`, wantText: `{"a": [1, 2]}`, reason: DoneReasonUnknown},
+		{name: "valid JSON", format: `"json"`, out: `{"a": [1, 2]}\n\n`, wantText: `{"a": [1, 2]}`, reason: ""},
 		{name: "schema instance", format: schema, out: `{"positive": "sunny", "negative": "", "n": 3}\n`,
-			wantText: `{"positive": "sunny", "negative": "", "n": 3}`, reason: DoneReasonUnknown},
+			wantText: `{"positive": "sunny", "negative": "", "n": 3}`, reason: ""},
 		{name: "schema instance cut", format: schema, out: `{"positive": "sun`, wantKind: KindTransient, wantText: `{"positive": "sun`},
 		{name: "schema wrong type", format: schema, out: `["positive", "negative"]\n`, wantKind: KindServer, wantText: `["positive", "negative"]`},
 		{name: "schema required property missing", format: schema, out: `{"positive": "sunny"}\n`, wantKind: KindServer, wantText: `{"positive": "sunny"}`},

@@ -135,7 +135,7 @@ type Options struct {
 	// request with any other option is not retried through the CLI: it
 	// fails with its first error's kind, joined with ErrFallbackUnsupported
 	// naming the options, unless FallbackDropOptions is set. The CLI does
-	// not say how a reply ended: see DoneReasonUnknown and
+	// not say how a reply ended: see Generation.Fallback and
 	// ErrFormatMismatch.
 	Fallback bool
 	// FallbackDropOptions lets the fallback run without the options the
