@@ -488,7 +488,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	if errors.Is(err, errOffloadStop) {
 		return nil, c.failOffloaded(ctx, op, cl.model, st.offload)
 	}
-	if err != nil && nothingLoaded(err) {
+	if err != nil && (nothingLoaded(err) || st.refused) {
 		c.book.unsent(f)
 	}
 	if err != nil {
@@ -557,6 +557,9 @@ func (c *OllamaClient) reportLoad(gen *Generation) {
 
 // streamState is what the chunk callback accumulates.
 type streamState struct {
+	// refused: the client's transport refused the request itself (a
+	// pool's placement), so no server received it.
+	refused    bool
 	start      time.Time
 	spent      time.Duration // before the request: the vision check
 	text       strings.Builder
@@ -629,6 +632,7 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 		}
 		return nil
 	})
+	st.refused = transportRefused(err) != nil
 	if st.offload != nil && c.opts.FailOnOffload {
 		return nil, errOffloadStop // run unloads and fails
 	}

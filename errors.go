@@ -3,7 +3,6 @@ package vramguard
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 )
 
@@ -125,12 +124,9 @@ func KindOf(err error) Kind {
 }
 
 func newError(op, model string, kind Kind, err error) *Error {
-	// A transport's own *Error (a pool's refusal) reaches the call wrapped
-	// by net/http in a *url.Error naming an address no server has: the
-	// call's error is the transport's, without it.
-	var ue *url.Error
-	var pe *Error
-	if errors.As(err, &ue) && errors.As(ue.Err, &pe) {
+	// A transport's own *Error (a pool's refusal): the call's error is
+	// the transport's, without net/http's wrapping.
+	if pe := transportRefused(err); pe != nil {
 		return &Error{Op: op, Model: model, Kind: pe.Kind, Err: pe.Err}
 	}
 	return &Error{Op: op, Model: model, Kind: kind, Err: err}

@@ -1022,3 +1022,43 @@ func TestPoolKeepsMemberClientsLease(t *testing.T) {
 		t.Errorf("c with gpu0 squeezed = %v; want a *NoRoomError naming b's lease, b kept", err)
 	}
 }
+
+// A call the pool refuses at its placement never reached a server: a
+// guard's cleanup then has nothing to unload, and Close does not unload the
+// model because of it (composition oracle seed 1796282063726130557: the
+// guard's cleanup sent an unload of the refused model to both members).
+func TestPoolRefusedGuardSendsNoUnload(t *testing.T) {
+	sims := poolSims(t, 10*gib, 10*gib)
+	loadOn(t, sims[0], "b")
+	loadOn(t, sims[1], "b")
+	var mu sync.Mutex
+	var unloads []vramguard.UnloadEnd
+	hooks := vramguard.Hooks{OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
+		mu.Lock()
+		defer mu.Unlock()
+		unloads = append(unloads, e)
+	}}
+	c := newTestPool(t, sims, vramguard.Options{Protected: []string{"b"}, Hooks: hooks})
+	g := vramguard.Guard{Client: c.OllamaClient}
+	_, err := g.Generate(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, nil)
+	var pe *pool.NoRoomError
+	if !errors.As(err, &pe) || !errors.Is(err, vramguard.KindOutOfMemory) {
+		t.Fatalf("guard on c = %v; want the pool's *NoRoomError (b, protected, fills both members)", err)
+	}
+	if errors.Is(err, vramguard.KindUnverified) {
+		t.Errorf("guard on c = %v; want no cleanup failure joined: the refused call left nothing to clean up", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, u := range unloads {
+		if vramguard.NormalizeModelName(u.Model) == "c:latest" {
+			t.Errorf("unload of c (%s, %d requests sent) after a refusal at the placement; want none", u.Cause, u.Report.Attempts)
+		}
+	}
+	if n := sims[0].Requests("c") + sims[1].Requests("c"); n != 0 {
+		t.Errorf("%d requests for c reached a server; want none", n)
+	}
+}
