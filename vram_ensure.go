@@ -92,7 +92,8 @@ type EnsureReport struct {
 // counts what those loads hold; not with req.KeepInUse (a caller that
 // makes room beside its own calls counts them itself), req.DryRun or
 // req.AllModels. A load that begins while the room is being made is not
-// held.
+// held, nor one whose call was still being admitted (Options.Budget) when
+// EnsureFree began.
 //
 // If the device then has the room, it sends nothing. Otherwise it plans
 // first (arithmetic before any unload): a model counts for the device its
