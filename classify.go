@@ -262,9 +262,9 @@ func serverError(op, model string, err error) *Error {
 
 // nothingLoaded reports whether a failed request cannot have loaded its
 // model: no connection was made (the server never received it), or the
-// server answered 404 (it has no such model). A request its transport
-// refused (transportRefused) cannot either; the stream records that
-// before the error is the call's.
+// server answered 404 (it has no such model). Nor can a request its
+// transport failed with its own *Error (transportRefused) before the
+// call's trace saw its headers written: the stream records both.
 func nothingLoaded(err error) bool {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
@@ -275,9 +275,9 @@ func nothingLoaded(err error) bool {
 }
 
 // transportRefused returns the transport's own *Error that err carries (a
-// pool's refusal at its placement, before the request went to a member),
-// as net/http wraps it in a *url.Error naming an address no server has;
-// nil if none. No server received such a request.
+// pool's refusal at its placement, or a member's failure it names), as
+// net/http wraps it in a *url.Error naming an address no server has; nil
+// if none.
 func transportRefused(err error) *Error {
 	var ue *url.Error
 	var pe *Error

@@ -488,7 +488,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	if errors.Is(err, errOffloadStop) {
 		return nil, c.failOffloaded(ctx, op, cl.model, st.offload)
 	}
-	if err != nil && (nothingLoaded(err) || st.refused) {
+	if err != nil && (nothingLoaded(err) || st.refused && !f.sent.Load()) {
 		c.book.unsent(f)
 	}
 	if err != nil {
@@ -557,8 +557,9 @@ func (c *OllamaClient) reportLoad(gen *Generation) {
 
 // streamState is what the chunk callback accumulates.
 type streamState struct {
-	// refused: the client's transport refused the request itself (a
-	// pool's placement), so no server received it.
+	// refused: the client's transport failed the request with its own
+	// *Error (a pool's placement refusal, or a member's failure); with the
+	// flight not sent, no server received it.
 	refused    bool
 	start      time.Time
 	spent      time.Duration // before the request: the vision check

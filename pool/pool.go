@@ -15,6 +15,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"strings"
@@ -360,7 +361,7 @@ func (t *transport) call(req *http.Request) (*http.Response, error) {
 	if r.KeepAlive != nil && r.KeepAlive.Duration == 0 && r.Prompt == "" && len(r.Images) == 0 && len(r.Messages) == 0 && len(r.Input) == 0 {
 		return t.unload(req, body, r.Model)
 	}
-	m, err := t.placeModel(req.Context(), r.Model, numCtxOf(r.Options))
+	m, err := t.placeModel(untraced{req.Context()}, r.Model, numCtxOf(r.Options))
 	if err != nil {
 		return nil, err
 	}
@@ -788,6 +789,21 @@ func numCtxOf(opts map[string]any) int {
 		return v
 	}
 	return 0
+}
+
+// untraced is the call's context without its net/http client trace, for
+// the requests the placement makes itself (members' listings, estimates,
+// room-making's unloads): the client reads the trace's WroteHeaders as
+// "this call's request went out", which only the forward to the member is.
+// Cancellation, deadline and every other value stay the call's.
+type untraced struct{ context.Context }
+
+func (u untraced) Value(key any) any {
+	v := u.Context.Value(key)
+	if _, ok := v.(*httptrace.ClientTrace); ok {
+		return nil
+	}
+	return v
 }
 
 // endBody runs end once when the reply's body is closed.

@@ -1062,3 +1062,42 @@ func TestPoolRefusedGuardSendsNoUnload(t *testing.T) {
 		t.Errorf("%d requests for c reached a server; want none", n)
 	}
 }
+
+// The other side of TestPoolRefusedGuardSendsNoUnload: a call whose
+// request reached a member, and then failed there (here the member's
+// HTTP client timed out while the model loaded and stalled), may have
+// loaded the model. The guard's cleanup still unloads it, verified.
+func TestPoolMemberFailureAfterSendKeepsCleanup(t *testing.T) {
+	sims := poolSims(t, 10*gib)
+	if err := sims[0].FailNext("a", vramguardtest.Stall(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var unloads []vramguard.UnloadEnd
+	hooks := vramguard.Hooks{OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
+		mu.Lock()
+		defer mu.Unlock()
+		unloads = append(unloads, e)
+	}}
+	c := newPool(t, nil, pool.Options{Members: []pool.Member{{Name: "gpu0", Host: sims[0].URL().String(), VRAM: sims[0].GPU(),
+		HTTPClient: &http.Client{Timeout: 300 * time.Millisecond}}}}, vramguard.Options{Hooks: hooks})
+	g := vramguard.Guard{Client: c.OllamaClient}
+	if _, err := g.Generate(t.Context(), &vramguard.GenerateRequest{Model: "a", Prompt: "x"}, nil); err == nil {
+		t.Fatal("guard on a: no error; want the member's timeout")
+	} else {
+		t.Logf("guard on a: %v", err)
+	}
+	mu.Lock()
+	cleaned := slices.ContainsFunc(unloads, func(e vramguard.UnloadEnd) bool {
+		return vramguard.NormalizeModelName(e.Model) == "a:latest" && e.Cause == vramguard.CauseGuard
+	})
+	mu.Unlock()
+	if !cleaned {
+		t.Errorf("no guard cleanup of a after its request reached the member (unloads %v): the call was taken back as if never sent", unloads)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := sims[0].WaitFor(ctx, func() bool { return !sims[0].Listed("a") }); err != nil {
+		t.Errorf("a still listed on the member: %v", err)
+	}
+}
