@@ -660,7 +660,11 @@ func playSteps(t *testing.T, steps [][]composeOp, shape composeShape) ([]compose
 					return on(l.model, asked) && l.end.After(callStart[u.call]) &&
 						(l.client == "other" || u.cause == vramguard.CauseEnsureFree)
 				})
-			if refused[u.call] && !taken {
+			// Only room-making evicts for an admission: a guard's cleanup
+			// runs under the context of the last of its model's users,
+			// which may be a call refused beside one that loaded it.
+			makesRoom := u.cause == vramguard.CauseEnsureFree || u.cause == vramguard.CauseBudget
+			if refused[u.call] && makesRoom && !taken {
 				add(si, "evicted-then-refused", "%s unloaded (%s) by an action whose admission then refused it", u.model, u.cause)
 			}
 		}
