@@ -188,7 +188,8 @@ type Lease struct {
 	c     *OllamaClient
 	held  *lease.Held
 	info  LeaseInfo
-	timer *time.Timer
+	mu    sync.Mutex  // guards timer: a short lease's timer may fire before hold stores it
+	timer *time.Timer // ends the lease at its duration; nil without one
 	once  sync.Once
 	err   error
 }
@@ -200,8 +201,11 @@ func (l *Lease) Info() LeaseInfo { return l.info }
 // returned by every call.
 func (l *Lease) Release() error {
 	l.once.Do(func() {
-		if l.timer != nil {
-			l.timer.Stop()
+		l.mu.Lock()
+		t := l.timer
+		l.mu.Unlock()
+		if t != nil {
+			t.Stop()
 		}
 		l.err = l.held.Release()
 		l.c.leases.mu.Lock()
@@ -265,7 +269,9 @@ func (c *OllamaClient) hold(op, model string, d time.Duration, note string) (*Le
 	c.leases.held[l] = struct{}{}
 	c.leases.mu.Unlock()
 	if d > 0 {
+		l.mu.Lock()
 		l.timer = time.AfterFunc(d, func() { _ = l.Release() })
+		l.mu.Unlock()
 	}
 	return l, nil
 }
