@@ -1031,13 +1031,7 @@ func TestPoolRefusedGuardSendsNoUnload(t *testing.T) {
 	sims := poolSims(t, 10*gib, 10*gib)
 	loadOn(t, sims[0], "b")
 	loadOn(t, sims[1], "b")
-	var mu sync.Mutex
-	var unloads []vramguard.UnloadEnd
-	hooks := vramguard.Hooks{OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
-		mu.Lock()
-		defer mu.Unlock()
-		unloads = append(unloads, e)
-	}}
+	hooks, ended := recordUnloads()
 	c := newTestPool(t, sims, vramguard.Options{Protected: []string{"b"}, Hooks: hooks})
 	g := vramguard.Guard{Client: c.OllamaClient}
 	_, err := g.Generate(t.Context(), &vramguard.GenerateRequest{Model: "c", Prompt: "x"}, nil)
@@ -1051,9 +1045,7 @@ func TestPoolRefusedGuardSendsNoUnload(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, u := range unloads {
+	for _, u := range ended() {
 		if vramguard.NormalizeModelName(u.Model) == "c:latest" {
 			t.Errorf("unload of c (%s, %d requests sent) after a refusal at the placement; want none", u.Cause, u.Report.Attempts)
 		}
@@ -1072,13 +1064,7 @@ func TestPoolMemberFailureAfterSendKeepsCleanup(t *testing.T) {
 	if err := sims[0].FailNext("a", vramguardtest.Stall(2*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var unloads []vramguard.UnloadEnd
-	hooks := vramguard.Hooks{OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
-		mu.Lock()
-		defer mu.Unlock()
-		unloads = append(unloads, e)
-	}}
+	hooks, ended := recordUnloads()
 	c := newPool(t, nil, pool.Options{Members: []pool.Member{{Name: "gpu0", Host: sims[0].URL().String(), VRAM: sims[0].GPU(),
 		HTTPClient: &http.Client{Timeout: 300 * time.Millisecond}}}}, vramguard.Options{Hooks: hooks})
 	g := vramguard.Guard{Client: c.OllamaClient}
@@ -1087,11 +1073,10 @@ func TestPoolMemberFailureAfterSendKeepsCleanup(t *testing.T) {
 	} else {
 		t.Logf("guard on a: %v", err)
 	}
-	mu.Lock()
+	unloads := ended()
 	cleaned := slices.ContainsFunc(unloads, func(e vramguard.UnloadEnd) bool {
 		return vramguard.NormalizeModelName(e.Model) == "a:latest" && e.Cause == vramguard.CauseGuard
 	})
-	mu.Unlock()
 	if !cleaned {
 		t.Errorf("no guard cleanup of a after its request reached the member (unloads %v): the call was taken back as if never sent", unloads)
 	}
@@ -1100,4 +1085,20 @@ func TestPoolMemberFailureAfterSendKeepsCleanup(t *testing.T) {
 	if err := sims[0].WaitFor(ctx, func() bool { return !sims[0].Listed("a") }); err != nil {
 		t.Errorf("a still listed on the member: %v", err)
 	}
+}
+
+// recordUnloads returns hooks that record every unload's end, and a func
+// that returns those recorded so far.
+func recordUnloads() (vramguard.Hooks, func() []vramguard.UnloadEnd) {
+	var mu sync.Mutex
+	var unloads []vramguard.UnloadEnd
+	return vramguard.Hooks{OnUnloadEnd: func(_ context.Context, e vramguard.UnloadEnd) {
+			mu.Lock()
+			defer mu.Unlock()
+			unloads = append(unloads, e)
+		}}, func() []vramguard.UnloadEnd {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(unloads)
+		}
 }
