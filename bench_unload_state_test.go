@@ -30,8 +30,8 @@ func BenchmarkUnloadDecisions(b *testing.B) {
 		resendEvery: 500 * time.Millisecond, heldGrace: 200 * time.Millisecond, retryCheck: time.Second}
 	evs := []unloadEvent{
 		{kind: evLooked, listed: true}, {kind: evSent, at: ms(1)}, {kind: evCheckReady, at: ms(2)},
-		{kind: evListedExpired, at: ms(50)}, {kind: evNotListed, at: ms(60)}, {kind: evRunners, at: ms(60)},
-		{kind: evNotListed, at: ms(100)}, {kind: evRunners, at: ms(100)},
+		{kind: evListedExpired, at: ms(50)}, {kind: evNotListed, at: ms(60)}, {kind: evRunners, at: ms(60), sent: ms(60)},
+		{kind: evNotListed, at: ms(100)}, {kind: evRunners, at: ms(100), sent: ms(100)},
 	}
 	for b.Loop() {
 		var s unloadState

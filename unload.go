@@ -425,12 +425,15 @@ func (u *unload) poll(wait time.Duration) unloadEvent {
 }
 
 // count counts the live runners of the model's weights.
+// The count sees the process table as it was when it began (the PIDs are
+// listed first), however long the scan takes on a loaded machine.
 func (u *unload) count() unloadEvent {
+	began := time.Now()
 	n, err := u.runners.live()
 	if err != nil {
 		return unloadEvent{kind: evRunnersUnreadable, at: time.Now(), why: fmt.Sprintf("runner processes: %v", err)}
 	}
-	return unloadEvent{kind: evRunners, at: time.Now(), runners: n}
+	return unloadEvent{kind: evRunners, at: time.Now(), sent: began, runners: n}
 }
 
 // awaitMemory waits for the device to report the model's memory back.

@@ -110,7 +110,7 @@ func (k unloadEventKind) String() string {
 type unloadEvent struct {
 	kind    unloadEventKind
 	at      time.Time // when the driver saw it
-	sent    time.Time // a listing: when its request went out
+	sent    time.Time // a listing: when its request went out; evRunners: when the scan began
 	ours    int       // a listing: this client's generations on the model, counted before it
 	runners int       // evRunners
 	listed  bool      // evLooked
@@ -324,10 +324,12 @@ func (s unloadState) counted(r *unloadRules, ev unloadEvent) (unloadState, []unl
 		// scheduler (another request, sent before the unload) starts its
 		// own runner only now: the settle window starts again.
 		s.runnerGone, s.goneAt = ev.at, ev.at
-	case !ev.at.Before(s.settleEnd(r)):
-		// Gone at a poll late enough after the last unload (and after
-		// the last runner went) that a load begun before it would have
-		// its runner by now.
+	case !ev.sent.Before(s.settleEnd(r)):
+		// Gone at a count begun late enough after the last unload (and
+		// after the last runner went) that a load begun before it would
+		// have its runner by now. The count's start is what it saw: a
+		// runner started during a slow scan is not in it (race oracle
+		// seed 60653702908002).
 		return s.gone(r, CheckRunnerProcesses)
 	default:
 		s.goneAt = ev.at // poll again when the window ends

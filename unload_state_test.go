@@ -193,22 +193,24 @@ func stateRows() []stateRow {
 
 		// Counting the runners of an absent model.
 		{name: "a runner with no listing: loading, resent every resendEvery", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(600)}},
-			ev: unloadEvent{kind: evRunners, at: ms(601), runners: 1}, want: phLoading, acts: []unloadActionKind{actSend, actPoll},
+			ev: unloadEvent{kind: evRunners, at: ms(601), sent: ms(601), runners: 1}, want: phLoading, acts: []unloadActionKind{actSend, actPoll},
 			then: func(t *testing.T, s unloadState, _ []unloadAction) {
 				if !s.runnerSeen || !s.goneAt.IsZero() {
 					t.Errorf("runnerSeen %v goneAt %v", s.runnerSeen, s.goneAt)
 				}
 			}},
 		{name: "no runner, settle window over: verified by the processes", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(50)}},
-			ev: unloadEvent{kind: evRunners, at: ms(50)}, want: phVerified, acts: []unloadActionKind{actVerdict}, then: wantVerified(CheckPS | CheckRunnerProcesses)},
+			ev: unloadEvent{kind: evRunners, at: ms(50), sent: ms(50)}, want: phVerified, acts: []unloadActionKind{actVerdict}, then: wantVerified(CheckPS | CheckRunnerProcesses)},
 		{name: "the runner went: the settle window starts again", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), runnerSeen: true, poll: unloadEvent{kind: evNotListed, at: ms(700)}},
-			ev: unloadEvent{kind: evRunners, at: ms(700)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(50 * time.Millisecond)},
+			ev: unloadEvent{kind: evRunners, at: ms(700), sent: ms(700)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(50 * time.Millisecond)},
 		{name: "absent a settle window after the runner went: verified", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), runnerSeen: true, runnerGone: ms(700), goneAt: ms(700), poll: unloadEvent{kind: evNotListed, at: ms(750)}},
-			ev: unloadEvent{kind: evRunners, at: ms(750)}, want: phVerified, acts: []unloadActionKind{actVerdict}, then: wantVerified(CheckPS | CheckRunnerProcesses)},
+			ev: unloadEvent{kind: evRunners, at: ms(750), sent: ms(750)}, want: phVerified, acts: []unloadActionKind{actVerdict}, then: wantVerified(CheckPS | CheckRunnerProcesses)},
 		{name: "absent inside the window after the runner went: wait for its end", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), runnerSeen: true, runnerGone: ms(700), goneAt: ms(700), poll: unloadEvent{kind: evNotListed, at: ms(730)}},
-			ev: unloadEvent{kind: evRunners, at: ms(730)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(20 * time.Millisecond)},
+			ev: unloadEvent{kind: evRunners, at: ms(730), sent: ms(730)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(20 * time.Millisecond)},
+		{name: "no runner at a count begun inside the settle window and ended after it: count again at once", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(20)}},
+			ev: unloadEvent{kind: evRunners, at: ms(90), sent: ms(25)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(0)},
 		{name: "no runner inside the settle window: poll at its end", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(20)}},
-			ev: unloadEvent{kind: evRunners, at: ms(20)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(30 * time.Millisecond)},
+			ev: unloadEvent{kind: evRunners, at: ms(20), sent: ms(20)}, want: phSettling, acts: []unloadActionKind{actPoll}, then: wantWait(30 * time.Millisecond)},
 		{name: "process table unreadable, no settle window: verified by /api/ps", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(60)}},
 			ev: unloadEvent{kind: evRunnersUnreadable, at: ms(60), why: "runner processes: no procfs"}, want: phVerified, acts: []unloadActionKind{actNoCheck, actVerdict}, then: wantVerified(CheckPS)},
 		{name: "process table unreadable, settle window: by /api/ps, settling", s: unloadState{phase: phCounting, check: checkRunners, lastSent: ms(0), poll: unloadEvent{kind: evNotListed, at: ms(60)}},
@@ -340,7 +342,8 @@ func FuzzUnloadState(f *testing.F) {
 		var last unloadEvent // the latest listing (and the count made for it, in counted)
 		counted, verdicts := -1, 0
 		var sawRunner bool
-		var zeroSince time.Time // the first count with no runner since the last with one
+		var zeroSince time.Time  // the first count with no runner since the last with one
+		var countBegan time.Time // when the last count's scan began
 		for steps := 0; len(todo) > 0; steps++ {
 			if steps > 100_000 {
 				t.Fatal("no end after 100,000 steps")
@@ -393,10 +396,14 @@ func FuzzUnloadState(f *testing.F) {
 					ev = unloadEvent{kind: evMemoryBack}
 				}
 			}
+			began := now
 			if b >= 0 {
 				now = now.Add(time.Duration(b%17) * time.Millisecond) // the action's own time
 			}
 			ev.at = now
+			if ev.kind == evRunners {
+				ev.sent, countBegan = began, began // a scan sees the table as it began
+			}
 			switch {
 			case isListing(ev.kind):
 				last, counted = ev, -1
@@ -422,11 +429,11 @@ func FuzzUnloadState(f *testing.F) {
 				if s.check == checkPending {
 					t.Fatal("verified while the process check is still to be made")
 				}
-				if s.checks&CheckRunnerProcesses != 0 && (s.check != checkRunners || counted != 0 || now.Sub(s.lastSent) < r.settle) {
-					t.Fatalf("verified by the processes with check %v, count %d, %v after the last request", s.check, counted, now.Sub(s.lastSent))
+				if s.checks&CheckRunnerProcesses != 0 && (s.check != checkRunners || counted != 0 || countBegan.Sub(s.lastSent) < r.settle) {
+					t.Fatalf("verified by the processes with check %v, count %d begun %v after the last request", s.check, counted, countBegan.Sub(s.lastSent))
 				}
-				if s.checks&CheckRunnerProcesses != 0 && sawRunner && (zeroSince.IsZero() || now.Sub(zeroSince) < r.settle) {
-					t.Fatalf("verified by the processes %v after the runner was first seen gone", now.Sub(zeroSince))
+				if s.checks&CheckRunnerProcesses != 0 && sawRunner && (zeroSince.IsZero() || countBegan.Sub(zeroSince) < r.settle) {
+					t.Fatalf("verified by the processes by a count begun %v after the runner was first seen gone", countBegan.Sub(zeroSince))
 				}
 			}
 			if s.phase.done() {
