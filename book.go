@@ -19,7 +19,13 @@ type book struct {
 	uses     map[string]*use                 // normalized model -> guarded users
 	phases   map[*Phase]func() bool          // phases not yet ended, with the stop of each one's context watch
 	begun    map[string]uint64               // normalized model -> generations begun so far
+	starting map[*starting]struct{}          // calls not yet begun: being admitted, or asking about their model
 }
+
+// starting is one call of this client between its start and begin (or
+// its failure before it): EnsureFree waits for those that started before
+// it, whose loads it cannot see yet.
+type starting struct{ done chan struct{} }
 
 func newBook() *book {
 	return &book{
@@ -28,7 +34,39 @@ func newBook() *book {
 		uses:     make(map[string]*use),
 		phases:   make(map[*Phase]func() bool),
 		begun:    make(map[string]uint64),
+		starting: make(map[*starting]struct{}),
 	}
+}
+
+// start registers a call that has not begun its generation yet (its
+// admission by Options.Budget, its capabilities question still to come).
+// The returned func ends that; it is safe to call more than once.
+func (b *book) start() (begun func()) {
+	st := &starting{done: make(chan struct{})}
+	b.mu.Lock()
+	b.starting[st] = struct{}{}
+	b.mu.Unlock()
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if _, ok := b.starting[st]; ok {
+			delete(b.starting, st)
+			close(st.done)
+		}
+	}
+}
+
+// startingNow returns a channel per call started and not yet begun, each
+// closed once that call began its generation (its load is then in
+// loadingModels) or failed before it.
+func (b *book) startingNow() []<-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]<-chan struct{}, 0, len(b.starting))
+	for st := range b.starting {
+		out = append(out, st.done)
+	}
+	return out
 }
 
 // flight is one generation of this client, from begin to its end.

@@ -436,6 +436,17 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 	return c.runCall(ctx, cl, keepAlive, fn)
 }
 
+// startCall registers a call that has not begun its generation yet:
+// room-making (EnsureFree) waits for the calls started before it until
+// their generation begins, since a call still being admitted is a load it
+// cannot see. Without a VRAM reader there is no such wait to serve.
+func (c *OllamaClient) startCall() (begun func()) {
+	if c.opts.VRAM == nil {
+		return func() {}
+	}
+	return c.book.start()
+}
+
 func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAlive, fn ChunkFunc) (*Generation, error) {
 	op := cl.op
 	start := time.Now()
@@ -445,6 +456,8 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	if err := c.checkOpen(op, cl.model); err != nil {
 		return nil, err
 	}
+	begun := c.startCall()
+	defer begun()
 	var spent time.Duration // the capabilities question counts against the timeouts
 	if cl.images {
 		start := time.Now()
@@ -473,6 +486,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	fctx, fcancel := context.WithCancelCause(ctx)
 	defer fcancel(nil)
 	f, end, err := c.book.begin(op, cl.model, keepAlive, fcancel)
+	begun()
 	if err != nil {
 		return nil, err
 	}

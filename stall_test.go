@@ -1,8 +1,12 @@
 package vramguard_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -155,4 +159,91 @@ func TestHandOverCountsAnotherPhasesLoadInFlight(t *testing.T) {
 	if _, err := b.End(t.Context()); err != nil {
 		t.Error(err)
 	}
+}
+
+// EnsureFree waits for a call of this client that was still being admitted
+// by the budget when it began (composition oracle seed
+// 1796287416702493421): before, it planned without that load, found the
+// room there, and the load then took it.
+func TestEnsureFreeWaitsForCallsBeingAdmitted(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{},
+		vramguardtest.ModelConfig{Name: "b", SizeVRAM: 5 * gib, Size: 5 * gib},
+		vramguardtest.ModelConfig{Name: "d", SizeVRAM: 4 * gib, Size: 4 * gib})
+	dev := &vramguardtest.PSGPU{Client: s.APIClient(), Total: 12 * gib}
+	admitting, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Path == "/api/show" && bodyNames(r, "d") {
+			// The budget's estimate of d: the admission is in progress.
+			once.Do(func() { close(admitting) })
+			<-release
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	c := newClientAt(t, s.URL().String(), vramguard.Options{VRAM: dev, HTTPClient: hc, Budget: &vramguard.Budget{}})
+	hour := vramguard.KeepAliveFor(time.Hour)
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, hour, nil); err != nil {
+		t.Fatal(err)
+	}
+	loaded := make(chan error, 1)
+	go func() {
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "d", Prompt: "x"}, hour, nil)
+		loaded <- err
+	}()
+	select {
+	case <-admitting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the budget never asked about d")
+	}
+	type result struct {
+		rep *vramguard.EnsureReport
+		err error
+	}
+	ensured := make(chan result, 1)
+	go func() {
+		// 7 GiB free as the device reads now; 3 once d lands.
+		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 6 * gib, Timeout: 10 * time.Second})
+		ensured <- result{rep, err}
+	}()
+	select {
+	case r := <-ensured:
+		t.Errorf("EnsureFree returned (plan %v, %v) while a call of its client was still being admitted", r.rep.Plan, r.err)
+		close(release)
+		<-loaded
+		return
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+	r := <-ensured
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	snap, err := dev.Snapshot(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := snap.Devices[0].Free; f < 6*gib {
+		t.Errorf("after EnsureFree (plan %v) and d's load: %d bytes free, want 6 GiB: the room was planned without the call being admitted", r.rep.Plan, f)
+	}
+	if len(r.rep.Plan) == 0 {
+		t.Errorf("nothing planned: 3 GiB free once d landed, so a model had to go")
+	}
+}
+
+// bodyNames reports whether r's JSON body names model (its "model" or
+// "name"), leaving the body readable.
+func bodyNames(r *http.Request, model string) bool {
+	if r.Body == nil {
+		return false
+	}
+	b, err := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	if err != nil {
+		return false
+	}
+	var q struct{ Model, Name string }
+	return json.Unmarshal(b, &q) == nil && (q.Model == model || q.Name == model)
 }

@@ -87,13 +87,13 @@ type EnsureReport struct {
 // req.Device. This is the call an orchestrator makes right before loading a
 // diffusion model or a text encoder.
 //
-// It first waits, within req.Timeout, until this client's generations
-// still loading a model have it listed (or ended), so that the plan
-// counts what those loads hold; not with req.KeepInUse (a caller that
-// makes room beside its own calls counts them itself), req.DryRun or
-// req.AllModels. A load that begins while the room is being made is not
-// held, nor one whose call was still being admitted (Options.Budget) when
-// EnsureFree began.
+// It first waits, within req.Timeout, for this client's calls that began
+// before it: those still being admitted (Options.Budget) until their
+// generation begins, then those still loading a model until the server
+// lists it (or they ended), so that the plan counts what those loads
+// hold; not with req.KeepInUse (a caller that makes room beside its own
+// calls counts them itself), req.DryRun or req.AllModels. A call that
+// begins while the room is being made is not held.
 //
 // If the device then has the room, it sends nothing. Otherwise it plans
 // first (arithmetic before any unload): a model counts for the device its
@@ -152,17 +152,33 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 	return c.makeRoom(ctx, rq)
 }
 
-// awaitOwnLoads waits, within rq.timeout, until every model on which this
-// client has a generation with no reply yet is listed by the server, or
-// those generations ended or streamed: a load that does not land within
+// awaitOwnLoads waits, within rq.timeout, for the calls of this client
+// started before it until their generation begins (a call being admitted
+// by Options.Budget has sent nothing yet), then until every model on which
+// this client has a generation with no reply yet is listed by the server,
+// or those generations ended or streamed: a load that does not land within
 // the bound is planned around as it is (the device shows what it holds so
 // far), and logged.
 func (c *OllamaClient) awaitOwnLoads(ctx context.Context, rq roomRequest) {
-	if len(c.book.loadingModels()) == 0 {
+	starting := c.book.startingNow()
+	if len(starting) == 0 && len(c.book.loadingModels()) == 0 {
 		return // no listing asked for
 	}
 	wctx, cancel := context.WithTimeout(ctx, rq.timeout)
 	defer cancel()
+	for _, begun := range starting {
+		select {
+		case <-begun:
+		case <-wctx.Done():
+			if ctx.Err() == nil {
+				c.log.Debug("room-making: this client's calls still being admitted did not begin in time; planned without them", "timeout", rq.timeout)
+			}
+			return
+		}
+	}
+	if len(c.book.loadingModels()) == 0 {
+		return
+	}
 	// At the slower of the two intervals: every /api/ps request is one
 	// more chance of Ollama's listing race (README).
 	err := c.awaitListing(wctx, max(rq.interval, c.opts.PollInterval), func(ms []api.ProcessModelResponse) bool {
