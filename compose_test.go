@@ -650,11 +650,12 @@ func playSteps(t *testing.T, steps [][]composeOp, shape composeShape) ([]compose
 			// loading when the room-making began (seed
 			// 1796286917260230928, on a pool). Nor does EnsureFree hold a
 			// load of this client's that begins while it runs (seed
-			// 1796234028231654201; RELIABILITY.md): it waits for those in
-			// flight when it begins (TestEnsureFreeWaitsForOwnLoadsInFlight),
-			// but not for a call still being admitted, and the oracle
-			// cannot tell the two apart (seed 1796287416702493421: the
-			// phase's call began first, and its load after the plan).
+			// 1796234028231654201; RELIABILITY.md): it waits for the calls
+			// begun before it, those still being admitted included
+			// (TestEnsureFreeWaitsForOwnLoadsInFlight,
+			// TestEnsureFreeWaitsForCallsBeingAdmitted: seed
+			// 1796287416702493421), but the oracle cannot tell from outside
+			// which of two calls of one step the library saw begin first.
 			taken := slices.ContainsFunc(step, func(o composeOp) bool { return o.kind == "reserve" && asked[o.device] }) ||
 				slices.ContainsFunc(stepLoads, func(l composeLoad) bool {
 					return on(l.model, asked) && l.end.After(callStart[u.call]) &&
