@@ -109,7 +109,7 @@ oracle:
 ## compose: the composition oracle on the simulator, COMPOSE_N schedules from fresh seeds (SEED=<seed> COMPOSE_N=1 replays one)
 COMPOSE_N ?= 1000
 compose:
-	$(GO) test -count=1 -run 'TestCompose$$' -v . -compose.n $(COMPOSE_N) $(if $(SEED),-compose.seed $(SEED))
+	$(GO) test -count=1 -run 'TestCompose$$' -v -timeout 0 . -compose.n $(COMPOSE_N) $(if $(SEED),-compose.seed $(SEED))
 
 ## compose-mutants: the composition oracle's CI sweep must find each mutant (scripts/compose-mutants.sh)
 compose-mutants:

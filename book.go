@@ -119,6 +119,12 @@ func (b *book) close() (warm []string, ok bool) {
 		return nil, false
 	}
 	b.closed = true
+	// Calls not yet begun will fail with ErrClosed: room-making (the
+	// phases' hand-overs Close makes) has no load of theirs to wait for.
+	for st := range b.starting {
+		delete(b.starting, st)
+		close(st.done)
+	}
 	for m := range b.warm {
 		warm = append(warm, m)
 	}

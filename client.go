@@ -437,9 +437,10 @@ func (c *OllamaClient) run(ctx context.Context, cl *call, keepAlive KeepAlive, f
 }
 
 // startCall registers a call that has not begun its generation yet:
-// room-making (EnsureFree) waits for the calls started before it until
-// their generation begins, since a call still being admitted is a load it
-// cannot see. Without a VRAM reader there is no such wait to serve.
+// EnsureFree and Phase.End's hand-over wait for the calls started before
+// them until their generation begins, since a call still being admitted
+// (or asking about its model) is a load they cannot see. Without a VRAM
+// reader there is no such wait to serve.
 func (c *OllamaClient) startCall() (begun func()) {
 	if c.opts.VRAM == nil {
 		return func() {}

@@ -247,3 +247,58 @@ func bodyNames(r *http.Request, model string) bool {
 	var q struct{ Model, Name string }
 	return json.Unmarshal(b, &q) == nil && (q.Model == model || q.Name == model)
 }
+
+// Close does not wait for a call still being admitted: it will fail with
+// ErrClosed, so the hand-over of a phase Close ends has no load of it to
+// count.
+func TestCloseDoesNotWaitForCallsBeingAdmitted(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{},
+		vramguardtest.ModelConfig{Name: "d", SizeVRAM: 4 * gib, Size: 4 * gib})
+	dev := &vramguardtest.PSGPU{Client: s.APIClient(), Total: 12 * gib}
+	admitting, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Path == "/api/show" && bodyNames(r, "d") {
+			once.Do(func() { close(admitting) })
+			<-release
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: dev, HTTPClient: hc, Budget: &vramguard.Budget{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartPhase(t.Context(), "p", vramguard.PhaseOptions{NeedBytes: gib, NoLease: true, Timeout: 20 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	called := make(chan error, 1)
+	go func() {
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "d", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+		called <- err
+	}()
+	select {
+	case <-admitting:
+	case err := <-called:
+		t.Fatalf("the call ended before its admission asked about d: %v", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	var closeErr error
+	select {
+	case closeErr = <-closed:
+	case <-time.After(5 * time.Second):
+		t.Error("Close still waiting after 5 s for a call being admitted (the phase's timeout is 20 s)")
+		close(release)
+		closeErr = <-closed
+		release = nil
+	}
+	if release != nil {
+		close(release)
+	}
+	if closeErr != nil {
+		t.Errorf("Close: %v", closeErr)
+	}
+	if err := <-called; !errors.Is(err, vramguard.ErrClosed) {
+		t.Errorf("the call admitted after Close: %v; want ErrClosed", err)
+	}
+}

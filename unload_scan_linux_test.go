@@ -1,6 +1,7 @@
 package vramguard_test
 
 import (
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -66,18 +67,34 @@ func TestUnloadJudgesACountAtItsStart(t *testing.T) {
 	case r := <-done:
 		t.Fatalf("the unload ended before its first listing: %+v, %v", r.rep, r.err)
 	}
-	// Opening the FIFO returns once the scan opened it: its PIDs are listed.
-	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
+	// A writer's open succeeds once the scan opened the FIFO: its PIDs are
+	// listed. Opened without blocking, so that an unload that makes no
+	// count fails the test instead of hanging it.
+	var w *os.File
+	for w == nil {
+		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		switch {
+		case err == nil:
+			w = f
+			continue
+		case !errors.Is(err, syscall.ENXIO): // ENXIO: no reader yet
+			t.Fatal(err)
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the unload ended without counting the runners: %+v, %v", r.rep, r.err)
+		case <-time.After(time.Millisecond):
+		}
 	}
+	defer w.Close() // a failure below still lets the scan go
 	opened := time.Now()
 	procs.add(101, 100, "ollama", "/usr/bin/ollama", "runner", "--model", weights, "--port", "40000")
 	mu.Lock()
 	since := opened.Sub(sentAt)
 	mu.Unlock()
-	time.Sleep(UnloadSettle + 30*time.Millisecond)           // the rest of a slow scan
-	if err := os.RemoveAll(filepath.Dir(fifo)); err != nil { // no later scan meets it
+	time.Sleep(2 * UnloadSettle) // the rest of a slow scan
+	// Gone before the write, so that no later scan meets it.
+	if err := os.RemoveAll(filepath.Dir(fifo)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.WriteString("50 (bash) S 1 50 50 0 -1 4194560\n"); err != nil {

@@ -87,13 +87,14 @@ type EnsureReport struct {
 // req.Device. This is the call an orchestrator makes right before loading a
 // diffusion model or a text encoder.
 //
-// It first waits, within req.Timeout, for this client's calls that began
-// before it: those still being admitted (Options.Budget) until their
-// generation begins, then those still loading a model until the server
-// lists it (or they ended), so that the plan counts what those loads
-// hold; not with req.KeepInUse (a caller that makes room beside its own
-// calls counts them itself), req.DryRun or req.AllModels. A call that
-// begins while the room is being made is not held.
+// It first waits, within req.Timeout, for this client's calls started
+// before it until their generation begins (their budget admission,
+// Options.Budget, or their model's capabilities question included), then
+// for those still loading a model until the server lists it (or they
+// ended), so that the plan counts what those loads hold; not with
+// req.KeepInUse (a caller that makes room beside its own calls counts them
+// itself), req.DryRun or req.AllModels. A call started while the room is
+// being made is not held.
 //
 // If the device then has the room, it sends nothing. Otherwise it plans
 // first (arithmetic before any unload): a model counts for the device its
