@@ -70,15 +70,7 @@ func TestEnsureFreeWaitsForOwnLoadsInFlight(t *testing.T) {
 		vramguardtest.ModelConfig{Name: "d", SizeVRAM: 4 * gib, Size: 4 * gib, LoadLatency: 300 * time.Millisecond})
 	dev := &vramguardtest.PSGPU{Client: s.APIClient(), Total: 12 * gib}
 	c := newClientAt(t, s.URL().String(), vramguard.Options{VRAM: dev})
-	hour := vramguard.KeepAliveFor(time.Hour)
-	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, hour, nil); err != nil {
-		t.Fatal(err)
-	}
-	loaded := make(chan error, 1)
-	go func() {
-		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "d", Prompt: "x"}, hour, nil)
-		loaded <- err
-	}()
+	loaded := warmThenLoad(t, c, "b", "d")
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	if err := s.WaitFor(ctx, func() bool { return s.Requests("d") > 0 }); err != nil {
@@ -170,26 +162,9 @@ func TestEnsureFreeWaitsForCallsBeingAdmitted(t *testing.T) {
 		vramguardtest.ModelConfig{Name: "b", SizeVRAM: 5 * gib, Size: 5 * gib},
 		vramguardtest.ModelConfig{Name: "d", SizeVRAM: 4 * gib, Size: 4 * gib})
 	dev := &vramguardtest.PSGPU{Client: s.APIClient(), Total: 12 * gib}
-	admitting, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		if r.URL.Path == "/api/show" && bodyNames(r, "d") {
-			// The budget's estimate of d: the admission is in progress.
-			once.Do(func() { close(admitting) })
-			<-release
-		}
-		return http.DefaultTransport.RoundTrip(r)
-	})}
+	hc, admitting, release := holdAdmission("d")
 	c := newClientAt(t, s.URL().String(), vramguard.Options{VRAM: dev, HTTPClient: hc, Budget: &vramguard.Budget{}})
-	hour := vramguard.KeepAliveFor(time.Hour)
-	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "b", Prompt: "x"}, hour, nil); err != nil {
-		t.Fatal(err)
-	}
-	loaded := make(chan error, 1)
-	go func() {
-		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "d", Prompt: "x"}, hour, nil)
-		loaded <- err
-	}()
+	loaded := warmThenLoad(t, c, "b", "d")
 	select {
 	case <-admitting:
 	case <-time.After(10 * time.Second):
@@ -233,6 +208,38 @@ func TestEnsureFreeWaitsForCallsBeingAdmitted(t *testing.T) {
 	}
 }
 
+// warmThenLoad loads warm with an hour's keep-alive, then starts a
+// generation on next with the same, whose end the channel gives.
+func warmThenLoad(t *testing.T, c *vramguard.OllamaClient, warm, next string) <-chan error {
+	t.Helper()
+	hour := vramguard.KeepAliveFor(time.Hour)
+	if _, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: warm, Prompt: "x"}, hour, nil); err != nil {
+		t.Fatal(err)
+	}
+	loaded := make(chan error, 1)
+	go func() {
+		_, err := c.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: next, Prompt: "x"}, hour, nil)
+		loaded <- err
+	}()
+	return loaded
+}
+
+// holdAdmission returns an HTTP client whose requests about model's
+// details (a budget's estimate of it: the admission is in progress) wait
+// until release is closed; admitting is closed at the first of them.
+func holdAdmission(model string) (hc *http.Client, admitting <-chan struct{}, release chan struct{}) {
+	asked, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hc = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Path == "/api/show" && bodyNames(r, model) {
+			once.Do(func() { close(asked) })
+			<-release
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	return hc, asked, release
+}
+
 // bodyNames reports whether r's JSON body names model (its "model" or
 // "name"), leaving the body readable.
 func bodyNames(r *http.Request, model string) bool {
@@ -255,15 +262,7 @@ func TestCloseDoesNotWaitForCallsBeingAdmitted(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{},
 		vramguardtest.ModelConfig{Name: "d", SizeVRAM: 4 * gib, Size: 4 * gib})
 	dev := &vramguardtest.PSGPU{Client: s.APIClient(), Total: 12 * gib}
-	admitting, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		if r.URL.Path == "/api/show" && bodyNames(r, "d") {
-			once.Do(func() { close(admitting) })
-			<-release
-		}
-		return http.DefaultTransport.RoundTrip(r)
-	})}
+	hc, admitting, release := holdAdmission("d")
 	c, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: dev, HTTPClient: hc, Budget: &vramguard.Budget{}})
 	if err != nil {
 		t.Fatal(err)
