@@ -37,6 +37,10 @@ type Send struct {
 	Action int    // the action that sent it, -1 when unknown
 	// KeepAlive is the keep_alive sent, as on the wire ("" for none).
 	KeepAlive string
+	// Written is set once the whole request went out: a request whose
+	// dial failed (a server restarting) reached no server and loaded
+	// nothing.
+	Written bool
 	// Answered is when the reply's headers came (Ollama sends them with
 	// the first chunk); zero if they never did.
 	Answered time.Time
@@ -245,7 +249,7 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		WroteRequest: func(httptrace.WroteRequestInfo) {
 			now := time.Now()
-			r.trace.update(func() { s.T = now })
+			r.trace.update(func() { s.T, s.Written = now, true })
 		},
 	}))
 	resp, err := r.next.RoundTrip(req)
