@@ -19,13 +19,11 @@ type book struct {
 	uses     map[string]*use                 // normalized model -> guarded users
 	phases   map[*Phase]func() bool          // phases not yet ended, with the stop of each one's context watch
 	begun    map[string]uint64               // normalized model -> generations begun so far
-	starting map[*starting]struct{}          // calls not yet begun: being admitted, or asking about their model
+	// starting holds a channel per call between its start and begin (or
+	// its failure before it), closed then: EnsureFree waits for those
+	// started before it, whose loads it cannot see yet.
+	starting map[chan struct{}]struct{}
 }
-
-// starting is one call of this client between its start and begin (or
-// its failure before it): EnsureFree waits for those that started before
-// it, whose loads it cannot see yet.
-type starting struct{ done chan struct{} }
 
 func newBook() *book {
 	return &book{
@@ -34,7 +32,7 @@ func newBook() *book {
 		uses:     make(map[string]*use),
 		phases:   make(map[*Phase]func() bool),
 		begun:    make(map[string]uint64),
-		starting: make(map[*starting]struct{}),
+		starting: make(map[chan struct{}]struct{}),
 	}
 }
 
@@ -42,17 +40,23 @@ func newBook() *book {
 // admission by Options.Budget, its capabilities question still to come).
 // The returned func ends that; it is safe to call more than once.
 func (b *book) start() (begun func()) {
-	st := &starting{done: make(chan struct{})}
+	done := make(chan struct{})
 	b.mu.Lock()
-	b.starting[st] = struct{}{}
+	b.starting[done] = struct{}{}
 	b.mu.Unlock()
 	return func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		if _, ok := b.starting[st]; ok {
-			delete(b.starting, st)
-			close(st.done)
-		}
+		b.endStarting(done)
+	}
+}
+
+// endStarting ends one starting call; b.mu is held. Ending it twice does
+// nothing.
+func (b *book) endStarting(done chan struct{}) {
+	if _, ok := b.starting[done]; ok {
+		delete(b.starting, done)
+		close(done)
 	}
 }
 
@@ -63,8 +67,8 @@ func (b *book) startingNow() []<-chan struct{} {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := make([]<-chan struct{}, 0, len(b.starting))
-	for st := range b.starting {
-		out = append(out, st.done)
+	for done := range b.starting {
+		out = append(out, done)
 	}
 	return out
 }
@@ -121,9 +125,8 @@ func (b *book) close() (warm []string, ok bool) {
 	b.closed = true
 	// Calls not yet begun will fail with ErrClosed: room-making (the
 	// phases' hand-overs Close makes) has no load of theirs to wait for.
-	for st := range b.starting {
-		delete(b.starting, st)
-		close(st.done)
+	for done := range b.starting {
+		b.endStarting(done)
 	}
 	for m := range b.warm {
 		warm = append(warm, m)

@@ -161,13 +161,9 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 // the bound is planned around as it is (the device shows what it holds so
 // far), and logged.
 func (c *OllamaClient) awaitOwnLoads(ctx context.Context, rq roomRequest) {
-	starting := c.book.startingNow()
-	if len(starting) == 0 && len(c.book.loadingModels()) == 0 {
-		return // no listing asked for
-	}
 	wctx, cancel := context.WithTimeout(ctx, rq.timeout)
 	defer cancel()
-	for _, begun := range starting {
+	for _, begun := range c.book.startingNow() {
 		select {
 		case <-begun:
 		case <-wctx.Done():
@@ -178,7 +174,7 @@ func (c *OllamaClient) awaitOwnLoads(ctx context.Context, rq roomRequest) {
 		}
 	}
 	if len(c.book.loadingModels()) == 0 {
-		return
+		return // no listing asked for
 	}
 	// At the slower of the two intervals: every /api/ps request is one
 	// more chance of Ollama's listing race (README).
