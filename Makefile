@@ -40,7 +40,7 @@ check:
 	$(GO) vet $(PKGS)
 	CGO_ENABLED=0 $(GO) vet $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(PKGS)
-	$(GO) build ./examples/...
+	$(GO) build ./examples/... ./cmd/...
 	CGO_CFLAGS="-O2 -g -Werror=deprecated-declarations" $(GO) build github.com/NVIDIA/go-nvml/pkg/nvml
 	$(STATICCHECK) $(PKGS)
 	./scripts/check-importer.sh

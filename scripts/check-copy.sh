@@ -5,7 +5,7 @@
 # the checkout as a replace, so nothing resolves through the repo's own
 # module, its internal packages or its test helpers.
 #
-#  1. Each example program (examples/<name>/, its non-_test .go files) is
+#  1. Each example program (examples/<name>/ and cmd/<name>/, their non-_test .go files) is
 #     copied into a package of that module and built.
 #  2. Each public package (every package of `go list ./...` outside
 #     internal/) with godoc Example files (example_test.go,
@@ -58,7 +58,7 @@ cp go.sum "$mod/go.sum"
 # The example programs, and the public packages with their Example files.
 shopt -s nullglob
 programs=()
-for dir in examples/*/; do
+for dir in examples/*/ cmd/*/; do
 	dir=${dir%/}
 	if [[ -n $(find "$dir" -maxdepth 1 -name '*.go' ! -name '*_test.go' -print -quit) ]]; then
 		programs+=("$dir")

@@ -275,11 +275,11 @@ func (w *vramwatch) ready(t *testing.T, query string, code int) *readiness {
 	return r
 }
 
-// buildVramwatch builds examples/vramwatch into the test's folder.
+// buildVramwatch builds cmd/vramwatch into the test's folder.
 func buildVramwatch(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "vramwatch")
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "github.com/vramguard/vramguard/examples/vramwatch")
+	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "github.com/vramguard/vramguard/cmd/vramwatch")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build vramwatch: %v\n%s", err, out)
 	}

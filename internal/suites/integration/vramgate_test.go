@@ -25,7 +25,7 @@ import (
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 )
 
-// examples/vramgate in front of each real server: the programs that do not
+// cmd/vramgate in front of each real server: the programs that do not
 // import vramguard (Ollama's own CLI, its api.Client, a chat UI speaking
 // raw HTTP) get verified unloads, admitted loads and leases through it, and
 // the vramguard programs on the same host see the HTTP leases.
@@ -499,7 +499,7 @@ var gateBuild struct {
 	path string
 }
 
-// buildVramgate builds examples/vramgate once per test process into
+// buildVramgate builds cmd/vramgate once per test process into
 // ollamatest.CacheDir()/vramgate, through a temporary file renamed into
 // place, so that another test process never runs a partly written binary.
 func buildVramgate(t *testing.T) string {
@@ -522,7 +522,7 @@ func buildVramgate(t *testing.T) string {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(tmp)
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", filepath.Join(tmp, "vramgate"), "github.com/vramguard/vramguard/examples/vramgate")
+	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", filepath.Join(tmp, "vramgate"), "github.com/vramguard/vramguard/cmd/vramgate")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build vramgate: %v\n%s", err, out)
 	}

@@ -739,7 +739,7 @@ func TestREADME(t *testing.T) {
 	}
 	readme := string(b)
 	sec, _, _ := strings.Cut(readme[strings.Index(readme, "## For programs that do not use vramguard"):], "\n## Observability")
-	if !strings.Contains(sec, "go run ./examples/vramgate -ollama 127.0.0.1:11435\n") || !strings.Contains(sec, "OLLAMA_HOST=127.0.0.1:11435 ollama serve\n") {
+	if !strings.Contains(sec, "go run ./cmd/vramgate -ollama 127.0.0.1:11435\n") || !strings.Contains(sec, "OLLAMA_HOST=127.0.0.1:11435 ollama serve\n") {
 		t.Fatal("the README's two lines changed: update this test with them")
 	}
 	cfg, err := (&cmd{stderr: io.Discard}).parse([]string{"-ollama", "127.0.0.1:11435"})

@@ -34,10 +34,10 @@
 // leaves them). Exit status: 0 after a clean stop, 2 for bad usage, 1
 // otherwise.
 //
-// It lives beside the other example programs rather than in a cmd/ folder:
-// like vramwatch it is built on the public API only (scripts/check-copy.sh
-// builds it outside the module), and the project's layout keeps programs
-// under examples/.
+// It is a program users run as a tool, so it lives in cmd/ (go install
+// github.com/vramguard/vramguard/cmd/vramgate@latest); like vramwatch it is
+// built on the public API only (scripts/check-copy.sh builds it in a module
+// outside the repository).
 package main
 
 import (
