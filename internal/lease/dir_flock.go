@@ -25,10 +25,6 @@ import (
 // removes it: Acquire holds its lock from a moment after creating it.
 const tempMaxAge = time.Minute
 
-const (
-	leaseSuffix = ".lease"
-	tempPrefix  = ".tmp-"
-)
 
 // Dir is an open lease directory. Its methods are safe for concurrent use
 // by many goroutines; many Dirs, in one process or many, may use one
@@ -252,24 +248,27 @@ type Held struct {
 	err      error
 }
 
-// Acquire takes a lease on r.Model at r.Server and returns it held. It
-// sets r.Version to 1, a fresh random ID, PID to this process, Created to
+// Acquire takes a lease on r.Model at r.Server, or with r.Bytes above
+// zero a reservation of r.Bytes on r.Device, and returns it held. It sets
+// r.Version to 1, a fresh random ID, PID to this process, Created to
 // Options.Now (UTC), Program to filepath.Base(os.Args[0]) if empty, and
-// r.Server to NormalizeServer(r.Server); any value given for Version, ID,
-// PID or Created is replaced. Server and Model must not be empty and the
-// record must encode in MaxFileBytes (else ErrMalformed). Until may be in
-// the past: the lease is then never live.
+// r.Server to NormalizeServer(r.Server) (when not empty); any value given
+// for Version, ID, PID or Created is replaced. A lease needs a Server and
+// a Model, a reservation no Model, and the record must encode in
+// MaxFileBytes (else ErrMalformed). Until may be in the past: the lease is
+// then never live. Acquire does not check that a reservation's bytes are
+// free: its caller does, under [Dir.Lock].
 //
 // The file is made as a temporary ".tmp-<ID>" (mode 0600, 0640 when
 // Shared), locked with flock(LOCK_EX), written, then renamed to
-// "<ID>.lease", so no reader ever sees a lease file unlocked or half
-// written while its holder lives.
+// "<ID>.lease" ("<ID>.reserve" for a reservation), so no reader ever sees
+// a lease file unlocked or half written while its holder lives.
 func (d *Dir) Acquire(r Record) (*Held, error) {
 	const op = "acquire"
-	if r.Server == "" {
+	if !r.IsReservation() && r.Server == "" {
 		return nil, &Error{Op: op, Path: d.path, Kind: ErrMalformed, Err: errors.New("no server")}
 	}
-	if r.Model == "" {
+	if !r.IsReservation() && r.Model == "" {
 		return nil, &Error{Op: op, Path: d.path, Kind: ErrMalformed, Err: errors.New("no model")}
 	}
 	var raw [8]byte
@@ -278,39 +277,84 @@ func (d *Dir) Acquire(r Record) (*Held, error) {
 	}
 	r.Version = 1
 	r.ID = hex.EncodeToString(raw[:])
-	r.Server = NormalizeServer(r.Server)
+	if r.Server != "" {
+		r.Server = NormalizeServer(r.Server)
+	}
 	r.PID = os.Getpid()
 	if r.Program == "" && len(os.Args) > 0 {
 		r.Program = filepath.Base(os.Args[0])
 	}
 	r.Created = d.now().UTC().Round(0)
+	r.Path = filepath.Join(d.path, r.ID+r.suffix())
+	fd, r, err := d.write(op, r)
+	if err != nil {
+		return nil, err
+	}
+	return &Held{rec: r, fd: fd}, nil
+}
+
+// write writes r (its ID and Path set) as a temporary file, locked, and
+// renames it to r.Path, replacing a file of that name: the new locked
+// descriptor and r as written.
+func (d *Dir) write(op string, r Record) (int, Record, error) {
 	if !r.Until.IsZero() {
 		r.Until = r.Until.UTC().Round(0)
 	}
+	path := r.Path
 	r.Path, r.UID = "", 0
 	b, err := encode(r)
 	if err == nil {
 		_, err = parse(b) // what is written must read back
 	}
 	if err != nil {
-		return nil, &Error{Op: op, Path: d.path, Kind: ErrMalformed, Err: err}
+		return -1, r, &Error{Op: op, Path: d.path, Kind: ErrMalformed, Err: err}
 	}
 	if err := d.verify(op); err != nil {
-		return nil, err
+		return -1, r, err
 	}
-	r.Path = filepath.Join(d.path, r.ID+leaseSuffix)
-	r.UID = d.euid
+	r.Path, r.UID = path, d.euid
 	tmp := filepath.Join(d.path, tempPrefix+r.ID)
 	fd, err := d.writeLocked(tmp, b)
 	if err != nil {
-		return nil, &Error{Op: op, Path: tmp, Err: err}
+		return -1, r, &Error{Op: op, Path: tmp, Err: err}
 	}
 	if err := os.Rename(tmp, r.Path); err != nil {
 		_ = syscall.Unlink(tmp)
 		_ = syscall.Close(fd)
-		return nil, &Error{Op: op, Path: r.Path, Err: err}
+		return -1, r, &Error{Op: op, Path: r.Path, Err: err}
 	}
-	return &Held{rec: r, fd: fd}, nil
+	return fd, r, nil
+}
+
+// Extend sets when the held lease or reservation ends of itself (zero:
+// when released). The file is written anew and renamed over the old one
+// while both are locked, so no reader sees it unlocked or half written;
+// the old descriptor is closed after. It fails on a released Held, and
+// when the file is no longer the holder's (removed or replaced by hand),
+// without changing the lease.
+func (h *Held) Extend(d *Dir, until time.Time) error {
+	const op = "extend"
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return &Error{Op: op, Path: h.rec.Path, Err: errors.New("released")}
+	}
+	var mine, there syscall.Stat_t
+	if err := syscall.Fstat(h.fd, &mine); err != nil {
+		return &Error{Op: op, Path: h.rec.Path, Err: fmt.Errorf("fstat: %w", err)}
+	}
+	if err := syscall.Lstat(h.rec.Path, &there); err != nil || !sameFile(&mine, &there) {
+		return &Error{Op: op, Path: h.rec.Path, Err: errors.New("the file is no longer this holder's")}
+	}
+	r := h.rec
+	r.Until = until
+	fd, r, err := d.write(op, r)
+	if err != nil {
+		return err
+	}
+	_ = syscall.Close(h.fd) // the new descriptor holds the lease now
+	h.fd, h.rec = fd, r
+	return nil
 }
 
 // writeLocked creates path, locks it exclusively and writes b, returning
@@ -370,7 +414,11 @@ func (d *Dir) writeLocked(path string, b []byte) (fd int, err error) {
 
 // Record returns the lease as written, with Path and UID filled in as Live
 // would.
-func (h *Held) Record() Record { return h.rec }
+func (h *Held) Record() Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rec
+}
 
 // Release ends the lease: it removes the file (if the path still names
 // it), then closes the descriptor, which drops the lock. It is idempotent:
@@ -422,10 +470,23 @@ func (h *Held) Release() error {
 // before it begins is not; one acquired or released meanwhile may be
 // either.
 func (d *Dir) Live(server, model string) ([]Record, error) {
-	const op = "live"
 	if server != "" {
 		server = NormalizeServer(server)
 	}
+	return d.live("live", leaseSuffix, func(r Record) bool {
+		return (server == "" || NormalizeServer(r.Server) == server) && (model == "" || r.Model == model)
+	})
+}
+
+// Reserved returns the live reservations on device (-1: on every device),
+// by the rules of Live (stale and foreign files as Live treats them,
+// Until by Options.Now), in Live's order.
+func (d *Dir) Reserved(device int) ([]Record, error) {
+	return d.live("reserved", reserveSuffix, func(r Record) bool { return device < 0 || r.Device == device })
+}
+
+// live is Live and Reserved: the live files of suffix that keep says.
+func (d *Dir) live(op, suffix string, keep func(Record) bool) ([]Record, error) {
 	names, err := d.readNames(op)
 	if err != nil {
 		return nil, err
@@ -438,12 +499,9 @@ func (d *Dir) Live(server, model string) ([]Record, error) {
 		switch {
 		case strings.HasPrefix(name, tempPrefix):
 			d.checkTemp(path, now)
-		case strings.HasSuffix(name, leaseSuffix):
+		case strings.HasSuffix(name, suffix):
 			r, ok := d.checkLease(path, name, buf)
-			if !ok || !r.Until.IsZero() && !now.Before(r.Until) {
-				continue
-			}
-			if server != "" && NormalizeServer(r.Server) != server || model != "" && r.Model != model {
+			if !ok || !r.Until.IsZero() && !now.Before(r.Until) || !keep(r) {
 				continue
 			}
 			out = append(out, r)
@@ -580,7 +638,7 @@ func (d *Dir) checkLease(path, name string, buf []byte) (Record, bool) {
 		d.note(slog.LevelWarn, path, "live file is not a lease", "err", err)
 		return Record{}, false
 	}
-	if name != r.ID+leaseSuffix {
+	if name != r.ID+r.suffix() {
 		d.note(slog.LevelWarn, path, "name is not the lease's id", "id", r.ID)
 		return Record{}, false
 	}
@@ -652,6 +710,58 @@ func eintr(f func() error) error {
 	for {
 		if err := f(); err != syscall.EINTR {
 			return err
+		}
+	}
+}
+
+// lockName is the file Lock locks: not a lease, a reservation or a
+// temporary file, so Live and Reserved pass it by.
+const lockName = ".lock"
+
+// Lock takes the directory's exclusive lock, which serializes the checks
+// that must not interleave across processes (a reservation's "is it free?"
+// and its Acquire), and returns its unlock. It tries without blocking
+// until ctx ends (every 2 ms), so a stuck holder costs a caller its ctx,
+// never a hang. The lock ends with its process, however it ends.
+func (d *Dir) Lock(ctx context.Context) (unlock func(), err error) {
+	const op = "lock"
+	if err := d.verify(op); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(d.path, lockName)
+	var fd int
+	err = eintr(func() (err error) {
+		fd, err = syscall.Open(path, syscall.O_RDWR|syscall.O_CREAT|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, d.perm)
+		return err
+	})
+	if err != nil {
+		return nil, &Error{Op: op, Path: path, Err: err}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		_ = syscall.Close(fd)
+		return nil, &Error{Op: op, Path: path, Err: err}
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG || int(st.Uid) != d.euid && !(d.shared && int(st.Gid) == d.gid) {
+		_ = syscall.Close(fd)
+		return nil, &Error{Op: op, Path: path, Kind: ErrUnsafeDir, Err: errors.New("the lock file is not a regular file of ours")}
+	}
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := eintr(func() error { return syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB) })
+		if err == nil {
+			return func() { _ = syscall.Close(fd) }, nil
+		}
+		if err != syscall.EWOULDBLOCK {
+			_ = syscall.Close(fd)
+			return nil, &Error{Op: op, Path: path, Err: fmt.Errorf("flock: %w", err)}
+		}
+		select {
+		case <-ctx.Done():
+			_ = syscall.Close(fd)
+			return nil, &Error{Op: op, Path: path, Err: context.Cause(ctx)}
+		case <-t.C:
 		}
 	}
 }

@@ -2,6 +2,11 @@
 
 package lease
 
+import (
+	"context"
+	"time"
+)
+
 // Dir is an open lease directory. This platform has no flock(2), so Open
 // never returns one.
 type Dir struct{ path string }
@@ -32,4 +37,19 @@ func (h *Held) Release() error { return nil }
 // Live fails with ErrUnsupported.
 func (d *Dir) Live(server, model string) ([]Record, error) {
 	return nil, &Error{Op: "live", Path: d.path, Kind: ErrUnsupported}
+}
+
+// Extend fails with ErrUnsupported.
+func (h *Held) Extend(d *Dir, until time.Time) error {
+	return &Error{Op: "extend", Kind: ErrUnsupported}
+}
+
+// Reserved fails with ErrUnsupported.
+func (d *Dir) Reserved(device int) ([]Record, error) {
+	return nil, &Error{Op: "reserved", Path: d.path, Kind: ErrUnsupported}
+}
+
+// Lock fails with ErrUnsupported.
+func (d *Dir) Lock(ctx context.Context) (func(), error) {
+	return nil, &Error{Op: "lock", Path: d.path, Kind: ErrUnsupported}
 }

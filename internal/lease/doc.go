@@ -13,6 +13,18 @@
 // clients: it keeps vramguard from unloading a model, not Ollama, and not
 // a client that does not ask.
 //
+// # Reservations
+//
+// A reservation says: process PID keeps Bytes of device Device's free
+// memory for a recipient (For: "ComfyUI render 42", and ForPID, its
+// process, when known), since Created, until Until or until released. It
+// is the same file, lock and liveness as a lease, named "<ID>.reserve",
+// with no Model ([Record.IsReservation]). [Dir.Reserved] lists those in
+// force. Taking one is "check that the bytes are free, then Acquire",
+// which must not interleave with another process's: callers hold
+// [Dir.Lock] across both. Like a lease it is advice among cooperating
+// clients: the driver knows nothing of it.
+//
 // # Files
 //
 // The directory is $XDG_RUNTIME_DIR/vramguard/leases (per user, in memory,

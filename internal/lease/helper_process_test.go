@@ -16,6 +16,8 @@ import (
 const (
 	helperEnv   = "VRAMGUARD_LEASE_HELPER_DIR"
 	helperModel = "held-by-helper:1b"
+	// helperReserveEnv makes the helper take a reservation instead.
+	helperReserveEnv = "VRAMGUARD_LEASE_HELPER_RESERVE"
 )
 
 // helperCommand runs this test binary again as TestHelperHolder: a second
@@ -39,7 +41,11 @@ func TestHelperHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := d.Acquire(Record{Server: "127.0.0.1:11434", Model: helperModel, Note: "helper"})
+	r := Record{Server: "127.0.0.1:11434", Model: helperModel, Note: "helper"}
+	if os.Getenv(helperReserveEnv) != "" {
+		r = Record{Device: 1, Bytes: 10 << 30, For: "render", Note: "helper"}
+	}
+	h, err := d.Acquire(r)
 	if err != nil {
 		t.Fatal(err)
 	}

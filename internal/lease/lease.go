@@ -12,6 +12,10 @@ import (
 // without reading it.
 const MaxFileBytes = 4096
 
+// MaxBytes bounds a reservation's Bytes and ForBase (1 PiB, the library's
+// bound on any byte count): Parse refuses more.
+const MaxBytes = 1 << 50
+
 // The kinds of error, matched with errors.Is.
 var (
 	// ErrMalformed: bytes that are not a lease (see [Parse]), or a
@@ -36,7 +40,7 @@ func (*unsupportedError) Unwrap() error { return errors.ErrUnsupported }
 // and the cause (Err, often an *fs.PathError or a syscall.Errno). Both Kind
 // and Err match with errors.Is and errors.As.
 type Error struct {
-	Op   string // "open", "acquire", "release", "live", "parse"
+	Op   string // "open", "acquire", "extend", "release", "live", "reserved", "lock", "parse"
 	Path string
 	Kind error
 	Err  error
@@ -73,7 +77,7 @@ func (e *Error) Unwrap() []error {
 	return errs
 }
 
-// Record is one lease as its file says.
+// Record is one lease or reservation as its file says.
 type Record struct {
 	Version int    `json:"v"`      // 1
 	ID      string `json:"id"`     // random, 16 lower-case hex digits; the file is "<ID>.lease"
@@ -88,6 +92,20 @@ type Record struct {
 	// The holder releases it on its own timer; readers ignore it from then
 	// on even if the holder is late.
 	Until time.Time `json:"until,omitzero"`
+
+	// A reservation (Bytes above zero) is a claim on free memory of one
+	// device rather than a hold on a model: Model is empty, Server may be,
+	// and its file is "<ID>.reserve" (see # Reservations in the package
+	// doc). Device is the device's index as the holders' VRAM readers
+	// number it; For names the recipient the bytes are kept for (free
+	// text); ForPID is the recipient's process when known and ForBase what
+	// that process held on the device when the reservation was taken, so
+	// that a reader can see the reservation consumed as the process grows.
+	Device  int    `json:"device,omitempty"`
+	Bytes   uint64 `json:"bytes,omitempty"`
+	For     string `json:"for,omitempty"`
+	ForPID  int    `json:"for_pid,omitempty"`
+	ForBase uint64 `json:"for_base,omitempty"`
 
 	// Path is the file and UID its owner: filled in by Live, not in the
 	// JSON.
@@ -121,3 +139,21 @@ type Options struct {
 	// every goroutine that uses the Dir.
 	Now func() time.Time
 }
+
+// IsReservation reports whether r is a reservation (Bytes above zero)
+// rather than a lease on a model.
+func (r Record) IsReservation() bool { return r.Bytes > 0 }
+
+// suffix is the file name ending of r's kind.
+func (r Record) suffix() string {
+	if r.IsReservation() {
+		return reserveSuffix
+	}
+	return leaseSuffix
+}
+
+const (
+	leaseSuffix   = ".lease"
+	reserveSuffix = ".reserve"
+	tempPrefix    = ".tmp-"
+)

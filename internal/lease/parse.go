@@ -16,9 +16,12 @@ import (
 // Parse reads one lease file's content. It is strict: at most MaxFileBytes
 // bytes of valid UTF-8 holding exactly one JSON object whose keys are
 // spelled exactly (encoding/json's case-insensitive matching is not used)
-// and appear once, with v 1, an id of 16 lower-case hex digits, a server
-// and a model that are not empty, a pid above 0 and a created time (the
-// times are returned in UTC, and must lie in years 1 to 9999 there).
+// and appear once, with v 1, an id of 16 lower-case hex digits, a pid
+// above 0 and a created time (the times are returned in UTC, and must lie
+// in years 1 to 9999 there); a lease on a model has a server and a model
+// that are not empty and no reservation field, a reservation (bytes above
+// zero, at most MaxBytes) no model, a device and for_pid of at least zero
+// and a for_base of at most MaxBytes.
 // Unknown keys are allowed and ignored, so that a later version can add
 // fields. Anything else is an *Error of Kind ErrMalformed. Path and UID
 // are left empty. Parse keeps no state and is safe for concurrent use.
@@ -82,6 +85,16 @@ func parse(b []byte) (Record, error) {
 			dst = &r.Created
 		case "until":
 			dst = &r.Until
+		case "device":
+			dst = &r.Device
+		case "bytes":
+			dst = &r.Bytes
+		case "for":
+			dst = &r.For
+		case "for_pid":
+			dst = &r.ForPID
+		case "for_base":
+			dst = &r.ForBase
 		default:
 			continue
 		}
@@ -100,9 +113,19 @@ func parse(b []byte) (Record, error) {
 		return r, fmt.Errorf("v is %d, not 1", r.Version)
 	case !validID(r.ID):
 		return r, fmt.Errorf("id %q is not 16 lower-case hex digits", r.ID)
-	case r.Server == "":
+	case r.Bytes > MaxBytes || r.ForBase > MaxBytes:
+		return r, fmt.Errorf("bytes %d or for_base %d over %d", r.Bytes, r.ForBase, uint64(MaxBytes))
+	case r.IsReservation() && r.Model != "":
+		return r, errors.New("a reservation (bytes) names a model")
+	case r.IsReservation() && r.Device < 0:
+		return r, fmt.Errorf("device %d", r.Device)
+	case r.ForPID < 0:
+		return r, fmt.Errorf("for_pid %d", r.ForPID)
+	case !r.IsReservation() && (r.Device != 0 || r.For != "" || r.ForPID != 0 || r.ForBase != 0):
+		return r, errors.New("a lease on a model has reservation fields")
+	case !r.IsReservation() && r.Server == "":
 		return r, errors.New("no server")
-	case r.Model == "":
+	case !r.IsReservation() && r.Model == "":
 		return r, errors.New("no model")
 	case r.PID <= 0:
 		return r, fmt.Errorf("pid %d", r.PID)
