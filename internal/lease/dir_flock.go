@@ -25,7 +25,6 @@ import (
 // removes it: Acquire holds its lock from a moment after creating it.
 const tempMaxAge = time.Minute
 
-
 // Dir is an open lease directory. Its methods are safe for concurrent use
 // by many goroutines; many Dirs, in one process or many, may use one
 // directory. A Dir holds no file open between calls and needs no Close.
