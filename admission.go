@@ -265,7 +265,10 @@ func (c *OllamaClient) awaitListing(ctx context.Context, interval time.Duration,
 // need bytes would break b, or nil when it fits.
 func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string, need uint64) (*RoomError, error) {
 	const op = "budget"
-	snap, err := c.opts.VRAM.Snapshot(ctx)
+	snap, err := c.view(ctx) // others' reservations are not free
+	if err == nil && snap == nil {
+		err = errors.New("reader returned no snapshot")
+	}
 	if err != nil {
 		return nil, readerError(ctx, op, model, err)
 	}
@@ -278,7 +281,8 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 		return nil, invalid(op, model, "device %d is not among the %d the VRAM reader reports", b.Device, len(snap.Devices))
 	}
 	bc := *b
-	e := &RoomError{Model: model, Device: b.Device, Need: need + b.Headroom, Free: d.Free, Total: d.Total, Budget: &bc}
+	e := &RoomError{Model: model, Device: b.Device, Need: need + b.Headroom, Free: d.Free, Total: d.Total, Budget: &bc,
+		Reserved: d.Reserved, RetryAfter: retryAfter(nil, d.Reserved, time.Now())}
 	for _, p := range d.Processes {
 		if p.Role == RoleOllamaRunner {
 			e.Held += p.UsedBytes

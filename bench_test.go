@@ -233,7 +233,7 @@ func BenchmarkGuardRun(b *testing.B) {
 		b.StopTimer()
 		retained := max(int64(liveHeap())-int64(before), 0)
 		b.ReportMetric(float64(retained)/float64(b.N), "retained-B/op")
-		if n := c.Users(model); n != 0 {
+		if n := vramguard.Users(c, model); n != 0 {
 			b.Fatalf("%d users left after %d runs", n, b.N)
 		}
 	})

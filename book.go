@@ -156,7 +156,7 @@ func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseF
 	if u := b.uses[key]; u != nil && !u.touched {
 		u.touched, f.touched = true, u // a guarded use's request goes out
 	}
-	if !ka.IsUnload() {
+	if ka != KeepAliveUnload {
 		b.warm[key] = struct{}{}
 	}
 	return f, func() {

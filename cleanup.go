@@ -11,14 +11,15 @@ import (
 	"time"
 )
 
-// ReleaseFunc frees memory the caller owns, such as a CUDA caching
-// allocator's pool (the Go side of torch.cuda.empty_cache). It must honour ctx.
-type ReleaseFunc func(ctx context.Context) error
+// releaseFunc frees memory the caller owns, such as a CUDA caching
+// allocator's pool (the Go side of torch.cuda.empty_cache), or a tenant's
+// cache (Tenant.Release). It must honour ctx.
+type releaseFunc = func(ctx context.Context) error
 
 type namedRelease struct {
 	id   int
 	name string
-	fn   ReleaseFunc
+	fn   releaseFunc
 }
 
 // releaseList holds the functions ReleaseVRAM runs, in registration order.
@@ -28,7 +29,7 @@ type releaseList struct {
 	fns    []namedRelease
 }
 
-func (l *releaseList) add(name string, fn ReleaseFunc) (remove func()) {
+func (l *releaseList) add(name string, fn releaseFunc) (remove func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.nextID++
@@ -49,7 +50,7 @@ func (l *releaseList) list() []namedRelease {
 
 // RegisterRelease adds fn to the functions ReleaseVRAM runs, in registration
 // order. The returned func removes it; calling it twice is harmless.
-func (c *OllamaClient) RegisterRelease(name string, fn ReleaseFunc) (unregister func()) {
+func (c *OllamaClient) RegisterRelease(name string, fn func(ctx context.Context) error) (unregister func()) {
 	if fn == nil {
 		return func() {}
 	}
@@ -117,7 +118,7 @@ func (c *OllamaClient) releaseVRAM(ctx context.Context) (*ReleaseReport, error) 
 	return rep, errors.Join(errs...)
 }
 
-func runRelease(ctx context.Context, fn ReleaseFunc) (err error) {
+func runRelease(ctx context.Context, fn releaseFunc) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic: %v", r)

@@ -471,7 +471,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	// phase of this client) keeps, as soon as this request ends: the
 	// request leaves the keep-alive as it is instead, and the guard's
 	// cleanup sees the lease.
-	if keepAlive.IsUnload() && (c.phaseKeeps(cl.model) || len(c.heldLeases(cl.model)) > 0) {
+	if keepAlive == KeepAliveUnload && (c.phaseKeeps(cl.model) || len(c.heldLeases(cl.model)) > 0) {
 		c.log.Debug("leased model: keep-alive left as the server has it", "model", cl.model)
 		keepAlive = KeepAliveServerDefault
 	}
@@ -495,7 +495,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	st := &streamState{flight: f, spent: spent}
 	// Checked at the first chunk when the model may be gone by the end,
 	// or when an offloaded model must not generate at all.
-	st.checkOffload = c.opts.VRAM != nil && (c.opts.FailOnOffload || keepAlive.IsUnload())
+	st.checkOffload = c.opts.VRAM != nil && (c.opts.FailOnOffload || keepAlive == KeepAliveUnload)
 	gen, err := func() (*Generation, error) {
 		defer end() // also when fn panics: a dead generation must not block unloads
 		return c.stream(fctx, cl, keepAlive, fn, st)

@@ -26,6 +26,9 @@ var (
 // SetProcRoot points c's process check at root, a fake /proc.
 func SetProcRoot(c *OllamaClient, root string) { c.procRoot = root }
 
+// Users is how many guarded uses of model are running in c.
+func Users(c *OllamaClient, model string) int { return c.users(model) }
+
 // InFlight is how many of c's generations on model are in flight.
 func InFlight(c *OllamaClient, model string) int {
 	n, _ := c.book.inFlight(model, false)

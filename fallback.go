@@ -91,7 +91,7 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 		defer end()
 		return c.runCLI(fctx, path, req, ka, fn, f)
 	}()
-	if ka.IsUnload() {
+	if ka == KeepAliveUnload {
 		// Whatever happened, leave nothing resident.
 		if _, uerr := c.cleanup(ctx, CleanupOptions{Models: []string{req.Model}, mode: unloadMode{keepLoads: true}}); uerr != nil && err == nil {
 			err = uerr

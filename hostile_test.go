@@ -154,7 +154,7 @@ func TestHostileClientInputs(t *testing.T) {
 		{"unload unknown", func(ctx context.Context) error { _, err := c.UnloadModel(ctx, "nope"); return err }, notFoundOnly},
 		{"unload 1 MB name", func(ctx context.Context) error { _, err := c.UnloadModel(ctx, strings.Repeat("a", 1<<20)); return err }, invalidOnly},
 		{"is resident blank", func(ctx context.Context) error { _, err := c.IsResident(ctx, " "); return err }, invalidOnly},
-		{"users of garbage", func(context.Context) error { _ = c.Users("\xff\x00"); return nil }, successOnly},
+		{"users of garbage", func(context.Context) error { _ = vramguard.Users(c, "\xff\x00"); return nil }, successOnly},
 		{"cleanup blank model", func(ctx context.Context) error {
 			_, err := c.Cleanup(ctx, vramguard.CleanupOptions{Models: []string{"tiny", ""}})
 			return err

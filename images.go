@@ -12,21 +12,20 @@ import (
 	"github.com/ollama/ollama/api"
 )
 
-// Image limits, checked before a request is sent.
-const (
-	// MaxImageBytes is the largest image accepted.
-	MaxImageBytes = 20 << 20
-	// MaxImagesBytes bounds the images of one request together (they
-	// travel base64-encoded, a third larger).
-	MaxImagesBytes = 64 << 20
-)
+// MaxImageBytes is the largest image accepted, checked before a request
+// is sent.
+const MaxImageBytes = 20 << 20
+
+// maxImagesBytes bounds the images of one request together (they travel
+// base64-encoded, a third larger): 64 MiB, as ErrImageTooLarge says.
+const maxImagesBytes = 64 << 20
 
 var (
 	// ErrImageFormat: an image is not PNG, JPEG or WebP, the formats
 	// every Ollama version decodes (told by the image's first bytes).
 	ErrImageFormat = errors.New("image is not PNG, JPEG or WebP")
 	// ErrImageTooLarge: an image is over MaxImageBytes, or a request's
-	// images together over MaxImagesBytes.
+	// images together over 64 MiB.
 	ErrImageTooLarge = errors.New("image too large")
 	// ErrNoVision: the model cannot see images. The request fails with
 	// KindInvalidInput, before anything is sent when the server lists the
@@ -72,8 +71,8 @@ func validImage(op, model, where string, img []byte, total *int) error {
 		return newError(op, model, KindInvalidInput, fmt.Errorf("%s: %w", where, err))
 	}
 	*total += len(img)
-	if *total > MaxImagesBytes {
-		return newError(op, model, KindInvalidInput, fmt.Errorf("%s: %w: the images add up to over %d bytes", where, ErrImageTooLarge, MaxImagesBytes))
+	if *total > maxImagesBytes {
+		return newError(op, model, KindInvalidInput, fmt.Errorf("%s: %w: the images add up to over %d bytes", where, ErrImageTooLarge, maxImagesBytes))
 	}
 	return nil
 }

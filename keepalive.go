@@ -66,9 +66,6 @@ func (k KeepAlive) Duration() (d time.Duration, ok bool) {
 	}
 }
 
-// IsUnload reports whether the model is unloaded when the request ends.
-func (k KeepAlive) IsUnload() bool { return k.mode == keepAliveUnload }
-
 // String returns the value as it is sent on the wire ("0s", "2m0s", "-1"),
 // or "default" for KeepAliveServerDefault.
 func (k KeepAlive) String() string {

@@ -52,20 +52,46 @@ type LeaseOptions struct {
 	Honour []string
 }
 
-// LeaseInfo describes a lease, as every vramguard client on the host sees it.
+// LeaseInfo describes a lease, as every vramguard client on the host sees
+// it: a hold on a model (HoldModel, a phase's), or a reservation of free
+// memory on a device (Reserve, a hand-over's), which has Bytes above zero
+// and no Model.
 type LeaseInfo struct {
 	ID      string
 	Model   string
-	Server  string // the Ollama server, "host:port"
+	Server  string // the Ollama server, "host:port"; for a reservation, its holder's (informational)
 	PID     int    // the holder's process
 	Program string // the holder's program name
 	Note    string // what holds it, e.g. "phase prompts"
 	Created time.Time
 	Until   time.Time // zero: until released, or until the holder exits
+
+	// A reservation's device, bytes, recipient (ReserveOptions.For) and
+	// recipient's process (0: not known). Taken is what the recipient has
+	// allocated of Bytes as the device showed it at the reading that
+	// listed the reservation (DeviceMemory.Reserved); zero where not
+	// measured.
+	Device int
+	Bytes  uint64
+	For    string
+	ForPID uint32
+	Taken  uint64
 }
 
+// String names the holder for a message: "caption (pid 42, phase
+// prompts, until 12:00:01)"; for a reservation "orchestrator (pid 42, 10.0
+// GiB on device 0 for ComfyUI render 42, until 12:00:01)".
 func (l LeaseInfo) String() string {
 	s := fmt.Sprintf("%s (pid %d", l.Program, l.PID)
+	if l.Bytes > 0 {
+		s += fmt.Sprintf(", %s on device %d", vramFormatBytes(l.Bytes), l.Device)
+		if l.Taken > 0 {
+			s += fmt.Sprintf(" (%s taken)", vramFormatBytes(min(l.Taken, l.Bytes)))
+		}
+		if l.For != "" {
+			s += " for " + quoteOdd(l.For)
+		}
+	}
 	if l.Note != "" {
 		s += ", " + l.Note
 	}
@@ -77,7 +103,8 @@ func (l LeaseInfo) String() string {
 
 func infoOf(r lease.Record) LeaseInfo {
 	return LeaseInfo{ID: r.ID, Model: r.Model, Server: r.Server, PID: r.PID, Program: r.Program,
-		Note: r.Note, Created: r.Created, Until: r.Until}
+		Note: r.Note, Created: r.Created, Until: r.Until,
+		Device: r.Device, Bytes: r.Bytes, For: r.For, ForPID: uint32(r.ForPID)}
 }
 
 // LeasedError is the cause of a refused UnloadModel: who holds the model.
@@ -161,15 +188,18 @@ func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
 }
 
 // ownsLease reports whether this client holds the lease id.
-func (c *OllamaClient) ownsLease(id string) bool {
+func (c *OllamaClient) ownsLease(id string) bool { return c.ownLease(id) != nil }
+
+// ownLease is this client's lease id; nil when it holds none of that id.
+func (c *OllamaClient) ownLease(id string) *Lease {
 	c.leases.mu.Lock()
 	defer c.leases.mu.Unlock()
 	for l := range c.leases.held {
 		if l.info.ID == id {
-			return true
+			return l
 		}
 	}
-	return false
+	return nil
 }
 
 // isProtected reports whether Options.Protected names model.
@@ -178,24 +208,73 @@ func (c *OllamaClient) isProtected(model string) bool {
 	return slices.ContainsFunc(c.opts.Protected, func(m string) bool { return NormalizeModelName(m) == key })
 }
 
-// Lease is a hold on a model that every other vramguard client on the
-// host honours: while it lasts, their unloads leave the model (UnloadModel
-// is refused with ErrLeased), and their room-making does not evict it. It
-// ends at Release, at its Until, when the client is closed, or when the
-// holding process exits, SIGKILL included (the operating system drops
-// its lock). A Lease is safe for concurrent use.
+// Lease is a hold that every other vramguard client on the host honours:
+// on a model (HoldModel, a phase's), while it lasts their unloads leave
+// the model (UnloadModel is refused with ErrLeased) and their room-making
+// does not evict it; on free memory (Reserve, a hand-over's reservation),
+// their admissions and room-making count its bytes as not free. It ends at
+// Release, at its Until, when the client is closed, or when the holding
+// process exits, SIGKILL included (the operating system drops its lock);
+// a reservation also when its recipient has taken it whole. A Lease is
+// safe for concurrent use.
 type Lease struct {
-	c     *OllamaClient
-	held  *lease.Held
-	info  LeaseInfo
-	mu    sync.Mutex  // guards timer: a short lease's timer may fire before hold stores it
-	timer *time.Timer // ends the lease at its duration; nil without one
+	c    *OllamaClient
+	held *lease.Held
+	info LeaseInfo // ID, Model, Device and Bytes never change: read without mu
+	// mu guards timer and info's Until: a short lease's timer may fire
+	// before track stores it, and Extend moves both.
+	mu    sync.Mutex
+	timer *time.Timer // ends the lease at its Until; nil without one
 	once  sync.Once
 	err   error
+	ended bool // under mu: Release has begun
 }
 
 // Info describes the lease.
-func (l *Lease) Info() LeaseInfo { return l.info }
+func (l *Lease) Info() LeaseInfo {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.info
+}
+
+// Extend makes the lease end d from now instead of at its Until: every
+// client on the host sees the new end at its next reading. Zero d, for a
+// lease on a model, makes it last until Release; a reservation always has
+// an end, at most an hour away (ReserveOptions.TTL). A released or expired
+// lease cannot be extended (KindInvalidInput wrapping ErrClosed); a
+// negative or too long d fails with KindInvalidInput; a failure to write
+// the lease's file with KindUnavailable, the lease unchanged.
+func (l *Lease) Extend(d time.Duration) error {
+	const op = "extend"
+	switch {
+	case d < 0:
+		return invalid(op, l.info.Model, "negative lease span %v", d)
+	case l.info.Bytes > 0 && (d == 0 || d > maxReserveTTL):
+		return invalid(op, "", "reservation span %v: it must be above 0 and at most %v", d, maxReserveTTL)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return newError(op, l.info.Model, KindInvalidInput, fmt.Errorf("lease %s has ended: %w", l.info.ID, ErrClosed))
+	}
+	var until time.Time
+	if d > 0 {
+		until = time.Now().Add(d)
+	}
+	dir, _ := l.c.leaseDir()
+	if err := l.held.Extend(dir, until); err != nil {
+		return newError(op, l.info.Model, KindUnavailable, err)
+	}
+	l.info.Until = until
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	if d > 0 {
+		l.timer = time.AfterFunc(d, func() { _ = l.Release() })
+	}
+	return nil
+}
 
 // Release ends the lease. It is idempotent; the first call's error is
 // returned by every call.
@@ -203,6 +282,7 @@ func (l *Lease) Release() error {
 	l.once.Do(func() {
 		l.mu.Lock()
 		t := l.timer
+		l.ended = true
 		l.mu.Unlock()
 		if t != nil {
 			t.Stop()
@@ -261,6 +341,12 @@ func (c *OllamaClient) hold(op, model string, d time.Duration, note string) (*Le
 	if err != nil {
 		return nil, newError(op, model, KindUnavailable, err)
 	}
+	return c.track(h, d), nil
+}
+
+// track makes h a Lease of this client (released by Close), ended by its
+// own timer after d when d is above zero.
+func (c *OllamaClient) track(h *lease.Held, d time.Duration) *Lease {
 	l := &Lease{c: c, held: h, info: infoOf(h.Record())}
 	c.leases.mu.Lock()
 	if c.leases.held == nil {
@@ -273,7 +359,7 @@ func (c *OllamaClient) hold(op, model string, d time.Duration, note string) (*Le
 		l.timer = time.AfterFunc(d, func() { _ = l.Release() })
 		l.mu.Unlock()
 	}
-	return l, nil
+	return l
 }
 
 // releaseLeases ends every lease this client holds (Close).
@@ -340,13 +426,16 @@ func (c *OllamaClient) leftLeased(model string, mode unloadMode) (rep *UnloadRep
 	return rep, nil, true
 }
 
-// ownLeases are the leases this client holds.
+// ownLeases are the leases on models this client holds.
 func (c *OllamaClient) ownLeases() []LeaseInfo {
 	c.leases.mu.Lock()
 	defer c.leases.mu.Unlock()
 	out := make([]LeaseInfo, 0, len(c.leases.held))
 	for l := range c.leases.held {
-		info := l.info
+		if l.info.Bytes > 0 {
+			continue // a reservation holds no model
+		}
+		info := l.Info()
 		info.Model = NormalizeModelName(info.Model)
 		out = append(out, info)
 	}
@@ -360,7 +449,9 @@ func (c *OllamaClient) ownLeased() map[string]bool {
 	defer c.leases.mu.Unlock()
 	out := make(map[string]bool, len(c.leases.held))
 	for l := range c.leases.held {
-		out[NormalizeModelName(l.info.Model)] = true
+		if l.info.Bytes == 0 {
+			out[NormalizeModelName(l.info.Model)] = true
+		}
 	}
 	return out
 }

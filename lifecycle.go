@@ -20,8 +20,8 @@ import (
 // process dies before the phase ends.
 const defaultPhaseKeepAlive = 2 * time.Minute
 
-// Users returns how many guarded uses of model are running in this client.
-func (c *OllamaClient) Users(model string) int { return c.book.users(model) }
+// users returns how many guarded uses of model are running in this client.
+func (c *OllamaClient) users(model string) int { return c.book.users(model) }
 
 // Guard runs LLM work on one model and always cleans up after it. Prompt
 // nodes embed it; its fields are the node's lifecycle settings.
@@ -71,7 +71,7 @@ func (s *Session) KeepAlive() KeepAlive {
 		return s.g.Phase.keepAlive
 	case s.g.KeepLoaded:
 		return KeepAliveServerDefault
-	case s.g.Client.Users(s.model) > 1:
+	case s.g.Client.users(s.model) > 1:
 		// Another goroutine uses the model too: an unload-now keep-alive
 		// would unload it under that user between two of its calls. The
 		// last user's verified unload ends it instead.
@@ -276,8 +276,28 @@ type PhaseOptions struct {
 	// bytes free on Device (through EnsureFree), failing otherwise. It
 	// needs Options.VRAM: without a reader StartPhase fails with
 	// ErrNoVRAMReader.
+	//
+	// The hand-over is exclusive by default: the room End verified is
+	// reserved (EnsureRequest.Reservation, with Reserve's options), so
+	// that no other vramguard client on the host (another program's
+	// budget, vramgate's chat loads, a pool's placement) takes it before
+	// the next stage allocates. PhaseReport.Handover.Reservation holds
+	// it: release it once the next stage has allocated (or give
+	// Reserve.PID so that it ends as that process takes the room), or let
+	// its TTL (two minutes unless Reserve.TTL) end it. Where leases are
+	// off (LeaseOptions.Off, or the directory refused) nothing can be
+	// reserved: End logs it and hands over without.
 	NeedBytes uint64
 	Device    int
+	// Reserve describes the hand-over's reservation: its recipient (For,
+	// "the next stage after phase <name>" when empty), the recipient's
+	// process (PID) and its TTL.
+	Reserve ReserveOptions
+	// NoReserve hands the room over without reserving it: for a next
+	// stage that runs in no process of this host's (a remote render), or
+	// one that must not wait for another program's reservation to end;
+	// then anything on the host may take the room first.
+	NoReserve bool
 	// Timeout bounds each of End's steps (the wait for running uses, the
 	// unloads, the hand-over); zero means the client's CleanupTimeout.
 	Timeout time.Duration
@@ -344,8 +364,11 @@ func (c *OllamaClient) StartPhase(ctx context.Context, name string, opts PhaseOp
 	if opts.NeedBytes > maxBytes {
 		return nil, invalid(op, "", "need %d bytes: more than %d", opts.NeedBytes, uint64(maxBytes))
 	}
+	if _, err := opts.Reserve.validate(op); err != nil {
+		return nil, err
+	}
 	ka := opts.KeepAlive
-	if ka.IsUnload() {
+	if ka == KeepAliveUnload {
 		ka = KeepAliveFor(defaultPhaseKeepAlive)
 	}
 	p := &Phase{
@@ -476,12 +499,32 @@ func (p *Phase) holds() []LeaseInfo {
 		}
 		for _, l := range p.leases {
 			if NormalizeModelName(l.info.Model) == key {
-				info = l.info
+				info = l.Info()
 			}
 		}
 		out = append(out, info)
 	}
 	return out
+}
+
+// reservation is the hand-over's reservation request: nil with NoReserve,
+// or where leases are off (logged).
+func (p *Phase) reservation() *ReserveOptions {
+	if p.opts.NoReserve {
+		return nil
+	}
+	if dir, err := p.c.leaseDir(); dir == nil {
+		p.c.log.Info("hand-over not reserved: host-wide leases are off", "phase", p.name, "err", err)
+		return nil
+	}
+	r := p.opts.Reserve
+	if r.For == "" {
+		r.For = "the next stage after phase " + p.name
+		if _, err := r.validate("phase"); err != nil {
+			r.For = "the next stage after a phase" // a name too long or odd to quote
+		}
+	}
+	return &r
 }
 
 // isSealed reports whether End has stopped waiting for the phase's uses:
@@ -519,7 +562,8 @@ func (p *Phase) Guard() Guard { return Guard{Client: p.c, Phase: p} }
 // End waits for the phase's guarded uses that are still running, unloads
 // every model the phase used (verified), runs ReleaseVRAM, and, with
 // NeedBytes set, calls EnsureFree so the next stage gets the memory it
-// needs. A model another live phase of this client uses is left to it
+// needs, and reserves it for that stage unless PhaseOptions.NoReserve
+// (PhaseReport.Handover.Reservation). A model another live phase of this client uses is left to it
 // (the last holder's End unloads it): its UnloadReport in Cleanup is not
 // Verified, sends nothing, and its Leased names that phase (Note
 // "phase <name>"); the hand-over does not evict it either. It runs detached from ctx's cancellation; the wait for uses, the
@@ -576,7 +620,8 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		errs = append(errs, err)
 		if p.opts.NeedBytes > 0 {
 			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes}, unloadMode{keepLoads: true, cause: CauseEnsureFree, phase: p})
+			er, eerr := p.c.ensureFree(ectx, EnsureRequest{Device: p.opts.Device, Bytes: p.opts.NeedBytes, Reservation: p.reservation()},
+				unloadMode{keepLoads: true, cause: CauseEnsureFree, phase: p})
 			cancel()
 			rep.Handover = er
 			errs = append(errs, eerr)

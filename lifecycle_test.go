@@ -134,7 +134,7 @@ func TestConcurrentGuardsNeverUnloadInUse(t *testing.T) {
 	var violations, unloads atomic.Int32
 	c = newTestClient(t, s, Options{HTTPClient: unloadSpy(func(m string) {
 		unloads.Add(1)
-		if n, f := c.Users(m), InFlight(c, m); n != 0 || f != 0 {
+		if n, f := Users(c, m), InFlight(c, m); n != 0 || f != 0 {
 			violations.Add(1)
 			t.Errorf("unload of %s requested with %d users and %d in-flight generations", m, n, f)
 		}

@@ -98,8 +98,14 @@ type RoomError struct {
 	Holders []MemoryHolder
 	// Kept are the models room-making could not unload.
 	Kept []KeptModel
-	// RetryAfter is the time until the first lease among Kept ends; zero
-	// when none has an end.
+	// Reserved are other holders' reservations on the device (Reserve,
+	// a phase's hand-over), with what each has left: bytes that are free
+	// to the driver but not to this call, and that room-making cannot
+	// free. Holders names them too (HolderReserved) where the reader lists
+	// processes.
+	Reserved []LeaseInfo
+	// RetryAfter is the time until the first lease among Kept, or the
+	// first reservation among Reserved, ends; zero when none has an end.
 	RetryAfter time.Duration
 	// Budget is the budget that refused the load; nil when none did.
 	Budget *Budget
@@ -143,6 +149,11 @@ func (e *RoomError) writeRest(b *strings.Builder) {
 		b.WriteString("; processes unknown")
 	}
 	writeHolders(b, e.Holders)
+	if !slices.ContainsFunc(e.Holders, func(h MemoryHolder) bool { return h.Kind == HolderReserved }) {
+		for _, r := range e.Reserved {
+			fmt.Fprintf(b, "; reserved: %s", r.String())
+		}
+	}
 	for _, k := range e.Kept {
 		fmt.Fprintf(b, "; %s kept (%s)", k.Model, k.why())
 	}
@@ -196,21 +207,24 @@ func describeHolder(h MemoryHolder) string {
 		return fmt.Sprintf("%s %s", pid, vramFormatBytes(h.Bytes))
 	case h.Kind == HolderOther:
 		return fmt.Sprintf("%q (%s) %s", name, pid, vramFormatBytes(h.Bytes))
+	case h.Kind == HolderReserved:
+		return fmt.Sprintf("reserved by %s %s", h.Name, vramFormatBytes(h.Bytes))
 	default:
 		return fmt.Sprintf("%s %s (held by the driver or by processes it does not list with their memory)", h.Kind, vramFormatBytes(h.Bytes))
 	}
 }
 
-// Unwrap returns ErrOverBudget when a budget refused, ErrLeased,
-// ErrProtected and ErrUnattributed as the kept models apply, and Err and
-// LastErr.
+// Unwrap returns ErrOverBudget when a budget refused, ErrLeased when a
+// kept model is leased or other holders' reservations are on the device
+// (Reserved), ErrProtected and ErrUnattributed as the kept models apply,
+// and Err and LastErr.
 func (e *RoomError) Unwrap() []error {
 	var errs []error
 	if e.Budget != nil {
 		errs = append(errs, ErrOverBudget)
 	}
 	kept := e.Kept
-	if slices.ContainsFunc(kept, func(k KeptModel) bool { return len(k.Leases) > 0 }) {
+	if len(e.Reserved) > 0 || slices.ContainsFunc(kept, func(k KeptModel) bool { return len(k.Leases) > 0 }) {
 		errs = append(errs, ErrLeased)
 	}
 	if slices.ContainsFunc(kept, func(k KeptModel) bool { return k.Protected }) {
@@ -227,14 +241,17 @@ func (e *RoomError) Unwrap() []error {
 	return errs
 }
 
-// retryAfter is the time from now until the earliest lease end among kept.
-func retryAfter(kept []KeptModel, now time.Time) time.Duration {
+// retryAfter is the time from now until the earliest end among the leases
+// of kept and the reservations of others on the device.
+func retryAfter(kept []KeptModel, reserved []LeaseInfo, now time.Time) time.Duration {
 	var first time.Time
+	ends := slices.Clone(reserved)
 	for _, k := range kept {
-		for _, l := range k.Leases {
-			if !l.Until.IsZero() && (first.IsZero() || l.Until.Before(first)) {
-				first = l.Until
-			}
+		ends = append(ends, k.Leases...)
+	}
+	for _, l := range ends {
+		if !l.Until.IsZero() && (first.IsZero() || l.Until.Before(first)) {
+			first = l.Until
 		}
 	}
 	if first.IsZero() {
@@ -286,7 +303,7 @@ type Tenant struct {
 	// RetryAfter() time.Duration, when it has one) instead of waiting for
 	// memory the tenant keeps. It must honour ctx; a panic is recovered
 	// and reported.
-	Release ReleaseFunc
+	Release func(ctx context.Context) error
 }
 
 // TenantRelease says what one tenant's release gave back.
@@ -381,7 +398,7 @@ type roomCand struct {
 	known   bool   // bytes is known (always for a model)
 	tier    roomTier
 	tenant  int         // the tenant's id, for tenant tiers
-	release ReleaseFunc // the tenant's Release
+	release releaseFunc // the tenant's Release
 }
 
 // roomRules are what keeps a model from room-making, gathered by the
@@ -412,6 +429,9 @@ type roomView struct {
 	// fate is not known from one reading. unlistedModels names them.
 	unlisted       uint64
 	unlistedModels []string
+	// reserved are other holders' reservations on the device, already
+	// taken out of free (the client's view).
+	reserved []LeaseInfo
 }
 
 // buildRoomView reads device from snap and the server's listing: each
@@ -421,7 +441,7 @@ type roomView struct {
 // counts with Ollama's size_vram; on several it is kept as unattributed.
 // A model that holds nothing on the device makes no room and is left out.
 func buildRoomView(snap *VRAMSnapshot, d *DeviceMemory, listed []api.ProcessModelResponse, r roomRules, ts []tenantEntry) roomView {
-	v := roomView{device: d.Index, free: d.Free, total: d.Total}
+	v := roomView{device: d.Index, free: d.Free, total: d.Total, reserved: d.Reserved}
 	if d.ProcessesKnown {
 		v.holders = d.Holders()
 	}
@@ -864,7 +884,7 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 			if !waited {
 				rep.FreeBefore, rep.Snapshot, rep.Source = v.free, snap, snap.Source
 			}
-			rep.FreeAfter, rep.Kept, rep.RetryAfter = v.free, v.kept, retryAfter(v.kept, time.Now())
+			rep.FreeAfter, rep.Kept, rep.RetryAfter = v.free, v.kept, retryAfter(v.kept, v.reserved, time.Now())
 			p = planRoom(v, rq.need)
 			rep.Plan = p.names()
 			if p.enough || p.unknown {
@@ -926,7 +946,7 @@ func (c *OllamaClient) viewRoom(ctx context.Context, rq roomRequest, released ma
 		return roomView{}, snap, err
 	}
 	if d.Free >= rq.need {
-		return roomView{device: d.Index, free: d.Free, total: d.Total}, snap, nil
+		return roomView{device: d.Index, free: d.Free, total: d.Total, reserved: d.Reserved}, snap, nil
 	}
 	listed, err := c.running(ctx)
 	if err != nil {
@@ -967,7 +987,7 @@ func (c *OllamaClient) tenantSize(ctx context.Context, t Tenant) (n uint64) {
 // when the reader does not list it, KindInvalidInput when it has less
 // memory in all than rq needs.
 func (c *OllamaClient) readDevice(ctx context.Context, rq roomRequest) (*VRAMSnapshot, *DeviceMemory, error) {
-	snap, err := c.opts.VRAM.Snapshot(ctx)
+	snap, err := c.view(ctx)
 	if err == nil && snap == nil {
 		err = errors.New("reader returned no snapshot")
 	}
@@ -987,7 +1007,7 @@ func (c *OllamaClient) readDevice(ctx context.Context, rq roomRequest) (*VRAMSna
 // refusal is the *RoomError of a room that v cannot make.
 func (v roomView) refusal(rq roomRequest) *RoomError {
 	return &RoomError{Model: rq.model, Device: v.device, Need: rq.need, Free: v.free, Total: v.total,
-		Holders: v.holders, Kept: v.kept, RetryAfter: retryAfter(v.kept, time.Now())}
+		Holders: v.holders, Kept: v.kept, Reserved: v.reserved, RetryAfter: retryAfter(v.kept, v.reserved, time.Now())}
 }
 
 // firstGroup is the plan's first tier: the steps carried out together.
@@ -1045,7 +1065,7 @@ func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s room
 	c.log.Debug("asking a tenant for memory", "tenant", s.name, "device", rq.device, "bytes", s.bytes)
 	tr.Err = runRelease(ctx, s.release)
 	if tr.Err != nil { // no wait for a release that failed: one reading says what it left
-		if snap, err := c.opts.VRAM.Snapshot(ctx); err == nil {
+		if snap, err := c.view(ctx); err == nil {
 			if d := snap.Device(rq.device); d != nil {
 				tr.FreeAfter = d.Free
 			}
@@ -1084,7 +1104,7 @@ func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView
 	}
 	var re *RoomError
 	if errors.As(err, &re) {
-		re.Model, re.Need, re.Kept, re.RetryAfter = rq.model, rq.need, v.kept, retryAfter(v.kept, time.Now())
+		re.Model, re.Need, re.Kept, re.RetryAfter = rq.model, rq.need, v.kept, retryAfter(v.kept, v.reserved, time.Now())
 		err = newError(rq.op, rq.model, KindOutOfMemory, re)
 		ev.Err = err
 	}
@@ -1104,7 +1124,7 @@ func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target 
 		ctx, stop = c.untilListed(ctx, []string{rq.forLoad}, rq.interval)
 		defer stop()
 	}
-	snap, err := AwaitFree(ctx, c.opts.VRAM, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval})
+	snap, err := AwaitFree(ctx, viewReader{c}, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval})
 	if err != nil && errors.Is(context.Cause(ctx), errListedMeanwhile) {
 		return snap, errListedMeanwhile
 	}
@@ -1173,7 +1193,7 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 			v.kept[i].SizeVRAM = listed[j].SizeVRAM // as /api/ps lists it
 		}
 	}
-	rep.Kept, rep.RetryAfter = v.kept, retryAfter(v.kept, time.Now())
+	rep.Kept, rep.RetryAfter = v.kept, retryAfter(v.kept, v.reserved, time.Now())
 	for _, m := range listed {
 		if !slices.ContainsFunc(v.kept, func(k KeptModel) bool { return k.Model == m.Model }) {
 			rep.Plan = append(rep.Plan, m.Model)

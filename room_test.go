@@ -292,7 +292,7 @@ func (o *order) String() string {
 // Ollama's models, the others after, each only while the room is still
 // missing, and verifies each release on the device.
 func TestTenantsInOrderVerified(t *testing.T) {
-	releasing := func(s *vramguardtest.Server, o *order, owner string) vramguard.ReleaseFunc {
+	releasing := func(s *vramguardtest.Server, o *order, owner string) func(context.Context) error {
 		return func(context.Context) error { o.add(owner); s.Release(owner); return nil }
 	}
 	tests := []struct {
@@ -466,7 +466,7 @@ type retryIn time.Duration
 
 func (r retryIn) Error() string             { return "rendering" }
 func (r retryIn) RetryAfter() time.Duration { return time.Duration(r) }
-func refusing(d time.Duration) vramguard.ReleaseFunc {
+func refusing(d time.Duration) func(context.Context) error {
 	return func(context.Context) error {
 		return &vramguard.Error{Op: "release", Kind: vramguard.KindRefused, Err: retryIn(d)}
 	}

@@ -62,6 +62,12 @@ type DeviceMemory struct {
 	Used           uint64
 	Processes      []GPUProcess
 	ProcessesKnown bool
+	// Reserved are other holders' reservations on the device (see
+	// OllamaClient.Reserve), with what each has left (LeaseInfo.Bytes
+	// less Taken), already taken out of Free: set in the snapshots an
+	// OllamaClient reports (EnsureReport.Snapshot, a RoomError's
+	// holders), never by a VRAMReader, whose Free is the driver's.
+	Reserved []LeaseInfo
 }
 
 // ProcessRole says what a process holding GPU memory is, as far as the
@@ -137,6 +143,7 @@ const (
 	HolderRunner       HolderKind = "runner"       // an Ollama runner: its model
 	HolderOther        HolderKind = "other"        // another process (an Ollama server's own share included)
 	HolderUnattributed HolderKind = "unattributed" // used, but by no process the driver lists with its memory
+	HolderReserved     HolderKind = "reserved"     // free to the driver, reserved by another holder (DeviceMemory.Reserved)
 	HolderFree         HolderKind = "free"
 )
 
@@ -144,8 +151,10 @@ const (
 type MemoryHolder struct {
 	Kind HolderKind
 	// Name is the runner's model (its weights blob, or "pid N", when the
-	// model is not known), or the other process's command ("pid N" when
-	// it is not visible); "" for HolderUnattributed and HolderFree.
+	// model is not known), the other process's command ("pid N" when it
+	// is not visible), or a reservation's holder and recipient
+	// (LeaseInfo.String); "" for HolderUnattributed and HolderFree. PID
+	// is the process, for a reservation its holder's.
 	Name  string
 	PID   uint32
 	Bytes uint64
@@ -155,10 +164,11 @@ type MemoryHolder struct {
 
 // Holders splits the device's memory by holder, for metrics and answers
 // to "who holds the rest": runners by model, then other processes, most
-// memory first, then what no listed process accounts for, then the free
-// memory. Processes whose memory the driver does not report are left out
-// (their memory is in the unattributed share); the shares add up to
-// Total when the driver's Used and Free do.
+// memory first, then what no listed process accounts for, then other
+// holders' reservations (DeviceMemory.Reserved, what each has left), then
+// the free memory. Processes whose memory the driver does not report are
+// left out (their memory is in the unattributed share); the shares add up
+// to Total when the driver's Used and Free do.
 func (d DeviceMemory) Holders() []MemoryHolder {
 	ps := slices.Clone(d.Processes)
 	vramSortHolders(ps)
@@ -185,6 +195,9 @@ func (d DeviceMemory) Holders() []MemoryHolder {
 	out = append(out, others...)
 	if d.Used > known {
 		out = append(out, MemoryHolder{Kind: HolderUnattributed, Bytes: d.Used - known})
+	}
+	for _, r := range d.Reserved {
+		out = append(out, MemoryHolder{Kind: HolderReserved, Name: r.String(), PID: uint32(r.PID), Bytes: r.Bytes - min(r.Bytes, r.Taken)})
 	}
 	return append(out, MemoryHolder{Kind: HolderFree, Bytes: d.Free})
 }

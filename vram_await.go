@@ -139,7 +139,7 @@ func vramAwaitEnded(op string, parent, ctx context.Context, device int, need uin
 		return newError(op, "", kind, fmt.Errorf("no reading of device %d: %w", device, cause))
 	}
 	d := last.Device(device)
-	e := &RoomError{Device: device, Need: need, Free: d.Free, Total: d.Total, Err: cause, LastErr: lastErr}
+	e := &RoomError{Device: device, Need: need, Free: d.Free, Total: d.Total, Reserved: d.Reserved, Err: cause, LastErr: lastErr}
 	if d.ProcessesKnown {
 		e.Holders = d.Holders()
 	}

@@ -39,9 +39,10 @@ type EnsureRequest struct {
 	// means Options.UnloadTimeout. ctx bounds the whole call.
 	PollInterval time.Duration
 	Timeout      time.Duration
-	// WaitForLeases makes a call that leases keep from making room wait,
-	// within Timeout, until they end (looking again every PollInterval),
-	// instead of failing at once with a *RoomError.
+	// WaitForLeases makes a call that leases (or other holders'
+	// reservations) keep from making room wait, within Timeout, until they
+	// end (looking again every PollInterval), instead of failing at once
+	// with a *RoomError.
 	WaitForLeases bool
 	// KeepInUse keeps the models this client's generations run on, as a
 	// budget's room-making does (KeptModel.InUse), instead of taking them
@@ -57,6 +58,15 @@ type EnsureRequest struct {
 	// names them), instead of taking them last: a caller that would rather
 	// make room elsewhere than unload what its phases keep warm.
 	KeepOwn bool
+	// Reservation, when set, keeps the room once made (Bytes plus
+	// Reserve) for the recipient it names, as Reserve does: the report's
+	// Reservation holds it, and every other vramguard client on the host
+	// counts those bytes as not free until it ends. It is taken under the
+	// host-wide lock from a reading made then; when that reading no longer
+	// has the room (taken meanwhile), the call fails with the *RoomError
+	// of that reading and reserves nothing. It needs a VRAM reader and
+	// cannot go with DryRun (KindInvalidInput).
+	Reservation *ReserveOptions
 }
 
 // EnsureReport says what EnsureFree did.
@@ -78,9 +88,18 @@ type EnsureReport struct {
 	Release    *ReleaseReport  // ReleaseVRAM's run; nil when none ran (no room to make, a refusal, a dry run)
 	FreeBefore uint64          // free bytes on the device before (0 without a reader)
 	FreeAfter  uint64
-	Snapshot   *VRAMSnapshot // the last snapshot taken; nil without a reader
-	Source     string        // the snapshot's source, or SourceNone
-	Elapsed    time.Duration
+	// Snapshot is the last snapshot taken, as this client sees the
+	// device: other holders' reservations taken out of Free and listed in
+	// DeviceMemory.Reserved (so are FreeBefore and FreeAfter); nil without
+	// a reader.
+	Snapshot *VRAMSnapshot
+	Source   string // the snapshot's source, or SourceNone
+	// Reservation keeps the room made for EnsureRequest.Reservation's
+	// recipient (its Info says how much, on which device and until when);
+	// nil when none was asked for or taken. Release it once the recipient
+	// has allocated, or leave it to its TTL or consumption.
+	Reservation *Lease
+	Elapsed     time.Duration
 }
 
 // EnsureFree makes room for a load of req.Bytes (plus req.Reserve) on
@@ -120,6 +139,14 @@ type EnsureReport struct {
 // memory would make the room, the call waits for it once, within
 // req.Timeout, before it refuses.
 //
+// Other holders' reservations on the device (Reserve, another program's
+// phase hand-over) are not free to it and cannot be made free: the plan
+// counts the device's free memory less what they have left, a refusal
+// names them (RoomError.Reserved, and HolderReserved among its holders)
+// with the first one's end as RetryAfter, and WaitForLeases waits for them
+// as for leases. This client's own reservations are its to use. With
+// req.Reservation the room, once made, is reserved in turn.
+//
 // Without a VRAM reader it cannot measure. With req.AllModels it unloads
 // every listed model not kept, other programs' included, runs ReleaseVRAM
 // and reports Source SourceNone; without AllModels it fails with an *Error
@@ -150,7 +177,13 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 		// its own way, and a budget's admission counts what it admitted.
 		c.awaitOwnLoads(ctx, rq)
 	}
-	return c.makeRoom(ctx, rq)
+	rep, err := c.makeRoom(ctx, rq)
+	if err != nil || req.Reservation == nil {
+		return rep, err
+	}
+	ttl, _ := req.Reservation.validate(rq.op) // checked by roomRequestOf
+	rep.Reservation, err = c.reserve(ctx, rq, *req.Reservation, ttl)
+	return rep, err
 }
 
 // awaitOwnLoads waits, within rq.timeout, for the calls of this client
@@ -199,6 +232,19 @@ func (c *OllamaClient) roomRequestOf(req EnsureRequest, mode unloadMode) (roomRe
 	if c.opts.VRAM == nil && !req.AllModels {
 		return roomRequest{}, newError(op, "", KindInvalidInput,
 			fmt.Errorf("%w; set AllModels to unload every model the server lists, other programs' included", ErrNoVRAMReader))
+	}
+	if r := req.Reservation; r != nil {
+		switch {
+		case req.DryRun:
+			return roomRequest{}, invalid(op, "", "a dry run reserves nothing: Reservation with DryRun")
+		case c.opts.VRAM == nil:
+			return roomRequest{}, newError(op, "", KindInvalidInput, fmt.Errorf("%w: a reservation keeps measured free memory", ErrNoVRAMReader))
+		case req.Bytes+req.Reserve == 0:
+			return roomRequest{}, invalid(op, "", "a reservation of 0 bytes")
+		}
+		if _, err := r.validate(op); err != nil {
+			return roomRequest{}, err
+		}
 	}
 	return roomRequest{
 		op: op, device: req.Device, need: req.Bytes + req.Reserve,

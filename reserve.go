@@ -1,0 +1,235 @@
+package vramguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/vramguard/vramguard/internal/lease"
+)
+
+// The bounds of a reservation's span (ReserveOptions.TTL).
+const (
+	defaultReserveTTL = 2 * time.Minute
+	maxReserveTTL     = time.Hour
+	maxReserveFor     = 256 // bytes of ReserveOptions.For
+)
+
+// ReserveOptions describes a reservation: free memory of one device kept
+// for a recipient (Reserve, EnsureRequest.Reservation, a phase's hand-over).
+// The zero value keeps the bytes for two minutes for an unnamed recipient,
+// not consumed as it allocates.
+type ReserveOptions struct {
+	// For names the recipient in every refusal the reservation causes,
+	// e.g. "ComfyUI render 42" (at most 256 bytes of printable UTF-8).
+	For string
+	// PID is the recipient's process, when known. Where the VRAM reader
+	// lists processes, the reservation is consumed as the device shows
+	// that process's memory grow: it shrinks by as much (what it held when
+	// the reservation was taken is the base), so reserved plus taken stays
+	// what was reserved, and it ends when the whole room is taken. Without
+	// a PID, or where the reader lists no processes, it stays whole until
+	// released or until its TTL: consumption is measured, never assumed.
+	PID uint32
+	// TTL is how long the reservation lasts unless released, extended
+	// (Lease.Extend) or consumed first; zero means two minutes. It must
+	// not be negative or above an hour.
+	TTL time.Duration
+}
+
+// validate checks o for op and returns its TTL, defaults applied.
+func (o ReserveOptions) validate(op string) (time.Duration, error) {
+	switch {
+	case o.TTL < 0 || o.TTL > maxReserveTTL:
+		return 0, invalid(op, "", "reservation TTL %v: it must be between 0 (two minutes) and %v", o.TTL, maxReserveTTL)
+	case len(o.For) > maxReserveFor:
+		return 0, invalid(op, "", "reservation's For is %d bytes, more than %d", len(o.For), maxReserveFor)
+	case !utf8.ValidString(o.For) || slices.ContainsFunc([]rune(o.For), func(r rune) bool { return !unicode.IsPrint(r) }):
+		return 0, invalid(op, "", "reservation's For %q is not printable UTF-8", o.For)
+	}
+	if o.TTL == 0 {
+		return defaultReserveTTL, nil
+	}
+	return o.TTL, nil
+}
+
+// Reserve keeps bytes of device's free memory for a recipient: every
+// vramguard client on the host, in this process or any other (package
+// pool's placements and vramgate's admissions included), counts them as
+// not free, and cannot make them free, until the reservation ends. Only
+// this client's own calls may use them (its loads, its room-making). It
+// is a Lease (Info says what it keeps and for whom): it ends at Release,
+// at its TTL (Lease.Extend moves it), when the recipient has taken it all
+// (ReserveOptions.PID), when the client is closed, or when this process
+// exits, SIGKILL included.
+//
+// It takes the reservation only when the device, read now with the
+// reservations of others taken out, has bytes free: otherwise it fails
+// with KindOutOfMemory and the *RoomError that names the holders (other
+// reservations as HolderReserved, with their end as RetryAfter). To make
+// the room first, call EnsureFree with EnsureRequest.Reservation set. The
+// check and the taking are one step across the host (the lease
+// directory's lock, waited for within ctx), so two reservations never
+// share bytes; a load that another client admitted before the
+// reservation was taken may still land in it.
+//
+// It needs Options.VRAM (KindInvalidInput wrapping ErrNoVRAMReader
+// without: nothing would be verified) and host-wide leases
+// (KindUnavailable when LeaseOptions.Off or the directory is refused). A
+// negative device, zero bytes or more than the device holds, or options
+// that ReserveOptions rules out fail with KindInvalidInput; a closed
+// client fails with ErrClosed.
+func (c *OllamaClient) Reserve(ctx context.Context, device int, bytes uint64, opts ReserveOptions) (*Lease, error) {
+	const op = "reserve"
+	if device < 0 || bytes == 0 || bytes > maxBytes {
+		return nil, invalid(op, "", "reserve %d bytes on device %d: want 1 to %d bytes on a device of index 0 or more", bytes, device, uint64(maxBytes))
+	}
+	ttl, err := opts.validate(op)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkOpen(op, ""); err != nil {
+		return nil, err
+	}
+	if c.opts.VRAM == nil {
+		return nil, newError(op, "", KindInvalidInput, fmt.Errorf("%w: a reservation keeps measured free memory", ErrNoVRAMReader))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, newError(op, "", KindCanceled, context.Cause(ctx))
+	}
+	return c.reserve(ctx, roomRequest{op: op, device: device, need: bytes}, opts, ttl)
+}
+
+// reserve takes a reservation of rq.need bytes on rq.device, under the
+// lease directory's lock, when the device (others' reservations taken out)
+// has them free now.
+func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts ReserveOptions, ttl time.Duration) (*Lease, error) {
+	dir, err := c.leaseDir()
+	if dir == nil {
+		if err == nil {
+			err = errors.New("leases are off (LeaseOptions.Off)")
+		}
+		return nil, newError(rq.op, "", KindUnavailable, fmt.Errorf("no reservation: %w", err))
+	}
+	unlock, err := dir.Lock(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, newError(rq.op, "", KindCanceled, context.Cause(ctx))
+		}
+		return nil, newError(rq.op, "", KindUnavailable, err)
+	}
+	defer unlock()
+	_, d, err := c.readDevice(ctx, rq)
+	if err != nil {
+		return nil, err
+	}
+	if d.Free < rq.need {
+		re := &RoomError{Device: d.Index, Need: rq.need, Free: d.Free, Total: d.Total, Reserved: d.Reserved,
+			RetryAfter: retryAfter(nil, d.Reserved, time.Now())}
+		if d.ProcessesKnown {
+			re.Holders = d.Holders()
+		}
+		return nil, newError(rq.op, "", KindOutOfMemory, re)
+	}
+	r := lease.Record{Device: d.Index, Bytes: rq.need, For: opts.For, ForPID: int(opts.PID), Until: time.Now().Add(ttl)}
+	if c.host != "" {
+		r.Server = lease.NormalizeServer(c.host)
+	}
+	if opts.PID != 0 && d.ProcessesKnown {
+		r.ForBase = pidBytes(d, opts.PID)
+	}
+	h, err := dir.Acquire(r)
+	if err != nil {
+		return nil, newError(rq.op, "", KindUnavailable, err)
+	}
+	l := c.track(h, ttl)
+	c.log.Info("memory reserved", "device", d.Index, "bytes", rq.need, "for", opts.For, "until", l.Info().Until.Format(time.TimeOnly))
+	return l, nil
+}
+
+// pidBytes is what process pid holds on d, as the reader lists it.
+func pidBytes(d *DeviceMemory, pid uint32) uint64 {
+	var n uint64
+	for _, p := range d.Processes {
+		if p.PID == pid && p.UsedKnown {
+			n += p.UsedBytes
+		}
+	}
+	return n
+}
+
+// taken is what of reservation r its recipient has allocated, as d shows
+// it: the growth of its process over the base, at most r.Bytes; zero
+// without a recipient process or where d lists no processes.
+func taken(r lease.Record, d *DeviceMemory) uint64 {
+	if r.ForPID <= 0 || !d.ProcessesKnown {
+		return 0
+	}
+	now := pidBytes(d, uint32(r.ForPID))
+	if now <= r.ForBase {
+		return 0
+	}
+	return min(r.Bytes, now-r.ForBase)
+}
+
+// view is the device as this client may use it: the reader's snapshot
+// with other holders' live reservations taken out of each device's Free
+// and listed in its Reserved (what each has left after its recipient's
+// allocations). Room-making, a budget's admission and Reserve read the
+// device through it; an unload's verification reads the reader itself.
+// This client's own reservations are its to use, and are released here
+// once their recipient has taken them whole.
+func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
+	snap, err := c.opts.VRAM.Snapshot(ctx)
+	if err != nil || snap == nil {
+		return snap, err
+	}
+	dir, _ := c.leaseDir()
+	if dir == nil {
+		return snap, nil // leases off (a choice) or refused (warned once)
+	}
+	rs, err := dir.Reserved(-1)
+	if err != nil {
+		c.log.Warn("reservations not read: admissions do not see them", "err", err)
+		return snap, nil
+	}
+	if len(rs) == 0 {
+		return snap, nil
+	}
+	out := *snap
+	out.Devices = slices.Clone(snap.Devices)
+	for _, r := range rs {
+		d := out.Device(r.Device)
+		if d == nil {
+			continue // a device this reader does not list
+		}
+		took := taken(r, d)
+		if own := c.ownLease(r.ID); own != nil {
+			if took >= r.Bytes {
+				c.log.Info("reservation consumed: its recipient took the whole room", "device", r.Device, "bytes", r.Bytes, "for", r.For)
+				_ = own.Release() // its file goes; nothing to report to a reader
+			}
+			continue
+		}
+		if took >= r.Bytes {
+			continue // consumed: its holder ends it when it looks
+		}
+		info := infoOf(r)
+		info.Taken = took
+		left := r.Bytes - took
+		d.Free -= min(d.Free, left)
+		d.Reserved = append(d.Reserved, info)
+	}
+	return &out, nil
+}
+
+// viewReader is the client's view as a VRAMReader, for AwaitFree.
+type viewReader struct{ c *OllamaClient }
+
+func (v viewReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) { return v.c.view(ctx) }
+
+var _ VRAMReader = viewReader{}

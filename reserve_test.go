@@ -1,0 +1,352 @@
+package vramguard_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/vramguardtest"
+)
+
+// reservationFiles counts the reservation files in the lease directory.
+func reservationFiles(t *testing.T, dir string) int {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "*.reserve"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(m)
+}
+
+// roomErr is err's *RoomError, failing the test when there is none.
+func roomErr(t *testing.T, err error) *vramguard.RoomError {
+	t.Helper()
+	var re *vramguard.RoomError
+	if !errors.As(err, &re) {
+		t.Fatalf("err = %v, want a *RoomError", err)
+	}
+	return re
+}
+
+// checkNamesReservation checks a refusal names the reservation for as a
+// holder, with its end as the retry-after.
+func checkNamesReservation(t *testing.T, err error, forWhom string) {
+	t.Helper()
+	if !errors.Is(err, vramguard.KindOutOfMemory) || !errors.Is(err, vramguard.ErrLeased) {
+		t.Fatalf("err = %v, want KindOutOfMemory matching ErrLeased", err)
+	}
+	re := roomErr(t, err)
+	if len(re.Reserved) != 1 || re.Reserved[0].For != forWhom || re.Reserved[0].PID != os.Getpid() || re.Reserved[0].Until.IsZero() {
+		t.Fatalf("Reserved = %+v, want the reservation for %q", re.Reserved, forWhom)
+	}
+	named := false
+	for _, h := range re.Holders {
+		named = named || h.Kind == vramguard.HolderReserved && strings.Contains(h.Name, forWhom) && h.Bytes > 0
+	}
+	if !named {
+		t.Errorf("Holders = %+v, want a HolderReserved share naming %q", re.Holders, forWhom)
+	}
+	if re.RetryAfter <= 0 || re.RetryAfter > time.Until(re.Reserved[0].Until)+time.Second {
+		t.Errorf("RetryAfter = %v, want the time to the reservation's end (%v)", re.RetryAfter, re.Reserved[0].Until)
+	}
+	if !strings.Contains(err.Error(), forWhom) {
+		t.Errorf("message %q does not name the recipient", err)
+	}
+}
+
+// The seed's OOM, with reservations: an orchestrator's phase hands 20 GiB
+// over to a render; a second vramguard program's budget load, with and
+// without MakeRoom, is refused while the reservation stands, naming it;
+// the render allocates the whole room with no out-of-memory; once the
+// reservation is released the load is admitted.
+func TestHandoverReservesForTheRender(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	if err := s.Reserve("desktop", 2*gib); err != nil {
+		t.Fatal(err)
+	}
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	orch := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	chat := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Budget: &vramguard.Budget{}})
+	eager := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Budget: &vramguard.Budget{MakeRoom: true}})
+
+	p, err := orch.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: 20 * gib, Reserve: vramguard.ReserveOptions{For: "render 42"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := p.Guard()
+	if _, err := g.Generate(t.Context(), &vramguard.GenerateRequest{Model: "big", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.End(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := rep.Handover.Reservation
+	if res == nil {
+		t.Fatal("the hand-over reserved nothing")
+	}
+	if info := res.Info(); info.Bytes != 20*gib || info.Device != 0 || info.For != "render 42" || info.Model != "" ||
+		info.Until.Before(time.Now().Add(time.Minute)) || info.Until.After(time.Now().Add(2*time.Minute+time.Second)) {
+		t.Fatalf("reservation %+v, want 20 GiB on device 0 for render 42 for the default two minutes", info)
+	}
+
+	_, err = chat.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	checkNamesReservation(t, err, "render 42")
+	_, err = eager.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	checkNamesReservation(t, err, "render 42")
+	if s.Loads("mid") != 0 {
+		t.Fatal("a load was admitted into the reserved room")
+	}
+	if err := s.Reserve("render", 20*gib); err != nil {
+		t.Fatalf("the render could not allocate its room: %v", err)
+	}
+	s.Release("render")
+	if err := res.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if reservationFiles(t, dir) != 0 {
+		t.Fatal("Release left the reservation's file")
+	}
+	if _, err := chat.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveUnload, nil); err != nil {
+		t.Fatalf("load after the reservation's release: %v", err)
+	}
+}
+
+// A reservation with the recipient's PID is consumed as the device shows
+// that process grow: reserved plus taken stays what was handed over, and
+// once the whole room is taken other clients see nothing reserved and the
+// holder ends it.
+func TestReservationConsumedByItsRecipient(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	if err := s.Reserve("render", 1<<20); err != nil { // the render's process, before it loads
+		t.Fatal(err)
+	}
+	var pid uint32
+	for _, h := range s.Holders() {
+		if h.Name == "render" {
+			pid = h.PID
+		}
+	}
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	orch := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	other := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	res, err := orch.Reserve(t.Context(), 0, 20*gib, vramguard.ReserveOptions{For: "render", PID: pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := func() (*vramguard.EnsureReport, error) {
+		return other.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1, DryRun: true})
+	}
+	if err := s.Reserve("render", 8*gib); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := view()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := rep.Snapshot.Device(0)
+	_, _, driverFree := s.Memory()
+	if len(d.Reserved) != 1 || d.Reserved[0].Taken != 8*gib || driverFree-d.Free != 12*gib {
+		t.Fatalf("after 8 GiB allocated: reserved %+v, free %d of the driver's %d; want 8 GiB taken and 12 GiB still reserved", d.Reserved, d.Free, driverFree)
+	}
+	if err := s.Reserve("render", 12*gib); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = view(); err != nil {
+		t.Fatal(err)
+	}
+	_, _, driverFree = s.Memory()
+	if d := rep.Snapshot.Device(0); len(d.Reserved) != 0 || d.Free != driverFree {
+		t.Fatalf("after the whole room was taken: reserved %+v, free %d (driver %d); want nothing reserved", d.Reserved, d.Free, driverFree)
+	}
+	if reservationFiles(t, dir) != 1 {
+		t.Fatal("the reservation ended before its holder looked")
+	}
+	if _, err := orch.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1, DryRun: true}); err != nil {
+		t.Fatal(err)
+	}
+	if reservationFiles(t, dir) != 0 {
+		t.Fatal("the holder did not end its consumed reservation")
+	}
+	if err := res.Release(); err != nil {
+		t.Fatalf("Release after consumption: %v", err)
+	}
+}
+
+// Two reservations never share bytes: the second, larger than what the
+// first left, is refused naming the first; the holder's own calls may use
+// its reservation; another client's EnsureFree cannot make reserved bytes
+// free (refused by arithmetic, nothing unloaded).
+func TestReservationsAreExclusive(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	a := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Budget: &vramguard.Budget{}})
+	b := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	loadForever(t, s, "small") // 2 GiB: 22 free
+	if _, err := a.Reserve(t.Context(), 0, 16*gib, vramguard.ReserveOptions{For: "encoder"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Reserve(t.Context(), 0, 8*gib, vramguard.ReserveOptions{For: "second"})
+	checkNamesReservation(t, err, "encoder")
+	if reservationFiles(t, dir) != 1 {
+		t.Fatal("the refused reservation left a file")
+	}
+	// 6 GiB left for b: enough for 4, and 8 only by unloading small (2).
+	if _, err := b.Reserve(t.Context(), 0, 4*gib, vramguard.ReserveOptions{For: "small one"}); err != nil {
+		t.Fatalf("a reservation that fits beside the first: %v", err)
+	}
+	_, err = b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib})
+	if re := roomErr(t, err); re.Err != nil || len(re.Reserved) != 1 || re.Reserved[0].For != "encoder" {
+		t.Fatalf("EnsureFree past the reservations: %v; want refused by arithmetic naming a's reservation", err)
+	}
+	if !s.Listed("small") {
+		t.Fatal("a refused EnsureFree unloaded a model")
+	}
+	// a's own budget load of mid (6 GiB) uses a's reservation.
+	if _, err := a.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveUnload, nil); err != nil {
+		t.Fatalf("the holder's own load inside its reservation: %v", err)
+	}
+}
+
+// A reservation ends at its TTL; Extend moves its end, and every other
+// client sees the new one.
+func TestReservationTTLAndExtend(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	a := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	b := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	res, err := a.Reserve(t.Context(), 0, 20*gib, vramguard.ReserveOptions{For: "short", TTL: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Extend(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib, DryRun: true})
+	re := roomErr(t, err)
+	if len(re.Reserved) != 1 || re.Reserved[0].Until.Before(time.Now().Add(59*time.Minute)) {
+		t.Fatalf("after Extend(1h) others see %+v", re.Reserved)
+	}
+	if err := res.Extend(100 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for reservationFiles(t, dir) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the reservation outlived its TTL by 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib, DryRun: true}); err != nil {
+		t.Fatalf("after the TTL: %v", err)
+	}
+	if err := res.Extend(time.Minute); !errors.Is(err, vramguard.ErrClosed) || !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Fatalf("Extend of an ended reservation = %v, want KindInvalidInput wrapping ErrClosed", err)
+	}
+}
+
+// Bad input: each a typed error, nothing reserved.
+func TestReserveRefuses(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	c := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	noReader := leaseClient(t, s, dir, vramguard.Options{})
+	off := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Leases: vramguard.LeaseOptions{Off: true}})
+	closed := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	_ = closed.Close()
+	for _, tc := range []struct {
+		name   string
+		c      *vramguard.OllamaClient
+		device int
+		bytes  uint64
+		opts   vramguard.ReserveOptions
+		kind   vramguard.Kind
+		is     error
+	}{
+		{"negative device", c, -1, gib, vramguard.ReserveOptions{}, vramguard.KindInvalidInput, nil},
+		{"zero bytes", c, 0, 0, vramguard.ReserveOptions{}, vramguard.KindInvalidInput, nil},
+		{"larger than the device", c, 0, 25 * gib, vramguard.ReserveOptions{}, vramguard.KindInvalidInput, nil},
+		{"absurd bytes", c, 0, 1 << 62, vramguard.ReserveOptions{}, vramguard.KindInvalidInput, nil},
+		{"no such device", c, 3, gib, vramguard.ReserveOptions{}, vramguard.KindNotFound, nil},
+		{"negative TTL", c, 0, gib, vramguard.ReserveOptions{TTL: -time.Second}, vramguard.KindInvalidInput, nil},
+		{"absurd TTL", c, 0, gib, vramguard.ReserveOptions{TTL: 1e12 * time.Millisecond}, vramguard.KindInvalidInput, nil},
+		{"recipient not printable", c, 0, gib, vramguard.ReserveOptions{For: "a\x00b"}, vramguard.KindInvalidInput, nil},
+		{"recipient too long", c, 0, gib, vramguard.ReserveOptions{For: strings.Repeat("x", 300)}, vramguard.KindInvalidInput, nil},
+		{"no reader", noReader, 0, gib, vramguard.ReserveOptions{}, vramguard.KindInvalidInput, vramguard.ErrNoVRAMReader},
+		{"leases off", off, 0, gib, vramguard.ReserveOptions{}, vramguard.KindUnavailable, nil},
+		{"closed client", closed, 0, gib, vramguard.ReserveOptions{}, vramguard.KindUnavailable, vramguard.ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := tc.c.Reserve(t.Context(), tc.device, tc.bytes, tc.opts)
+			if l != nil || !errors.Is(err, tc.kind) || tc.is != nil && !errors.Is(err, tc.is) {
+				t.Fatalf("Reserve = %v, %v; want %v %v", l, err, tc.kind, tc.is)
+			}
+		})
+	}
+	if n := reservationFiles(t, dir); n != 0 {
+		t.Fatalf("%d reservation files after refusals", n)
+	}
+	res, err := c.Reserve(t.Context(), 0, gib, vramguard.ReserveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{-time.Second, 0, 2 * time.Hour} {
+		if err := res.Extend(d); !errors.Is(err, vramguard.KindInvalidInput) {
+			t.Errorf("Extend(%v) of a reservation = %v, want KindInvalidInput", d, err)
+		}
+	}
+	if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: gib, DryRun: true, Reservation: &vramguard.ReserveOptions{}}); !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Errorf("EnsureFree with DryRun and Reservation = %v, want KindInvalidInput", err)
+	}
+	if _, err := c.StartPhase(t.Context(), "p", vramguard.PhaseOptions{NeedBytes: gib, Reserve: vramguard.ReserveOptions{TTL: -1}}); !errors.Is(err, vramguard.KindInvalidInput) {
+		t.Errorf("StartPhase with a negative reservation TTL = %v, want KindInvalidInput", err)
+	}
+	// Close ends the client's reservations.
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := reservationFiles(t, dir); n != 0 {
+		t.Fatalf("%d reservation files after Close", n)
+	}
+}
+
+// EnsureFree with Reservation keeps the room it made; NoReserve hands a
+// phase's room over without one.
+func TestEnsureFreeReservesTheRoom(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	loadForever(t, s, "big", "mid")
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	a := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	b := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	rep, err := a.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 14 * gib, Reserve: gib, Reservation: &vramguard.ReserveOptions{For: "encoder load"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Reservation == nil || rep.Reservation.Info().Bytes != 15*gib || len(rep.Evicted) == 0 {
+		t.Fatalf("report %+v: want the 15 GiB made (models evicted) and reserved", rep)
+	}
+	_, err = b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib, DryRun: true})
+	checkNamesReservation(t, err, "encoder load")
+
+	p, err := b.StartPhase(t.Context(), "free", vramguard.PhaseOptions{NeedBytes: gib, NoReserve: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prep, err := p.End(t.Context())
+	if err != nil || prep.Handover.Reservation != nil {
+		t.Fatalf("NoReserve phase: %+v, %v; want no reservation", prep.Handover, err)
+	}
+	if n := reservationFiles(t, dir); n != 1 {
+		t.Fatalf("%d reservation files, want a's alone", n)
+	}
+}
