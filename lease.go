@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/vramguard/vramguard/internal/lease"
 )
@@ -89,7 +91,7 @@ func (l LeaseInfo) String() string {
 			s += fmt.Sprintf(" (%s taken)", vramFormatBytes(min(l.Taken, l.Bytes)))
 		}
 		if l.For != "" {
-			s += " for " + quoteOdd(l.For)
+			s += " for " + printable(l.For)
 		}
 	}
 	if l.Note != "" {
@@ -99,6 +101,15 @@ func (l LeaseInfo) String() string {
 		s += ", until " + l.Until.Format(time.TimeOnly)
 	}
 	return s + ")"
+}
+
+// printable is s, quoted when it holds a rune that is not printable (a
+// reservation's For as another program wrote it).
+func printable(s string) string {
+	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 func infoOf(r lease.Record) LeaseInfo {

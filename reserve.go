@@ -135,7 +135,7 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 		}
 		return nil, newError(rq.op, "", KindOutOfMemory, re)
 	}
-	r := lease.Record{Device: d.Index, Bytes: rq.need, For: opts.For, ForPID: int(opts.PID), Until: time.Now().Add(ttl)}
+	r := lease.Record{Device: d.Index, UUID: d.UUID, Bytes: rq.need, For: opts.For, ForPID: int(opts.PID), Until: time.Now().Add(ttl)}
 	if c.host != "" {
 		r.Server = lease.NormalizeServer(c.host)
 	}
@@ -203,7 +203,7 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 	out := *snap
 	out.Devices = slices.Clone(snap.Devices)
 	for _, r := range rs {
-		d := out.Device(r.Device)
+		d := reservedDevice(&out, r)
 		if d == nil {
 			continue // a device this reader does not list
 		}
@@ -225,6 +225,23 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 		d.Reserved = append(d.Reserved, info)
 	}
 	return &out, nil
+}
+
+// reservedDevice is the device of snap that reservation r is on: by its
+// UUID where r and the reader give one (the same for every reader on the
+// host: a pool numbers its members' devices its own way), else by index.
+func reservedDevice(snap *VRAMSnapshot, r lease.Record) *DeviceMemory {
+	if r.UUID != "" {
+		for i := range snap.Devices {
+			if d := &snap.Devices[i]; d.UUID == r.UUID {
+				return d
+			}
+		}
+		if slices.ContainsFunc(snap.Devices, func(d DeviceMemory) bool { return d.UUID != "" }) {
+			return nil // the reader names its devices, and not this one
+		}
+	}
+	return snap.Device(r.Device)
 }
 
 // viewReader is the client's view as a VRAMReader, for AwaitFree.

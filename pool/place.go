@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/vramguard/vramguard"
@@ -168,6 +169,7 @@ func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*
 	if err != nil {
 		return nil, err
 	}
+	t.honourReservations(ctx, vs)
 	if _, _, ok := choose(vs, need); !ok {
 		// Room-making spares the client's own leased models (its phases')
 		// while another member's room can be made without them.
@@ -197,6 +199,39 @@ func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*
 		pl.Evicted = evicted
 	}
 	return t.placed(ctx, pl)
+}
+
+// honourReservations takes other holders' reservations on each measured
+// member's device (vramguard.OllamaClient.Reserve, another program's
+// hand-over) out of its free memory, as the pool client's own view of the
+// devices shows them (the snapshot of a dry run of its EnsureFree), so
+// that a load is never placed into bytes kept for someone else. A view
+// that cannot be read leaves the members as surveyed: the dry runs of
+// room-making, and the member's own admission, still honour them.
+func (t *transport) honourReservations(ctx context.Context, vs []view) {
+	first := slices.IndexFunc(vs, func(v view) bool { return v.up && v.measured })
+	if first < 0 {
+		return
+	}
+	rep, _ := t.c.EnsureFree(ctx, vramguard.EnsureRequest{Device: first, DryRun: true})
+	if rep == nil || rep.Snapshot == nil {
+		return
+	}
+	for i := range vs {
+		d := rep.Snapshot.Device(i)
+		if d == nil || !vs[i].measured || len(d.Reserved) == 0 {
+			continue
+		}
+		var left uint64
+		for _, r := range d.Reserved {
+			left += r.Bytes - min(r.Taken, r.Bytes)
+		}
+		vs[i].free -= min(vs[i].free, left)
+		vs[i].side.Free = vs[i].free
+		if d.ProcessesKnown {
+			vs[i].side.Holders = d.Holders()
+		}
+	}
 }
 
 // survey lists every member that answers and reads its device, side by

@@ -130,6 +130,13 @@ type DeviceState struct {
 	Need    uint64   `json:"need"`
 	Enough  bool     `json:"enough"`
 	Holders []Holder `json:"holders"`
+	// Reservations says whether other programs' reservations (see
+	// vramguard.OllamaClient.Reserve) were counted: "counted" (Free is
+	// what is left after them, and each is a holder of kind "reserved"),
+	// or why not ("not checked: ..."), when the client has no GPU reader
+	// (vramguard.Options.VRAM) or its reader lacks the device. A client
+	// with vramguard.LeaseOptions.Off honours no reservation at all.
+	Reservations string `json:"reservations"`
 }
 
 // Holder is a holder of device memory other than its free part, as
@@ -272,7 +279,7 @@ func (h *Handler) deviceState(ctx context.Context, q Query, fail func(string, ..
 		fail("no GPU reader: device memory not measured")
 		return d
 	}
-	snap, err := h.vram.Snapshot(ctx)
+	snap, err := h.view(ctx, q.Device, d)
 	if err != nil {
 		fail("GPU snapshot failed: %s", trim(err))
 		return d
@@ -307,6 +314,27 @@ func (h *Handler) deviceState(ctx context.Context, q Query, fail func(string, ..
 			human(q.Free), by)
 	}
 	return d
+}
+
+// view reads the device as the client sees it, other programs'
+// reservations taken out of its free memory (the snapshot of a dry run of
+// its EnsureFree); where the client cannot (no GPU reader of its own) it
+// reads the Handler's reader and says in d that reservations were not
+// checked.
+func (h *Handler) view(ctx context.Context, device int, d *DeviceState) (*vramguard.VRAMSnapshot, error) {
+	rep, err := h.client.EnsureFree(ctx, vramguard.EnsureRequest{Device: device, DryRun: true})
+	switch {
+	case err == nil && rep.Snapshot != nil:
+		d.Reservations = "counted"
+		return rep.Snapshot, nil
+	case errors.Is(err, vramguard.ErrNoVRAMReader):
+		d.Reservations = "not checked: the client has no GPU reader (vramguard.Options.VRAM)"
+	case errors.Is(err, vramguard.KindNotFound):
+		d.Reservations = "not checked: the client's GPU reader lists no such device"
+	default:
+		return nil, err
+	}
+	return h.vram.Snapshot(ctx)
 }
 
 func joinPIDs(pids []uint32) string {

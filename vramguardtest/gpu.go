@@ -31,7 +31,8 @@ var _ vramguard.VRAMReader = (*GPU)(nil)
 // GPU returns a fake GPU reading s's memory ledger.
 func (s *Server) GPU() *GPU { return &GPU{Server: s} }
 
-// Snapshot returns the device as NVML would report it. It fails with
+// Snapshot returns the device as NVML would report it; its UUID is
+// "GPU-simulated-<the server's port>", unique on the host as a real GPU's. It fails with
 // [vramguard.KindCanceled] when ctx is done, and never otherwise.
 func (g *GPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
 	if err := ctx.Err(); err != nil {
@@ -43,7 +44,7 @@ func (g *GPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
 		name = "Simulated GPU"
 	}
 	d := vramguard.DeviceMemory{
-		Index: 0, Name: name, UUID: "GPU-simulated-0",
+		Index: 0, Name: name, UUID: "GPU-simulated-" + g.Server.URL().Port(),
 		Total: total, Used: used, Free: free, ProcessesKnown: true,
 		Processes: []vramguard.GPUProcess{},
 	}

@@ -96,12 +96,14 @@ type Record struct {
 	// A reservation (Bytes above zero) is a claim on free memory of one
 	// device rather than a hold on a model: Model is empty, Server may be,
 	// and its file is "<ID>.reserve" (see # Reservations in the package
-	// doc). Device is the device's index as the holders' VRAM readers
-	// number it; For names the recipient the bytes are kept for (free
+	// doc). Device is the device's index as the holder's VRAM reader
+	// numbers it, UUID its UUID where the reader gives one (the name that
+	// is the same for every reader on the host); For names the recipient the bytes are kept for (free
 	// text); ForPID is the recipient's process when known and ForBase what
 	// that process held on the device when the reservation was taken, so
 	// that a reader can see the reservation consumed as the process grows.
 	Device  int    `json:"device,omitempty"`
+	UUID    string `json:"uuid,omitempty"` // the device's UUID, when its reader gives one
 	Bytes   uint64 `json:"bytes,omitempty"`
 	For     string `json:"for,omitempty"`
 	ForPID  int    `json:"for_pid,omitempty"`

@@ -87,6 +87,8 @@ func parse(b []byte) (Record, error) {
 			dst = &r.Until
 		case "device":
 			dst = &r.Device
+		case "uuid":
+			dst = &r.UUID
 		case "bytes":
 			dst = &r.Bytes
 		case "for":
@@ -121,7 +123,7 @@ func parse(b []byte) (Record, error) {
 		return r, fmt.Errorf("device %d", r.Device)
 	case r.ForPID < 0:
 		return r, fmt.Errorf("for_pid %d", r.ForPID)
-	case !r.IsReservation() && (r.Device != 0 || r.For != "" || r.ForPID != 0 || r.ForBase != 0):
+	case !r.IsReservation() && (r.Device != 0 || r.UUID != "" || r.For != "" || r.ForPID != 0 || r.ForBase != 0):
 		return r, errors.New("a lease on a model has reservation fields")
 	case !r.IsReservation() && r.Server == "":
 		return r, errors.New("no server")
