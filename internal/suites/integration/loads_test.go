@@ -275,14 +275,28 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 		// Polls after the runner went and the settle windows passed: the
 		// first must verify. The windows are 50 ms after the last unload's
 		// reply (v0.6.5 replies once the load it waited for has ended)
-		// and, when the unload saw the runner, 50 ms after it saw it gone,
-		// which is at its first poll after goneAt (25 ms).
+		// and, when the unload saw the runner, 50 ms after it saw it gone.
+		// It counts runners after each poll, so it sees the runner gone
+		// before its second /api/ps request after goneAt goes out: that
+		// request, seen in this run, bounds the moment, where an assumed
+		// poll interval would not on a busy machine.
 		from := goneAt
 		if w := replied.Add(50 * time.Millisecond); w.After(from) {
 			from = w
 		}
-		if w := goneAt.Add(25*time.Millisecond + 50*time.Millisecond); r.rep.RunnerSeen && w.After(from) {
-			from = w
+		if r.rep.RunnerSeen {
+			seenBy, after := r.at, 0 // fewer than two polls after goneAt: none is late
+			for _, p := range polls {
+				if p.After(goneAt) {
+					if after++; after == 2 {
+						seenBy = p
+						break
+					}
+				}
+			}
+			if w := seenBy.Add(50 * time.Millisecond); w.After(from) {
+				from = w
+			}
 		}
 		late := 0
 		for _, p := range polls {
@@ -297,9 +311,9 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 		}
 		// The server's abort time, an observation: the runner went this
 		// long after the cut, against a whole load of this run.
-		t.Logf("server %s: the runner went %v after the cut (a whole load: %v, %.0f%%); unload: %d attempts, %d polls in %v, %d after the runner went and the window passed; checked %v",
+		t.Logf("server %s: the runner went %v after the cut (a whole load: %v, %.0f%%); unload: %d attempts, %d polls in %v, %d after the runner went and the window passed; runner seen %v; checked %v",
 			s.Version(), took.Round(time.Millisecond), load.Round(time.Millisecond), 100*took.Seconds()/max(load.Seconds(), 1e-9),
-			r.rep.Attempts, r.rep.Polls, r.rep.Elapsed.Round(time.Millisecond), late, r.rep.Checked)
+			r.rep.Attempts, r.rep.Polls, r.rep.Elapsed.Round(time.Millisecond), late, r.rep.RunnerSeen, r.rep.Checked)
 		if late > 1 {
 			t.Errorf("%d /api/ps polls after the runner went and the settle window passed, want the first to verify", late)
 		}
