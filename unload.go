@@ -31,7 +31,24 @@ type UnloadReport struct {
 	// another client still runs on the model (a guard's cleanup does not
 	// wait for it): the server unloads the model when that request ends.
 	HeldByOthers bool
-	// VRAMFreed is the rise in free device memory seen with VerifyVRAM.
+	// VRAMFreed is, with VerifyVRAM, this model's share of the rise in
+	// free device memory (all devices together) that its unload saw,
+	// counted from a reading taken before the unload was sent: one
+	// reading for the unloads a call sends together (EnsureFree,
+	// Phase.End and its hand-over, Budget.MakeRoom, UnloadAll, Cleanup),
+	// so that several reports never count one byte twice. The share is
+	// what the model's runner held on the device in that reading, where
+	// the reader lists processes and names the runner (GPUProcess.Model,
+	// or on a server on this machine its weights Blob); otherwise
+	// Ollama's size_vram for the model, except that the last unload of
+	// the call to see its memory back takes all of the rise the others
+	// left. Either way it is bounded by the part of the rise the call's
+	// other unloads have not counted, so the shares of one call add up to
+	// no more than the rise (with the reader that names no runner, to the
+	// rise itself when every unload of the call was verified). The call's
+	// total is its own: EnsureReport's FreeBefore and FreeAfter. Zero
+	// without VerifyVRAM, for a model that was not loaded, and when the
+	// wait for the memory failed.
 	VRAMFreed int64
 	// Checked names the checks Verified rests on (none when not
 	// Verified). CheckPS always; a
@@ -194,6 +211,10 @@ type unloadMode struct {
 	// phase is the phase whose End (or guard) sends the unload: the
 	// client's other live phases keep the models they use from it.
 	phase *Phase
+	// freed is the group of unloads sent together with this one
+	// (unloadMany, with VerifyVRAM), among which the rise in free device
+	// memory is shared; nil for an unload sent alone.
+	freed *freedShares
 }
 
 // UnloadCause says which call of this client unloaded a model: it is
@@ -247,6 +268,7 @@ func (c *OllamaClient) unloadModel(ctx context.Context, model string, mode unloa
 
 func (c *OllamaClient) unloadVerified(ctx context.Context, model string, mode unloadMode) (*UnloadReport, error) {
 	if rep, err, kept := c.leftLeased(model, mode); kept {
+		mode.freed.leave()
 		return rep, err
 	}
 	start := time.Now()
@@ -256,7 +278,18 @@ func (c *OllamaClient) unloadVerified(ctx context.Context, model string, mode un
 	u := &unload{c: c, ctx: ctx, wctx: wctx, model: model, mode: mode, start: start,
 		rep: &UnloadReport{Model: model, Cause: mode.cause}, rules: c.unloadRules(wctx, mode)}
 	if c.opts.VerifyVRAM {
-		u.before, _ = c.opts.VRAM.Snapshot(wctx) // best effort; checked when the model is gone
+		if u.mode.freed == nil {
+			u.mode.freed = &freedShares{members: 1}
+		}
+		defer func() {
+			if !u.claimed {
+				u.mode.freed.leave()
+			}
+		}()
+		u.before = u.mode.freed.before
+		if u.before == nil {
+			u.before, _ = c.opts.VRAM.Snapshot(wctx) // best effort; checked when the model is gone
+		}
 	}
 	todo := []unloadAction{{kind: actLook}}
 	for len(todo) > 0 {
@@ -323,6 +356,7 @@ type unload struct {
 	before    *VRAMSnapshot // VerifyVRAM: the device before the unload
 	runners   *runnerWatch  // the process check, once set up
 	begun     uint64        // this client's generations on the model, begun before the last count
+	claimed   bool          // VerifyVRAM: the share of the freed memory was claimed (mode.freed)
 	err       error         // the failure behind phFailed
 }
 
@@ -436,13 +470,19 @@ func (u *unload) count() unloadEvent {
 	return unloadEvent{kind: evRunners, at: time.Now(), sent: began, runners: n}
 }
 
-// awaitMemory waits for the device to report the model's memory back.
+// awaitMemory waits for the device to report the model's memory back,
+// and claims the model's share of what came back (UnloadReport.VRAMFreed).
 func (u *unload) awaitMemory() unloadEvent {
-	freed, err := u.c.awaitRunnerGone(u.wctx, u.before, u.rep.SizeVRAM)
-	u.rep.VRAMFreed = freed
+	blob := ""
+	if u.runners != nil {
+		blob = u.runners.blob
+	}
+	back, err := u.c.awaitRunnerGone(u.wctx, u.before, u.model, blob, u.rep.SizeVRAM)
 	if err != nil {
 		return u.stopped(err)
 	}
+	u.claimed = true
+	u.rep.VRAMFreed = u.mode.freed.claim(back, u.rep.SizeVRAM)
 	return unloadEvent{kind: evMemoryBack, at: time.Now()}
 }
 
@@ -511,56 +551,150 @@ func (c *OllamaClient) sendUnload(ctx context.Context, model string, cause Unloa
 	return err
 }
 
-// awaitRunnerGone waits, after Ollama stopped listing a model, until the
-// device memory rose by at least 75% of the model's VRAM estimate (the
-// margin Ollama's own scheduler uses) or an Ollama runner process that held
-// memory before is gone. It returns the rise in free memory it saw.
-func (c *OllamaClient) awaitRunnerGone(ctx context.Context, before *VRAMSnapshot, sizeVRAM int64) (int64, error) {
+// memoryBack is what awaitRunnerGone saw: the rise in free memory since
+// the reading before the unload, and what the model's own runners held in
+// that reading (measured: the reader named one and gave its memory).
+type memoryBack struct {
+	rise, held int64
+	measured   bool
+}
+
+// awaitRunnerGone waits, after Ollama stopped listing model, for the
+// device to show its memory back. Where the reading before names the
+// model's runners (GPUProcess.Model, or blob, the weights on a server on
+// this machine, for a runner the reader did not name), it waits until one
+// of them is gone from the device: the unloads of other models sent
+// beside it free memory too, which must not end this wait. Otherwise it
+// waits until the device memory rose by at least 75% of the model's VRAM
+// estimate (the margin Ollama's own scheduler uses) or an Ollama runner
+// process that held memory before is gone.
+func (c *OllamaClient) awaitRunnerGone(ctx context.Context, before *VRAMSnapshot, model, blob string, sizeVRAM int64) (memoryBack, error) {
+	var back memoryBack
 	late := before == nil
 	if late {
 		var err error
 		if before, err = c.opts.VRAM.Snapshot(ctx); err != nil {
-			return 0, err
+			return back, err
 		}
 	}
-	runners := make(map[uint32]bool)
+	key := NormalizeModelName(model)
+	runners, own := map[uint32]bool{}, map[uint32]bool{}
 	var freeBefore uint64
 	for _, d := range before.Devices {
 		freeBefore += d.Free
 		for _, p := range d.Processes {
-			if p.Role == RoleOllamaRunner {
-				runners[p.PID] = true
+			if p.Role != RoleOllamaRunner {
+				continue
+			}
+			runners[p.PID] = true
+			if d.ProcessesKnown && isRunnerOf(p, key, blob) {
+				own[p.PID] = true
+				if p.UsedKnown { // a runner split across devices is listed on each, with its share there
+					back.held += int64(p.UsedBytes)
+					back.measured = true
+				}
 			}
 		}
 	}
 	if late && len(runners) == 0 {
 		// Taken after the model went, with no runner process in sight:
 		// there is nothing left to wait for that the GPU could show.
-		return 0, nil
+		return back, nil
+	}
+	if len(own) > 0 {
+		runners = own
 	}
 	want := sizeVRAM * 3 / 4
 	for {
 		now, err := c.opts.VRAM.Snapshot(ctx)
 		if err == nil {
 			var freeNow uint64
-			still := 0
+			still := map[uint32]bool{}
 			for _, d := range now.Devices {
 				freeNow += d.Free
 				for _, p := range d.Processes {
 					if runners[p.PID] {
-						still++
+						still[p.PID] = true
 					}
 				}
 			}
-			rise := int64(freeNow) - int64(freeBefore)
-			if (want > 0 && rise >= want) || still < len(runners) || (want == 0 && len(runners) == 0) {
-				return rise, nil
+			back.rise = int64(freeNow) - int64(freeBefore)
+			switch {
+			case len(own) > 0:
+				if len(still) < len(own) {
+					return back, nil
+				}
+			case (want > 0 && back.rise >= want) || len(still) < len(runners) || (want == 0 && len(runners) == 0):
+				return back, nil
 			}
 		}
 		if err := sleepCtx(ctx, c.opts.VRAMPollInterval); err != nil {
-			return 0, err
+			return back, err
 		}
 	}
+}
+
+// isRunnerOf reports whether p is a runner of the model whose normalized
+// name is key: by the name the reader gives it, or, for a runner it does
+// not name, by its weights blob ("" matches none).
+func isRunnerOf(p GPUProcess, key, blob string) bool {
+	if p.Model != "" {
+		return NormalizeModelName(p.Model) == key
+	}
+	return blob != "" && p.Blob == blob
+}
+
+// freedShares shares the rise in free device memory among the unloads
+// that saw it: those one unloadMany call sends together (each waits for
+// its own model's memory, and each sees the others' come back too), or a
+// lone unload, a group of one. They count from one reading taken before
+// any of them was sent. Each member claims its share once, as its wait for
+// the memory ends, before its Hooks.OnUnloadEnd, so that the hooks and the
+// reports agree; a member that ends without claiming leaves. It is safe
+// for concurrent use; a nil *freedShares claims nothing.
+type freedShares struct {
+	before  *VRAMSnapshot // the devices before the group's unloads; nil when the reading failed
+	members int           // the unloads of the group
+
+	mu      sync.Mutex
+	ended   int   // members that claimed or left
+	claimed int64 // the bytes claimed so far
+}
+
+// claim is one member's share of the rise back.rise, in bytes: what its
+// runners held (back.held) when measured, else sizeVRAM (Ollama's
+// estimate), or all that is left when it is the last member to end;
+// never more than the part of the rise the others have not claimed.
+func (f *freedShares) claim(back memoryBack, sizeVRAM int64) int64 {
+	if f == nil {
+		return 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended++
+	left := max(back.rise-f.claimed, 0)
+	var share int64
+	switch {
+	case back.measured:
+		share = min(back.held, left)
+	case f.ended == f.members:
+		share = left
+	default:
+		share = min(max(sizeVRAM, 0), left)
+	}
+	f.claimed += share
+	return share
+}
+
+// leave ends a member that claimed nothing (its unload failed, was left
+// for a lease, or the model was not loaded).
+func (f *freedShares) leave() {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended++
 }
 
 // UnloadAll unloads, concurrently and verified, every model the server
@@ -609,14 +743,26 @@ func (c *OllamaClient) unloadMany(ctx context.Context, models []string, mode unl
 		g       errgroup.Group
 	)
 	seen := make(map[string]bool, len(models))
+	var distinct []string
 	for _, m := range models {
 		// One unload per model, however often it is named: an unload of
 		// "tiny" and one of "TINY:latest" would wait for each other.
 		key := NormalizeModelName(m)
-		if seen[key] {
-			continue
+		if !seen[key] {
+			seen[key] = true
+			distinct = append(distinct, m)
 		}
-		seen[key] = true
+	}
+	if c.opts.VerifyVRAM && len(distinct) > 1 {
+		// The unloads share what comes back: one reading before all of
+		// them, so that no byte is counted in two reports.
+		fs := &freedShares{members: len(distinct)}
+		sctx, cancel := context.WithTimeout(ctx, c.opts.UnloadTimeout)
+		fs.before, _ = c.opts.VRAM.Snapshot(sctx) // best effort, as an unload's own
+		cancel()
+		mode.freed = fs
+	}
+	for _, m := range distinct {
 		g.Go(func() error {
 			rep, err := c.unloadModel(ctx, m, mode)
 			mu.Lock()

@@ -174,20 +174,26 @@ func serverRunners(t *testing.T, s *ollamatest.Server, blob string) []procs.Runn
 }
 
 // Issue #13: an unload of a model whose load this client started cuts that
-// load instead of racing it. The generation fails with
-// ErrUnloadedWhileLoading; a server that aborts a load whose request went
-// (v0.17.4 and later) stops the runner well before the load would have
-// ended (v0.6.5 finishes the load and then applies the unload); and the
-// unload is verified at the first /api/ps poll after the runner is gone
-// and the settle window has passed.
+// load instead of racing it. What the library controls is judged: the
+// loading request was canceled before the first unload request went out
+// (the cut), the generation fails with ErrUnloadedWhileLoading, the model
+// ends gone (no runner, not listed, and it stays so), and the unload is
+// verified at the first /api/ps poll after the runner is gone and the
+// settle window has passed. How fast the server stops the runner after the
+// cut is the server's (FIELD_NOTES §7: v0.17.4 and later abort the load,
+// v0.6.5 finishes it and then applies the unload) and a wall-clock figure
+// a busy machine stretches: it is logged, never asserted (issue #45: a
+// 225 ms abort of a 297 ms load failed a bound of half the load).
 func TestUnloadCutsOwnLoad(t *testing.T) {
 	eachVersionAlone(t, func(t *testing.T, s *ollamatest.Server) {
 		_, watch := raceOffsets(t, s) // a 2 s load on the stand-in
 		var (
 			mu      sync.Mutex
-			cut     time.Time   // the first unload request, sent right after the cut
-			replied time.Time   // the latest reply to /api/generate (the unload's reply, here)
-			polls   []time.Time // when each /api/ps request went out
+			cut     time.Time       // the first unload request, sent right after the cut
+			loading context.Context // the latest generation's request that is no unload: the load's
+			cutSent bool            // the load's request was canceled when the first unload went out
+			replied time.Time       // the latest reply to /api/generate (the unload's reply, here)
+			polls   []time.Time     // when each /api/ps request went out
 		)
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		t.Cleanup(tr.CloseIdleConnections)
@@ -202,7 +208,12 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 					mu.Lock()
 					if cut.IsZero() {
 						cut = time.Now()
+						cutSent = loading != nil && loading.Err() != nil
 					}
+					mu.Unlock()
+				} else if r.URL.Path == "/api/generate" {
+					mu.Lock()
+					loading = r.Context()
 					mu.Unlock()
 				}
 				resp, err := tr.RoundTrip(r)
@@ -264,14 +275,28 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 		// Polls after the runner went and the settle windows passed: the
 		// first must verify. The windows are 50 ms after the last unload's
 		// reply (v0.6.5 replies once the load it waited for has ended)
-		// and, when the unload saw the runner, 50 ms after it saw it gone,
-		// which is at its first poll after goneAt (25 ms).
+		// and, when the unload saw the runner, 50 ms after it saw it gone.
+		// It counts runners after each poll, so it sees the runner gone
+		// before its second /api/ps request after goneAt goes out: that
+		// request, seen in this run, bounds the moment, where an assumed
+		// poll interval would not on a busy machine.
 		from := goneAt
 		if w := replied.Add(50 * time.Millisecond); w.After(from) {
 			from = w
 		}
-		if w := goneAt.Add(25*time.Millisecond + 50*time.Millisecond); r.rep.RunnerSeen && w.After(from) {
-			from = w
+		if r.rep.RunnerSeen {
+			seenBy, after := r.at, 0 // fewer than two polls after goneAt: none is late
+			for _, p := range polls {
+				if p.After(goneAt) {
+					if after++; after == 2 {
+						seenBy = p
+						break
+					}
+				}
+			}
+			if w := seenBy.Add(50 * time.Millisecond); w.After(from) {
+				from = w
+			}
 		}
 		late := 0
 		for _, p := range polls {
@@ -279,14 +304,18 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 				late++
 			}
 		}
+		sent := cutSent
 		mu.Unlock()
-		t.Logf("load %v; gone %v after the cut; unload: %d attempts, %d polls in %v, %d after the runner went and the window passed; checked %v",
-			load.Round(time.Millisecond), took.Round(time.Millisecond), r.rep.Attempts, r.rep.Polls, r.rep.Elapsed, late, r.rep.Checked)
+		if !sent {
+			t.Errorf("the first unload request went out while the load's request was still live: the library did not cut its own load")
+		}
+		// The server's abort time, an observation: the runner went this
+		// long after the cut, against a whole load of this run.
+		t.Logf("server %s: the runner went %v after the cut (a whole load: %v, %.0f%%); unload: %d attempts, %d polls in %v, %d after the runner went and the window passed; runner seen %v; checked %v",
+			s.Version(), took.Round(time.Millisecond), load.Round(time.Millisecond), 100*took.Seconds()/max(load.Seconds(), 1e-9),
+			r.rep.Attempts, r.rep.Polls, r.rep.Elapsed.Round(time.Millisecond), late, r.rep.RunnerSeen, r.rep.Checked)
 		if late > 1 {
 			t.Errorf("%d /api/ps polls after the runner went and the settle window passed, want the first to verify", late)
-		}
-		if s.Version() != "0.6.5" && took > load/2 {
-			t.Errorf("the runner went %v after the cut: the load (%v) was not aborted", took, load)
 		}
 		watchAbsent(t, s, blob, watch)
 	})
