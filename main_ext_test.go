@@ -11,5 +11,8 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv("VRAMGUARD_LEASE_HOLDER"); spec != "" {
 		leaseHolderMain(spec) // TestLeaseDiesWithItsProcess's second program; never returns
 	}
+	if spec := os.Getenv("VRAMGUARD_RESERVE_HOLDER"); spec != "" {
+		reserveHolderMain(spec) // TestReservationDiesWithItsProcess's second program; never returns
+	}
 	goleak.VerifyTestMain(m)
 }

@@ -1,8 +1,12 @@
 package vramguard_test
 
 import (
+	"bufio"
+	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -348,5 +352,79 @@ func TestEnsureFreeReservesTheRoom(t *testing.T) {
 	}
 	if n := reservationFiles(t, dir); n != 1 {
 		t.Fatalf("%d reservation files, want a's alone", n)
+	}
+}
+
+// staticGPU reads one device that is all free, named uuid: what another
+// program's own GPU reader reports of the device a test's simulator fakes.
+type staticGPU struct {
+	uuid  string
+	total uint64
+}
+
+func (g staticGPU) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	return &vramguard.VRAMSnapshot{Source: "static", Taken: time.Now(), Devices: []vramguard.DeviceMemory{
+		{Index: 0, UUID: g.uuid, Total: g.total, Free: g.total, Processes: []vramguard.GPUProcess{}, ProcessesKnown: true}}}, nil
+}
+
+// reserveHolderMain is the second program of
+// TestReservationDiesWithItsProcess: it reserves 20 GiB on the device
+// named in spec ("host dir uuid") and waits to be killed.
+func reserveHolderMain(spec string) {
+	f := strings.Fields(spec)
+	c, err := vramguard.NewClient(vramguard.Options{Host: f[0], VRAM: staticGPU{uuid: f[2], total: 24 * gib}, Leases: vramguard.LeaseOptions{Dir: f[1]}})
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	if _, err := c.Reserve(context.Background(), 0, 20*gib, vramguard.ReserveOptions{For: "render in another process", TTL: time.Hour}); err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println("reserved")
+	select {}
+}
+
+// A reservation dies with its process: the test binary, started again as
+// another program, reserves 20 GiB of the device and is killed with
+// SIGKILL; this program's budget load, refused while it lived (naming its
+// pid), is admitted at once after.
+func TestReservationDiesWithItsProcess(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	dir := leaseDir(t)
+	b := leaseClient(t, s, dir, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{}})
+	snap, err := s.GPU().Snapshot(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), "VRAMGUARD_RESERVE_HOLDER="+s.URL().String()+" "+dir+" "+snap.Devices[0].UUID)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "reserved") {
+		t.Fatalf("holder: %q, %v", line, err)
+	}
+	_, err = b.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "big", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	re := roomErr(t, err)
+	if len(re.Reserved) != 1 || re.Reserved[0].PID != cmd.Process.Pid || re.Reserved[0].For != "render in another process" || s.Loads("big") != 0 {
+		t.Fatalf("load while the other process reserves: %v; want refused naming pid %d", err, cmd.Process.Pid)
+	}
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no cleanup of its own
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if _, err := b.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "big", Prompt: "x"}, vramguard.KeepAliveUnload, nil); err != nil {
+		t.Fatalf("load after the holder was killed: %v; want admitted at once", err)
 	}
 }
