@@ -289,9 +289,9 @@ type PhaseOptions struct {
 	// reserved: End logs it and hands over without.
 	NeedBytes uint64
 	Device    int
-	// Reserve describes the hand-over's reservation: its recipient (For,
-	// "the next stage after phase <name>" when empty), the recipient's
-	// process (PID) and its TTL.
+	// Reserve describes the hand-over's reservation: its recipient (For)
+	// and holder (Note; both empty: "the next stage", held by "phase
+	// <name>"), the recipient's process (PID) and its TTL.
 	Reserve ReserveOptions
 	// NoReserve hands the room over without reserving it: for a next
 	// stage that runs in no process of this host's (a remote render), or
@@ -518,10 +518,10 @@ func (p *Phase) reservation() *ReserveOptions {
 		return nil
 	}
 	r := p.opts.Reserve
-	if r.For == "" {
-		r.For = "the next stage after phase " + p.name
+	if r.For == "" && r.Note == "" {
+		r.For, r.Note = "the next stage", "phase "+p.name
 		if _, err := r.validate("phase"); err != nil {
-			r.For = "the next stage after a phase" // a name too long or odd to quote
+			r.Note = "a phase" // a name too long or odd to quote
 		}
 	}
 	return &r

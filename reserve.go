@@ -27,6 +27,9 @@ type ReserveOptions struct {
 	// For names the recipient in every refusal the reservation causes,
 	// e.g. "ComfyUI render 42" (at most 256 bytes of printable UTF-8).
 	For string
+	// Note says what holds it, as LeaseInfo.Note ("phase prompts", or
+	// the name of a client a proxy holds it for), under the same rules.
+	Note string
 	// PID is the recipient's process, when known. Where the VRAM reader
 	// lists processes, the reservation is consumed as the device shows
 	// that process's memory grow: it shrinks by as much (what it held when
@@ -46,10 +49,14 @@ func (o ReserveOptions) validate(op string) (time.Duration, error) {
 	switch {
 	case o.TTL < 0 || o.TTL > maxReserveTTL:
 		return 0, invalid(op, "", "reservation TTL %v: it must be between 0 (two minutes) and %v", o.TTL, maxReserveTTL)
-	case len(o.For) > maxReserveFor:
-		return 0, invalid(op, "", "reservation's For is %d bytes, more than %d", len(o.For), maxReserveFor)
-	case !utf8.ValidString(o.For) || slices.ContainsFunc([]rune(o.For), func(r rune) bool { return !unicode.IsPrint(r) }):
-		return 0, invalid(op, "", "reservation's For %q is not printable UTF-8", o.For)
+	}
+	for _, f := range []struct{ name, s string }{{"For", o.For}, {"Note", o.Note}} {
+		switch {
+		case len(f.s) > maxReserveFor:
+			return 0, invalid(op, "", "reservation's %s is %d bytes, more than %d", f.name, len(f.s), maxReserveFor)
+		case !utf8.ValidString(f.s) || slices.ContainsFunc([]rune(f.s), func(r rune) bool { return !unicode.IsPrint(r) }):
+			return 0, invalid(op, "", "reservation's %s %q is not printable UTF-8", f.name, f.s)
+		}
 	}
 	if o.TTL == 0 {
 		return defaultReserveTTL, nil
@@ -135,7 +142,7 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 		}
 		return nil, newError(rq.op, "", KindOutOfMemory, re)
 	}
-	r := lease.Record{Device: d.Index, UUID: d.UUID, Bytes: rq.need, For: opts.For, ForPID: int(opts.PID), Until: time.Now().Add(ttl)}
+	r := lease.Record{Device: d.Index, UUID: d.UUID, Bytes: rq.need, For: opts.For, Note: opts.Note, ForPID: int(opts.PID), Until: time.Now().Add(ttl)}
 	if c.host != "" {
 		r.Server = lease.NormalizeServer(c.host)
 	}
