@@ -36,6 +36,7 @@ type gate struct {
 	proxy    *httputil.ReverseProxy
 	metrics  *gateMetrics
 	leases   *leaseTable
+	guard    *guard
 	closers  []func() error // run in reverse at close
 
 	// admitMu serializes the admission of loads: a load is admitted and
@@ -67,7 +68,11 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 	if err != nil {
 		return nil, err
 	}
-	g = &gate{cfg: cfg, log: log, upstream: up, use: map[string]int{}, loads: map[string]chan struct{}{}, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}}
+	gd, err := newGuard(addr, cfg.origins)
+	if err != nil {
+		return nil, err
+	}
+	g = &gate{guard: gd, cfg: cfg, log: log, upstream: up, use: map[string]int{}, loads: map[string]chan struct{}{}, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, g.close())
@@ -147,10 +152,19 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 	}
 	g.closers = append(g.closers, func() error { g.probe.Close(); return nil })
 	g.leases = newLeaseTable(g)
+	// What Ollama's own guards need (guard.go): the client's Host when
+	// both listen on loopback, else the upstream's and no same-origin
+	// Origin.
+	keepHost := gd.loopback && isLoopbackName(up.Hostname())
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
 			pr.Out.Header.Del(clientHeader)
+			if keepHost {
+				pr.Out.Host = pr.In.Host
+			} else if o := pr.In.Header.Get("Origin"); o != "" && sameOrigin(o, pr.In.Host) {
+				pr.Out.Header.Del("Origin")
+			}
 		},
 		FlushInterval:  -1, // every write reaches the client as it arrives
 		ModifyResponse: g.modifyResponse,
@@ -199,7 +213,7 @@ func (g *gate) handler() http.Handler {
 	mux.Handle("GET /metrics", g.probe)
 	mux.Handle("GET /ready", g.probe)
 	mux.HandleFunc("/", g.passThrough)
-	return g.metrics.count(mux)
+	return g.metrics.count(g.guard.wrap(mux))
 }
 
 // serve answers on ln until ctx is done, then stops cleanly.

@@ -27,6 +27,13 @@
 //   - GET /metrics and GET /ready, the same as `vramwatch -listen` (package
 //     probe), plus the gate's own series by client (X-Vramgate-Client).
 //
+// It keeps Ollama's own guards at Ollama's address, on every route (guard.go):
+// a request from a web page of a foreign origin (outside Ollama's
+// allow-list, OLLAMA_ORIGINS honoured as Ollama honours it) and, on a
+// loopback listener, one naming a foreign Host (DNS rebinding) are answered
+// 403, as Ollama answers them; what it forwards keeps what Ollama's own
+// checks need (the Origin, and on loopback the client's Host).
+//
 // It listens on loopback only unless -allow-remote is given; it refuses to
 // start when Ollama does not answer; on SIGINT or SIGTERM it stops accepting,
 // lets requests in flight end (bounded), releases its HTTP leases, and
@@ -117,6 +124,7 @@ type config struct {
 	comfyui     string
 	protected   string
 	verbose     bool
+	origins     string // OLLAMA_ORIGINS, read as Ollama reads it
 }
 
 func (c *cmd) parse(args []string) (*config, error) {
@@ -157,6 +165,10 @@ func (c *cmd) parse(args []string) (*config, error) {
 		return nil, usage("%v (see vramgate -h)", err)
 	}
 	cfg.reserve = reserve
+	cfg.origins = c.getenv("OLLAMA_ORIGINS")
+	if _, err := ollamaOrigins(cfg.origins); err != nil {
+		return nil, err
+	}
 	switch {
 	case fs.NArg() > 0:
 		return nil, usage("unexpected argument %q (see vramgate -h)", fs.Arg(0))

@@ -93,9 +93,15 @@ func (g *running) stop(t testing.TB) int {
 // -gpu=false unless reader is set).
 func startGate(t testing.TB, upstream string, reader vramguard.VRAMReader, args ...string) *running {
 	t.Helper()
+	return startGateEnv(t, nil, upstream, reader, args...)
+}
+
+// startGateEnv is startGate with the environment env (nil: empty).
+func startGateEnv(t testing.TB, env map[string]string, upstream string, reader vramguard.VRAMReader, args ...string) *running {
+	t.Helper()
 	g := &running{Stderr: &syncBuffer{}, LeaseDir: leaseDir(t), done: make(chan int, 1)}
 	addr := make(chan string, 1)
-	c := &cmd{stdout: io.Discard, stderr: g.Stderr, getenv: func(string) string { return "" },
+	c := &cmd{stdout: io.Discard, stderr: g.Stderr, getenv: func(k string) string { return env[k] },
 		ready: func(a string) { addr <- a }}
 	base := []string{"-listen", "127.0.0.1:0", "-ollama", upstream, "-lease-dir", g.LeaseDir}
 	if reader == nil {

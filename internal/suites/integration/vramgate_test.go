@@ -683,3 +683,98 @@ func runCLI(t *testing.T, bin, host, stdin string, args ...string) (string, erro
 	}
 	return stdout.String(), nil
 }
+
+// Ollama's own guards and the gate's stay in step (FIELD_NOTES §10): the
+// same requests, a web page's text/plain POST from a foreign origin and
+// a request naming a foreign host (DNS rebinding), are sent to the real
+// server and to the gate in front of it; both answer 403 with no body.
+// The same requests without the foreign origin or host are answered by
+// both (not 403), so that the refusals are the guards' and nothing else's.
+func TestGateKeepsOllamasGuards(t *testing.T) {
+	gateBin := buildVramgate(t)
+	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+		skipIfExternal(t, s, "needs a server listening on loopback, whose Host check is on")
+		g := startVramgate(t, gateBin, s)
+		hc := testHTTPClient(t)
+		send := func(base *url.URL, method, path, body string, hdr ...string) (int, string) {
+			t.Helper()
+			r, err := http.NewRequestWithContext(t.Context(), method, base.String()+path, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i+1 < len(hdr); i += 2 {
+				r.Header.Set(hdr[i], hdr[i+1])
+			}
+			if h := r.Header.Get("Host"); h != "" {
+				r.Host = strings.ReplaceAll(h, "PORT", base.Port())
+				r.Header.Del("Host")
+			}
+			if o := r.Header.Get("Origin"); o != "" {
+				r.Header.Set("Origin", strings.ReplaceAll(o, "PORT", base.Port()))
+			}
+			resp, err := hc.Do(r)
+			if err != nil {
+				t.Fatalf("%s %s at %s: %v", method, path, base, err)
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp.StatusCode, string(b)
+		}
+		// Harmless if let through: nothing is resident, the unloads find
+		// nothing, the generation asks for no model.
+		reqs := []struct{ method, path, body string }{
+			{"POST", "/api/generate", fmt.Sprintf(`{"model":%q,"keep_alive":0}`, modelA)},
+			{"POST", "/api/chat", fmt.Sprintf(`{"model":%q,"keep_alive":0}`, modelA)},
+			{"POST", "/api/show", fmt.Sprintf(`{"model":%q}`, modelA)},
+			{"GET", "/api/tags", ""},
+			{"GET", "/api/ps", ""},
+			{"GET", "/api/version", ""},
+			{"GET", "/", ""},
+		}
+		serverURL := s.URL()
+		for _, attack := range []struct {
+			name string
+			hdr  []string
+		}{
+			{"cross-origin", []string{"Origin", "http://evil.example", "Content-Type", "text/plain"}},
+			{"rebinding", []string{"Host", "evil.example:PORT", "Content-Type", "text/plain"}},
+			{"rebinding, same-origin", []string{"Host", "evil.example:PORT", "Origin", "http://evil.example:PORT"}},
+		} {
+			for _, q := range reqs {
+				sc, sb := send(serverURL, q.method, q.path, q.body, attack.hdr...)
+				gc, gb := send(g.URL, q.method, q.path, q.body, attack.hdr...)
+				if sc != http.StatusForbidden {
+					t.Errorf("%s: %s %s straight to Ollama: %d %q; the guard this test keeps in step is gone (FIELD_NOTES §10)", attack.name, q.method, q.path, sc, sb)
+				}
+				if gc != sc || gb != sb {
+					t.Errorf("%s: %s %s: Ollama %d %q, the gate %d %q", attack.name, q.method, q.path, sc, sb, gc, gb)
+				}
+			}
+			// The gate's own routes answer as Ollama's do.
+			for _, own := range []string{"/vramgate/leases", "/api/unload"} {
+				body := fmt.Sprintf(`{"model":%q,"holder":"page","ttl":"10m"}`, modelA)
+				if own == "/api/unload" {
+					body = `{"all":true}`
+				}
+				if gc, gb := send(g.URL, "POST", own, body, attack.hdr...); gc != http.StatusForbidden || gb != "" {
+					t.Errorf("%s: POST %s at the gate: %d %q, want 403 as Ollama", attack.name, own, gc, gb)
+				}
+			}
+		}
+		for _, ok := range [][]string{{"Origin", "http://localhost:3000"}, {"Host", "localhost:PORT"}, {}} {
+			for _, q := range reqs[2:] {
+				sc, _ := send(serverURL, q.method, q.path, q.body, ok...)
+				gc, gb := send(g.URL, q.method, q.path, q.body, ok...)
+				if sc == http.StatusForbidden || gc != sc {
+					t.Errorf("%v: %s %s: Ollama %d, the gate %d %q; want the same answer, not 403", ok, q.method, q.path, sc, gc, gb)
+				}
+			}
+		}
+		if resp, body := g.do(t, "GET", "/vramgate/leases", ""); resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"leases":[]`) {
+			t.Errorf("a refused request took a lease: %d %s", resp.StatusCode, body)
+		}
+	})
+}

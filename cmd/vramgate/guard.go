@@ -1,0 +1,247 @@
+package main
+
+// Ollama's own guards, kept at its address (STYLE 26, FIELD_NOTES §10).
+//
+// Read in Ollama v0.34.4 (server/routes.go: allowedHostsMiddleware,
+// allowedHost, isLocalIP and the CORS set-up of GenerateRoutes;
+// envconfig/config.go: AllowedOrigins, Var) and in the gin-contrib/cors
+// v1.7.2 it uses (cors.go: applyCors, validateOrigin,
+// validateWildcardOrigin; config.go: Validate, parseWildcardRules;
+// utils.go: normalize). v0.6.5 has the same code and the same cors
+// version, so every server version the project tests answers alike.
+//
+// What Ollama does, and so what the gate does first on every route, its
+// own and forwarded ones:
+//
+//   - CORS (runs first): a request with an Origin header that is neither
+//     "http://"+Host nor "https://"+Host (a same-origin request) must have
+//     an allowed origin, else 403 with no body. The allowed origins are
+//     OLLAMA_ORIGINS (split on commas, after the value's outer spaces and
+//     quotes are trimmed), then http and https of localhost, 127.0.0.1 and
+//     0.0.0.0 with and without any port, then app://*, file://*, tauri://*,
+//     vscode-webview://* and vscode-file://*. An origin matches an entry
+//     exactly (the entry trimmed and lower-cased), or the entry's one "*"
+//     as a wildcard; an entry "*" allows every origin. An entry with no "*"
+//     and no http://, https:// or browser-extension scheme, or with two
+//     "*", makes Ollama panic at start: the gate refuses to start on it.
+//     An allowed cross-origin OPTIONS is a preflight, answered 204 before
+//     the Host check (the gate forwards it: Ollama answers it).
+//   - Hosts (DNS rebinding), only when the listener is a loopback address:
+//     the Host, without its port, must be an IP address that is loopback,
+//     private, unspecified or one of this machine's interfaces', or empty,
+//     "localhost", this machine's hostname, or a name under .localhost,
+//     .local or .internal; else 403 with no body.
+//
+// What the gate forwards so that Ollama's own checks still see what they
+// need: the Origin header unchanged (Ollama applies its own allow-list
+// again and adds its CORS reply headers), and, when both the gate and the
+// upstream listen on loopback, the client's Host (Ollama's Host check
+// and its same-origin test see the name the client used, not the
+// upstream's address, which would pass every check). When the gate
+// listens for other machines, or the upstream is not on loopback, Ollama
+// at the gate's address would not check the Host: the request goes with
+// the upstream's own Host, and an Origin the gate let pass only because
+// it is the client's Host (same-origin) is dropped, since Ollama would
+// now read it as cross-origin.
+
+import (
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+)
+
+// corsSchemes are the schemes an origin entry without a "*" may have:
+// cors.DefaultSchemas and, as Ollama sets AllowBrowserExtensions,
+// cors.ExtensionSchemas.
+var corsSchemes = []string{"http://", "https://", "chrome-extension://", "safari-extension://", "moz-extension://", "ms-browser-extension://"}
+
+// origins is Ollama's origin allow-list, as gin-contrib/cors holds it.
+type origins struct {
+	all      bool       // an entry "*"
+	exact    []string   // every entry, trimmed and lower-cased
+	wildcard [][]string // each entry with a "*": {before, after}, "*" for an empty side at an end
+}
+
+// ollamaOrigins builds the allow-list from OLLAMA_ORIGINS as Ollama does,
+// or says why Ollama would not start with it.
+func ollamaOrigins(env string) (*origins, error) {
+	var list []string
+	if s := strings.Trim(strings.TrimSpace(env), "\"'"); s != "" {
+		list = strings.Split(s, ",")
+	}
+	for _, o := range []string{"localhost", "127.0.0.1", "0.0.0.0"} {
+		list = append(list, "http://"+o, "https://"+o, "http://"+net.JoinHostPort(o, "*"), "https://"+net.JoinHostPort(o, "*"))
+	}
+	list = append(list, "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
+	o := &origins{}
+	seen := map[string]bool{}
+	for _, e := range list {
+		hasScheme := false
+		for _, s := range corsSchemes {
+			hasScheme = hasScheme || strings.HasPrefix(e, s)
+		}
+		if !strings.Contains(e, "*") && !hasScheme {
+			return nil, usage("OLLAMA_ORIGINS entry %q: an origin must contain '*' or begin with one of %s (Ollama does not start with it either)", e, strings.Join(corsSchemes, ", "))
+		}
+		if e == "*" {
+			o.all = true
+		}
+		if n := strings.TrimSpace(strings.ToLower(e)); !seen[n] {
+			seen[n] = true
+			o.exact = append(o.exact, n)
+		}
+		switch i := strings.Index(e, "*"); {
+		case i < 0:
+		case strings.Count(e, "*") > 1:
+			return nil, usage("OLLAMA_ORIGINS entry %q: only one * is allowed (Ollama does not start with it either)", e)
+		case i == 0:
+			o.wildcard = append(o.wildcard, []string{"*", e[1:]})
+		case i == len(e)-1:
+			o.wildcard = append(o.wildcard, []string{e[:i], "*"})
+		default:
+			o.wildcard = append(o.wildcard, []string{e[:i], e[i+1:]})
+		}
+	}
+	return o, nil
+}
+
+// allows is cors.validateOrigin: the origin as sent (not lower-cased)
+// against the list.
+func (o *origins) allows(origin string) bool {
+	if o.all {
+		return true
+	}
+	for _, e := range o.exact {
+		if e == origin {
+			return true
+		}
+	}
+	for _, w := range o.wildcard {
+		if w[0] == "*" && strings.HasSuffix(origin, w[1]) ||
+			w[1] == "*" && strings.HasPrefix(origin, w[0]) ||
+			strings.HasPrefix(origin, w[0]) && strings.HasSuffix(origin, w[1]) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameOrigin is cors.applyCors's test of a request that is not
+// cross-origin although it carries an Origin (fetch sends one).
+func sameOrigin(origin, host string) bool {
+	return origin == "http://"+host || origin == "https://"+host
+}
+
+// isLoopbackAddr says whether a listener's address ("host:port") is a
+// loopback one, as Ollama's netip.ParseAddrPort(addr).Addr().IsLoopback().
+func isLoopbackAddr(addr string) bool {
+	ap, err := netip.ParseAddrPort(addr)
+	return err == nil && ap.Addr().IsLoopback()
+}
+
+// allowedHost is Ollama's allowedHost: a name that cannot be another
+// machine's.
+func allowedHost(host string) bool {
+	host = strings.ToLower(host)
+	if host == "" || host == "localhost" {
+		return true
+	}
+	if hostname, err := os.Hostname(); err == nil && host == strings.ToLower(hostname) {
+		return true
+	}
+	for _, tld := range []string{"localhost", "local", "internal"} {
+		if strings.HasSuffix(host, "."+tld) {
+			return true
+		}
+	}
+	return false
+}
+
+// isLocalIP is Ollama's isLocalIP: an address of one of this machine's
+// interfaces.
+func isLocalIP(ip netip.Addr) bool {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return false
+	}
+	for _, iface := range ifaces {
+		addrs, err := iface.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if parsed, _, err := net.ParseCIDR(a.String()); err == nil && parsed.String() == ip.String() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hostAllowed is allowedHostsMiddleware's test for a loopback listener.
+func hostAllowed(reqHost string) bool {
+	host, _, err := net.SplitHostPort(reqHost)
+	if err != nil {
+		host = reqHost
+	}
+	if addr, err := netip.ParseAddr(host); err == nil {
+		if addr.IsLoopback() || addr.IsPrivate() || addr.IsUnspecified() || isLocalIP(addr) {
+			return true
+		}
+	}
+	return allowedHost(host)
+}
+
+// guard is what the gate checks before any route: Ollama's guards.
+type guard struct {
+	origins  *origins
+	loopback bool // the listener is a loopback address: Host is checked
+}
+
+// refusedByOllamasGuards says whether Ollama at the gate's address would
+// answer r 403.
+func (gd *guard) refusedByOllamasGuards(r *http.Request) bool {
+	if origin := r.Header.Get("Origin"); origin != "" && !sameOrigin(origin, r.Host) {
+		if !gd.origins.allows(origin) {
+			return true
+		}
+		if r.Method == http.MethodOptions {
+			return false // a preflight: cors answers it before the Host check
+		}
+	}
+	return gd.loopback && !hostAllowed(r.Host)
+}
+
+// wrap puts the guard in front of h.
+func (gd *guard) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if gd.refusedByOllamasGuards(r) {
+			// Ollama's answer: c.AbortWithStatus(403), no body.
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// newGuard builds the guard for a listener at addr.
+func newGuard(addr, originsEnv string) (*guard, error) {
+	o, err := ollamaOrigins(originsEnv)
+	if err != nil {
+		return nil, err
+	}
+	gd := &guard{origins: o, loopback: isLoopbackAddr(addr)}
+	return gd, nil
+}
+
+// isLoopbackName says whether an upstream's host name is a loopback one:
+// "localhost" or a loopback address.
+func isLoopbackName(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}

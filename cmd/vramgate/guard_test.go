@@ -1,0 +1,255 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/vramguard/vramguard/vramguardtest"
+)
+
+// recorder is an upstream in front of the simulator that remembers the
+// Host and Origin of every request the gate forwards.
+type recorder struct {
+	*httptest.Server
+	mu   sync.Mutex
+	seen []seenRequest
+}
+
+type seenRequest struct{ method, path, host, origin string }
+
+func newRecorder(t *testing.T, sim *vramguardtest.Server) *recorder {
+	t.Helper()
+	rec := &recorder{}
+	proxy := httputil.NewSingleHostReverseProxy(sim.URL())
+	rec.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec.mu.Lock()
+		rec.seen = append(rec.seen, seenRequest{r.Method, r.URL.Path, r.Host, r.Header.Get("Origin")})
+		rec.mu.Unlock()
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(rec.Close)
+	return rec
+}
+
+// with lists the requests that reached the upstream with host or origin.
+func (rec *recorder) with(host, origin string) []seenRequest {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var out []seenRequest
+	for _, s := range rec.seen {
+		if host != "" && s.host == host || origin != "" && s.origin == origin {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// guardedRoutes is every kind of route the gate answers: its own, and
+// those it forwards (admitted or passed through).
+var guardedRoutes = []struct{ method, path, body string }{
+	{"POST", "/vramgate/leases", `{"model":"tiny","holder":"page","ttl":"10m"}`},
+	{"GET", "/vramgate/leases", ``},
+	{"DELETE", "/vramgate/leases/0123456789abcdef0123456789abcdef", ``},
+	{"GET", "/vramgate/can-load?model=small", ``},
+	{"POST", "/api/unload", `{"all":true}`},
+	{"POST", "/api/generate", `{"model":"tiny","keep_alive":0}`},
+	{"POST", "/api/chat", `{"model":"tiny","keep_alive":0}`},
+	{"POST", "/api/generate", `{"model":"small","prompt":"hi","stream":false}`},
+	{"POST", "/api/embed", `{"model":"small","input":"hi"}`},
+	{"POST", "/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`},
+	{"POST", "/api/show", `{"model":"tiny"}`},
+	{"DELETE", "/api/delete", `{"model":"tiny"}`},
+	{"GET", "/api/tags", ``},
+	{"GET", "/api/ps", ``},
+	{"GET", "/api/version", ``},
+	{"GET", "/", ``},
+	{"GET", "/metrics", ``},
+	{"GET", "/ready", ``},
+}
+
+// send is one request with the header pairs; req.Host is set from "Host".
+func send(t *testing.T, method, u, body string, hdr ...string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, u, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+			continue
+		}
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, u, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// A web page's text/plain POST from a foreign origin, and a request that
+// names a foreign host (DNS rebinding), are refused 403 with no body, as
+// Ollama answers them, on every route; nothing reaches the server, no
+// lease is taken, nothing is unloaded. The same requests from an allowed
+// origin and a loopback name are not refused (else the test proves
+// nothing).
+func TestOllamasGuardsOnEveryRoute(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	rec := newRecorder(t, sim)
+	g := startGate(t, rec.URL, nil)
+	load(t, sim.APIClient(), "tiny")
+	port := g.URL[strings.LastIndex(g.URL, ":")+1:]
+	for _, attack := range []struct {
+		name string
+		hdr  []string
+	}{
+		{"cross-origin", []string{"Origin", "http://evil.example", "Content-Type", "text/plain"}},
+		{"rebinding", []string{"Host", "evil.example:" + port, "Content-Type", "text/plain"}},
+		{"rebinding with its own origin", []string{"Host", "evil.example:" + port, "Origin", "http://evil.example:" + port}},
+		{"public address", []string{"Host", "8.8.8.8:" + port}},
+	} {
+		t.Run(attack.name, func(t *testing.T) {
+			for _, rt := range guardedRoutes {
+				code, _, body := send(t, rt.method, g.URL+rt.path, rt.body, attack.hdr...)
+				if code != http.StatusForbidden || body != "" {
+					t.Errorf("%s %s: %d %q, want 403 with no body (Ollama's answer)", rt.method, rt.path, code, body)
+				}
+			}
+		})
+	}
+	if got := append(rec.with("evil.example:"+port, "http://evil.example"), rec.with("8.8.8.8:"+port, "http://evil.example:"+port)...); len(got) > 0 {
+		t.Fatalf("refused requests reached the server: %+v", got)
+	}
+	if !sim.Listed("tiny") || sim.Listed("small") || sim.Requests("small") != 0 {
+		t.Fatalf("a refused request changed the server: tiny listed %v, small listed %v (%d requests)", sim.Listed("tiny"), sim.Listed("small"), sim.Requests("small"))
+	}
+	if _, _, body := send(t, "GET", g.URL+"/vramgate/leases", ""); !strings.Contains(body, `"leases":[]`) {
+		t.Fatalf("a refused request took a lease: %s", body)
+	}
+	// Allowed: Ollama's default origins (any port of localhost), an app's
+	// scheme, loopback and local names.
+	for _, ok := range [][]string{
+		{"Origin", "http://localhost:3000"},
+		{"Origin", "app://chat"},
+		{"Host", "localhost:" + port},
+		{"Host", "box.local:" + port, "Origin", "https://127.0.0.1:8443"},
+	} {
+		for _, rt := range guardedRoutes[1:4] { // no lease, no load: reads only
+			if code, _, body := send(t, rt.method, g.URL+rt.path, rt.body, ok...); code == http.StatusForbidden {
+				t.Errorf("%v: %s %s refused: %q", ok, rt.method, rt.path, body)
+			}
+		}
+		if code, _, body := send(t, "GET", g.URL+"/api/tags", "", ok...); code != http.StatusOK {
+			t.Errorf("%v: GET /api/tags: %d %s", ok, code, body)
+		}
+	}
+}
+
+// OLLAMA_ORIGINS is honoured as Ollama honours it: an origin it names is
+// served, others are still refused, the defaults still hold; an entry
+// Ollama would not start with stops the gate's start.
+func TestOllamaOrigins(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	g := startGateEnv(t, map[string]string{"OLLAMA_ORIGINS": ` "http://evil.example,https://*.corp.example" `}, sim.URL().String(), nil)
+	for _, tc := range []struct {
+		origin string
+		code   int
+	}{
+		{"http://evil.example", 200},
+		{"https://chat.corp.example", 200},
+		{"http://localhost:8080", 200},
+		{"http://other.example", 403},
+		{"http://evil.example.attacker.net", 403},
+		{"https://corp.example.attacker.net", 403},
+	} {
+		if code, _, body := send(t, "GET", g.URL+"/vramgate/leases", "", "Origin", tc.origin); code != tc.code {
+			t.Errorf("Origin %s: %d %s, want %d", tc.origin, code, body, tc.code)
+		}
+		if code, _, _ := send(t, "GET", g.URL+"/api/tags", "", "Origin", tc.origin); code != tc.code {
+			t.Errorf("Origin %s, forwarded: %d, want %d", tc.origin, code, tc.code)
+		}
+	}
+	for _, bad := range []string{"evil.example", "http://a.example,", "http://*.a.*"} {
+		var stderr syncBuffer
+		c := &cmd{stdout: io.Discard, stderr: &stderr, getenv: func(k string) string {
+			if k == "OLLAMA_ORIGINS" {
+				return bad
+			}
+			return ""
+		}, ready: func(string) { t.Error("the gate listened") }}
+		if code := c.main(t.Context(), []string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false"}); code != 2 || !strings.Contains(stderr.String(), "OLLAMA_ORIGINS entry") {
+			t.Errorf("OLLAMA_ORIGINS=%q: exit %d, %s", bad, code, stderr.String())
+		}
+	}
+}
+
+// The table of Ollama's rules (v0.34.4 allowedHost, isLocalIP,
+// AllowedOrigins with gin-contrib/cors v1.7.2).
+func TestGuardRules(t *testing.T) {
+	o, err := ollamaOrigins("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for origin, want := range map[string]bool{
+		"http://localhost": true, "https://localhost:1": true, "http://127.0.0.1:11434": true, "http://0.0.0.0:80": true,
+		"app://x": true, "file://": true, "tauri://localhost": true, "vscode-webview://abc": true, "vscode-file://a": true,
+		"http://LOCALHOST": false, // the origin is compared as sent, the list lower-cased
+		"http://localhost.evil.example": false, "http://evil.example": false, "chrome-extension://abc": false,
+		"null": false, "http://127.0.0.2": false,
+	} {
+		if got := o.allows(origin); got != want {
+			t.Errorf("origin %q allowed %v, want %v", origin, got, want)
+		}
+	}
+	hostname, _ := os.Hostname()
+	for host, want := range map[string]bool{
+		"": true, "localhost": true, "localhost:11434": true, "LOCALHOST:1": true, "127.0.0.1:11434": true, "[::1]:11434": true,
+		"10.1.2.3:11434": true, "192.168.0.9": true, "0.0.0.0:1": true, "a.localhost": true, "box.local:1": true, "x.internal": true,
+		hostname: true,
+		"evil.example:11434": false, "8.8.8.8:11434": false, "localhost.evil.example": false, "internal": false,
+	} {
+		if got := hostAllowed(host); got != want {
+			t.Errorf("Host %q allowed %v, want %v", host, got, want)
+		}
+	}
+	for addr, want := range map[string]bool{"127.0.0.1:11434": true, "[::1]:1": true, "0.0.0.0:11434": false, "192.168.1.2:1": false} {
+		if got := isLoopbackAddr(addr); got != want {
+			t.Errorf("listener %s loopback %v, want %v", addr, got, want)
+		}
+	}
+	if !isLocalIP(netip.MustParseAddr("127.0.0.1")) {
+		t.Error("127.0.0.1 is not one of this machine's addresses")
+	}
+}
+
+// Forwarding keeps what Ollama's own checks need: on loopback the
+// client's Host and Origin reach Ollama as sent (its Host check and its
+// allow-list see what the client sent, not the gate's address).
+func TestForwardedHostAndOrigin(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	rec := newRecorder(t, sim)
+	g := startGate(t, rec.URL, nil)
+	port := g.URL[strings.LastIndex(g.URL, ":")+1:]
+	if code, _, body := send(t, "GET", g.URL+"/api/tags", "", "Host", "localhost:"+port, "Origin", "http://localhost:3000"); code != 200 {
+		t.Fatalf("GET /api/tags: %d %s", code, body)
+	}
+	got := rec.with("localhost:"+port, "")
+	if len(got) != 1 || got[0].path != "/api/tags" || got[0].origin != "http://localhost:3000" {
+		u, _ := url.Parse(rec.URL)
+		t.Fatalf("the forwarded request reached Ollama as %+v; want Host localhost:%s (not %s) and the Origin as sent", got, port, u.Host)
+	}
+}
