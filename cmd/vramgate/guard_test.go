@@ -207,7 +207,7 @@ func TestGuardRules(t *testing.T) {
 	for origin, want := range map[string]bool{
 		"http://localhost": true, "https://localhost:1": true, "http://127.0.0.1:11434": true, "http://0.0.0.0:80": true,
 		"app://x": true, "file://": true, "tauri://localhost": true, "vscode-webview://abc": true, "vscode-file://a": true,
-		"http://LOCALHOST": false, // the origin is compared as sent, the list lower-cased
+		"http://LOCALHOST":              false, // the origin is compared as sent, the list lower-cased
 		"http://localhost.evil.example": false, "http://evil.example": false, "chrome-extension://abc": false,
 		"null": false, "http://127.0.0.2": false,
 	} {
@@ -219,7 +219,7 @@ func TestGuardRules(t *testing.T) {
 	for host, want := range map[string]bool{
 		"": true, "localhost": true, "localhost:11434": true, "LOCALHOST:1": true, "127.0.0.1:11434": true, "[::1]:11434": true,
 		"10.1.2.3:11434": true, "192.168.0.9": true, "0.0.0.0:1": true, "a.localhost": true, "box.local:1": true, "x.internal": true,
-		hostname: true,
+		hostname:             true,
 		"evil.example:11434": false, "8.8.8.8:11434": false, "localhost.evil.example": false, "internal": false,
 	} {
 		if got := hostAllowed(host); got != want {
