@@ -68,7 +68,7 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 	if err != nil {
 		return nil, err
 	}
-	gd, err := newGuard(addr, cfg.origins)
+	gd, err := newGuard(addr, cfg.origins, cfg.token)
 	if err != nil {
 		return nil, err
 	}

@@ -42,9 +42,13 @@ package main
 // at the gate's address would not check the Host: the request goes with
 // the upstream's own Host, and an Origin the gate let pass only because
 // it is the client's Host (same-origin) is dropped, since Ollama would
-// now read it as cross-origin.
+// now read it as cross-origin. The bearer token of a gate that has one
+// (-token-file, VRAMGATE_TOKEN) is the gate's credential: it is not
+// forwarded.
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"net"
 	"net/http"
 	"net/netip"
@@ -194,10 +198,13 @@ func hostAllowed(reqHost string) bool {
 	return allowedHost(host)
 }
 
-// guard is what the gate checks before any route: Ollama's guards.
+// guard is what the gate checks before any route: Ollama's guards, then
+// the bearer token of a gate that has one.
 type guard struct {
 	origins  *origins
-	loopback bool // the listener is a loopback address: Host is checked
+	loopback bool     // the listener is a loopback address: Host is checked
+	token    [32]byte // SHA-256 of the token; unused when !hasToken
+	hasToken bool
 }
 
 // refusedByOllamasGuards says whether Ollama at the gate's address would
@@ -214,6 +221,21 @@ func (gd *guard) refusedByOllamasGuards(r *http.Request) bool {
 	return gd.loopback && !hostAllowed(r.Host)
 }
 
+// authorized says whether r carries the gate's token (always, when the
+// gate needs none). The comparison takes the same time whatever the
+// token sent: both sides are hashed to one length first.
+func (gd *guard) authorized(r *http.Request) bool {
+	if !gd.hasToken {
+		return true
+	}
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	return subtle.ConstantTimeCompare(sum[:], gd.token[:]) == 1
+}
+
 // wrap puts the guard in front of h.
 func (gd *guard) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -222,17 +244,73 @@ func (gd *guard) wrap(h http.Handler) http.Handler {
 			w.WriteHeader(http.StatusForbidden)
 			return
 		}
+		if !gd.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="vramgate"`)
+			// "status" is what Ollama's Go client shows of a 401
+			// (api.AuthorizationError keeps no error text).
+			msg := "vramgate: this gate needs its token: send the header Authorization: Bearer TOKEN (the token of vramgate -token-file or VRAMGATE_TOKEN)"
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": msg, "status": "401 Unauthorized: " + msg})
+			return
+		}
+		if gd.hasToken {
+			r.Header.Del("Authorization") // the gate's credential, not Ollama's
+		}
 		h.ServeHTTP(w, r)
 	})
 }
 
+// minTokenLen is the shortest token the gate accepts: 128 bits as hex.
+const minTokenLen = 32
+
+// readToken reads the gate's bearer token from the file -token-file names
+// or, without it, from VRAMGATE_TOKEN; "" when neither gives one. A file
+// others may read is refused, as is a token shorter than minTokenLen.
+// The token itself is never in an error.
+func readToken(file, env string) (string, error) {
+	if file != "" && env != "" {
+		return "", usage("both -token-file and VRAMGATE_TOKEN are set: give the token one way")
+	}
+	tok := env
+	if file != "" {
+		fi, err := os.Stat(file)
+		if err != nil {
+			return "", usage("-token-file: %v", err)
+		}
+		if fi.Mode().Perm()&0o007 != 0 {
+			return "", usage("-token-file %s has mode %04o: other users may read it (chmod o-rwx)", file, fi.Mode().Perm())
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", usage("-token-file: %v", err)
+		}
+		tok = string(b)
+		if tok = strings.TrimSpace(tok); tok == "" {
+			return "", usage("-token-file %s is empty", file)
+		}
+	}
+	tok = strings.TrimSpace(tok)
+	if tok == "" {
+		return "", nil
+	}
+	if len(tok) < minTokenLen || strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return "", usage("the token (-token-file or VRAMGATE_TOKEN) must be %d or more printable characters with no spaces (for example: head -c 32 /dev/urandom | xxd -p -c 64)", minTokenLen)
+	}
+	return tok, nil
+}
+
 // newGuard builds the guard for a listener at addr.
-func newGuard(addr, originsEnv string) (*guard, error) {
+func newGuard(addr, originsEnv, token string) (*guard, error) {
 	o, err := ollamaOrigins(originsEnv)
 	if err != nil {
 		return nil, err
 	}
 	gd := &guard{origins: o, loopback: isLoopbackAddr(addr)}
+	if !gd.loopback && token == "" {
+		return nil, usage("the gate at %s is reachable from other machines and has no token: give -token-file FILE or VRAMGATE_TOKEN (clients then send Authorization: Bearer TOKEN)", addr)
+	}
+	if token != "" {
+		gd.token, gd.hasToken = sha256.Sum256([]byte(token)), true
+	}
 	return gd, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -8,9 +9,12 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard/vramguardtest"
 )
@@ -23,7 +27,7 @@ type recorder struct {
 	seen []seenRequest
 }
 
-type seenRequest struct{ method, path, host, origin string }
+type seenRequest struct{ method, path, host, origin, auth string }
 
 func newRecorder(t *testing.T, sim *vramguardtest.Server) *recorder {
 	t.Helper()
@@ -31,7 +35,7 @@ func newRecorder(t *testing.T, sim *vramguardtest.Server) *recorder {
 	proxy := httputil.NewSingleHostReverseProxy(sim.URL())
 	rec.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec.mu.Lock()
-		rec.seen = append(rec.seen, seenRequest{r.Method, r.URL.Path, r.Host, r.Header.Get("Origin")})
+		rec.seen = append(rec.seen, seenRequest{r.Method, r.URL.Path, r.Host, r.Header.Get("Origin"), r.Header.Get("Authorization")})
 		rec.mu.Unlock()
 		proxy.ServeHTTP(w, r)
 	}))
@@ -252,4 +256,171 @@ func TestForwardedHostAndOrigin(t *testing.T) {
 		u, _ := url.Parse(rec.URL)
 		t.Fatalf("the forwarded request reached Ollama as %+v; want Host localhost:%s (not %s) and the Origin as sent", got, port, u.Host)
 	}
+}
+
+// testToken is a token of the accepted length.
+const testToken = "0123456789abcdef0123456789abcdef-test"
+
+// tokenFile writes tok to a file of mode perm.
+func tokenFile(t *testing.T, tok string, perm os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(tok+"\n"), perm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, perm); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A gate other machines can reach needs its token: without it, or with
+// a wrong one, 401 on every route (own and forwarded) and nothing reaches
+// the server; with it, served, and the token is not forwarded to Ollama
+// nor written to the log. Ollama's origin check still holds there.
+func TestRemoteNeedsItsToken(t *testing.T) {
+	for _, how := range []string{"file", "env"} {
+		t.Run(how, func(t *testing.T) {
+			sim := newSim(t, vramguardtest.Config{})
+			rec := newRecorder(t, sim)
+			args, env := []string{"-listen", "0.0.0.0:0", "-allow-remote", "-v"}, map[string]string(nil)
+			if how == "file" {
+				args = append(args, "-token-file", tokenFile(t, testToken, 0o600))
+			} else {
+				env = map[string]string{"VRAMGATE_TOKEN": testToken}
+			}
+			g := startGateEnv(t, env, rec.URL, nil, args...)
+			base := strings.Replace(g.URL, "0.0.0.0", "127.0.0.1", 1)
+			for _, auth := range []string{"", "Bearer wrong", "Bearer " + testToken + "x", "Basic " + testToken, testToken} {
+				for _, rt := range guardedRoutes {
+					code, hdr, body := send(t, rt.method, base+rt.path, rt.body, "Authorization", auth)
+					if code != http.StatusUnauthorized || !strings.Contains(body, "Authorization: Bearer TOKEN") || hdr.Get("WWW-Authenticate") == "" {
+						t.Errorf("Authorization %q: %s %s: %d %s, want 401", auth, rt.method, rt.path, code, body)
+					}
+				}
+			}
+			rec.mu.Lock()
+			reached := len(rec.seen)
+			rec.mu.Unlock()
+			if reached != 1 { // the gate's own look at start
+				t.Fatalf("%d requests reached the server, want only the gate's start-up look: %+v", reached, rec.seen)
+			}
+			for _, auth := range []string{"Bearer " + testToken, "bearer  " + testToken} {
+				if code, _, body := send(t, "GET", base+"/api/tags", "", "Authorization", auth); code != http.StatusOK {
+					t.Fatalf("with the token (%q): %d %s", auth[:7], code, body)
+				}
+				if code, _, body := send(t, "GET", base+"/vramgate/leases", "", "Authorization", auth); code != http.StatusOK {
+					t.Fatalf("with the token, own route: %d %s", code, body)
+				}
+			}
+			// Ollama's origin check holds with the token too; the Host check
+			// is off on a non-loopback listener, as Ollama's is.
+			if code, _, _ := send(t, "GET", base+"/api/tags", "", "Authorization", "Bearer "+testToken, "Origin", "http://evil.example"); code != http.StatusForbidden {
+				t.Errorf("a foreign origin with the token: %d, want 403", code)
+			}
+			if code, _, _ := send(t, "GET", base+"/api/tags", "", "Authorization", "Bearer "+testToken, "Host", "gpu-box.example.com:11434"); code != http.StatusOK {
+				t.Errorf("a remote gate's own name as Host: %d, want 200", code)
+			}
+			rec.mu.Lock()
+			for _, s := range rec.seen {
+				if s.auth != "" {
+					t.Errorf("the token reached Ollama: %+v", s)
+				}
+			}
+			rec.mu.Unlock()
+			if g.stop(t) != 0 || strings.Contains(g.Stderr.String(), testToken[:16]) {
+				t.Fatalf("the token is in the log:\n%s", g.Stderr)
+			}
+		})
+	}
+}
+
+// Loopback stays token-free by default (every other test of the gate);
+// a token given on loopback is required there too.
+func TestTokenOnLoopback(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	g := startGateEnv(t, map[string]string{"VRAMGATE_TOKEN": testToken}, sim.URL().String(), nil)
+	if code, _, _ := send(t, "GET", g.URL+"/api/tags", ""); code != http.StatusUnauthorized {
+		t.Fatalf("without the token: %d, want 401", code)
+	}
+	if code, _, _ := send(t, "GET", g.URL+"/api/tags", "", "Authorization", "Bearer "+testToken); code != http.StatusOK {
+		t.Fatalf("with the token: %d, want 200", code)
+	}
+}
+
+// A token the gate cannot trust stops the start, with the reason and not
+// the token.
+func TestBadToken(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  string
+		want string
+	}{
+		{"file others may read", []string{"-token-file", tokenFile(t, testToken, 0o644)}, "", "other users may read it"},
+		{"short", []string{"-token-file", tokenFile(t, "short", 0o600)}, "", "32 or more printable"},
+		{"empty file", []string{"-token-file", tokenFile(t, "", 0o600)}, "", "is empty"},
+		{"no such file", []string{"-token-file", "/nonexistent/token"}, "", "no such file"},
+		{"both", []string{"-token-file", tokenFile(t, testToken, 0o600)}, testToken, "give the token one way"},
+		{"spaces", nil, "0123456789abcdef 0123456789abcdef", "no spaces"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr syncBuffer
+			c := &cmd{stdout: io.Discard, stderr: &stderr, getenv: func(k string) string {
+				if k == "VRAMGATE_TOKEN" {
+					return tc.env
+				}
+				return ""
+			}, ready: func(string) { t.Error("the gate listened") }}
+			args := append([]string{"-listen", "0.0.0.0:0", "-allow-remote", "-ollama", sim.URL().String(), "-gpu=false"}, tc.args...)
+			code := c.main(t.Context(), args)
+			if code != 2 || !strings.Contains(stderr.String(), tc.want) || strings.Contains(stderr.String(), "0123456789abcdef") {
+				t.Fatalf("exit %d, stderr %q; want 2 saying %q, without the token", code, stderr.String(), tc.want)
+			}
+		})
+	}
+}
+
+// bearer is the RoundTripper the README shows: Ollama's Go client sends
+// the gate's token through it.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
+}
+
+// Ollama's own Go client reaches a remote gate with the token added by
+// its http.Client (as the README shows), and without it gets the 401 as
+// an error that says what to send.
+func TestOllamaClientSendsTheToken(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	g := startGateEnv(t, map[string]string{"VRAMGATE_TOKEN": testToken}, sim.URL().String(), nil, "-listen", "0.0.0.0:0", "-allow-remote")
+	u, err := url.Parse(strings.Replace(g.URL, "0.0.0.0", "127.0.0.1", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	with := api.NewClient(u, &http.Client{Transport: bearer{testToken, tr}})
+	if tags, err := with.List(t.Context()); err != nil || len(tags.Models) != 2 {
+		t.Fatalf("List with the token: %+v, %v", tags, err)
+	}
+	load(t, with, "tiny")
+	without := api.NewClient(u, &http.Client{Transport: tr})
+	_, err = without.List(t.Context())
+	var ae api.AuthorizationError
+	if !errors.As(err, &ae) || ae.StatusCode != 401 || !strings.Contains(err.Error(), "Authorization: Bearer TOKEN") {
+		t.Fatalf("List without the token: %v, want a 401 that says what to send", err)
+	}
+	err = without.Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "hi"}, func(api.GenerateResponse) error { return nil })
+	if !errors.As(err, &ae) || ae.StatusCode != 401 {
+		t.Fatalf("Generate without the token: %v, want a 401", err)
+	}
+	t.Logf("Ollama's client without the token: %v", err)
 }

@@ -34,7 +34,9 @@
 // 403, as Ollama answers them; what it forwards keeps what Ollama's own
 // checks need (the Origin, and on loopback the client's Host).
 //
-// It listens on loopback only unless -allow-remote is given; it refuses to
+// It listens on loopback only unless -allow-remote is given, and then only
+// with a bearer token (-token-file or VRAMGATE_TOKEN) that every client
+// must send (Authorization: Bearer TOKEN; 401 without it); it refuses to
 // start when Ollama does not answer; on SIGINT or SIGTERM it stops accepting,
 // lets requests in flight end (bounded), releases its HTTP leases, and
 // unloads, verified, the models that loaded through it (-keep-on-exit
@@ -125,6 +127,8 @@ type config struct {
 	protected   string
 	verbose     bool
 	origins     string // OLLAMA_ORIGINS, read as Ollama reads it
+	tokenFile   string
+	token       string // the bearer token clients must send; never logged
 }
 
 func (c *cmd) parse(args []string) (*config, error) {
@@ -133,7 +137,8 @@ func (c *cmd) parse(args []string) (*config, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:11434", "answer clients on `ADDR` (host:port); a non-loopback address needs -allow-remote")
 	fs.StringVar(&cfg.ollama, "ollama", "127.0.0.1:11435", "the Ollama server to forward to (`URL` or host:port)")
-	fs.BoolVar(&cfg.allowRemote, "allow-remote", false, "let -listen be an address other machines reach (anyone who reaches it can load, unload and lease)")
+	fs.BoolVar(&cfg.allowRemote, "allow-remote", false, "let -listen be an address other machines reach (it then needs a token: -token-file or VRAMGATE_TOKEN)")
+	fs.StringVar(&cfg.tokenFile, "token-file", "", "a `FILE` (not readable by others) holding the bearer token every client must send (Authorization: Bearer TOKEN); required with a non-loopback -listen; VRAMGATE_TOKEN gives it instead")
 	fs.Int64Var(&cfg.maxBody, "max-body", 64<<20, "largest request body the gate reads (generate, chat, embed, unload, leases), in `bytes`; others stream through")
 	fs.IntVar(&cfg.maxLoaded, "max-loaded", 0, "Ollama's OLLAMA_MAX_LOADED_MODELS, when it is set: a load with that many models resident first unloads an idle unleased one, verified, or is refused (0: not checked)")
 	fs.IntVar(&cfg.device, "device", 0, "the GPU (as the reader numbers it) Ollama's loads go to")
@@ -183,28 +188,31 @@ func (c *cmd) parse(args []string) (*config, error) {
 	case cfg.reserve > vramguard.MaxBytes:
 		return nil, usage("-reserve %d: more than any device", cfg.reserve)
 	}
-	if err := checkListen(cfg.listen, cfg.allowRemote); err != nil {
+	var err error
+	if cfg.token, err = readToken(cfg.tokenFile, c.getenv("VRAMGATE_TOKEN")); err != nil {
+		return nil, err
+	}
+	if err := checkListen(cfg.listen, cfg.allowRemote, cfg.token != ""); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
 }
 
 // checkListen refuses an address other machines could reach unless
-// allowRemote says so on purpose.
-func checkListen(addr string, allowRemote bool) error {
+// allowRemote says so on purpose and the gate has a token.
+func checkListen(addr string, allowRemote, hasToken bool) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || port == "" {
 		return usage("-listen %q: want host:port", addr)
 	}
-	if allowRemote {
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	if host == "localhost" {
-		return nil
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
+	if !allowRemote {
 		return usage("-listen %q is not a loopback address: other machines could load, unload and lease through it; give -allow-remote to mean it", addr)
+	}
+	if !hasToken {
+		return usage("-listen %q with -allow-remote needs a token, or anyone who reaches the port could load, unload and lease: give -token-file FILE or VRAMGATE_TOKEN (clients send Authorization: Bearer TOKEN)", addr)
 	}
 	return nil
 }

@@ -194,6 +194,7 @@ func TestUsage(t *testing.T) {
 		want string
 	}{
 		{"non-loopback without the flag", []string{"-listen", "0.0.0.0:0"}, 2, "not a loopback address"},
+		{"non-loopback without a token", []string{"-listen", "0.0.0.0:0", "-allow-remote"}, 2, "needs a token"},
 		{"not host:port", []string{"-listen", "nowhere"}, 2, "want host:port"},
 		{"bad -ollama", []string{"-ollama", "ftp://x"}, 2, "-ollama"},
 		{"argument", []string{"extra"}, 2, "unexpected argument"},
@@ -216,12 +217,12 @@ func TestUsage(t *testing.T) {
 			}
 		})
 	}
-	t.Run("non-loopback with -allow-remote", func(t *testing.T) {
-		if err := checkListen("0.0.0.0:0", true); err != nil {
+	t.Run("non-loopback with -allow-remote and a token", func(t *testing.T) {
+		if err := checkListen("0.0.0.0:0", true, true); err != nil {
 			t.Fatal(err)
 		}
 		for _, a := range []string{"127.0.0.1:1", "[::1]:1", "localhost:1"} {
-			if err := checkListen(a, false); err != nil {
+			if err := checkListen(a, false, false); err != nil {
 				t.Errorf("%s: %v", a, err)
 			}
 		}
