@@ -132,6 +132,9 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		return g, err
 	}
 	g.closers = append(g.closers, g.client.Close)
+	if err := g.checkLeaseDir(ctx); err != nil {
+		return g, err
+	}
 	if cu != nil && g.reader != nil {
 		unregister, err := g.client.RegisterTenant(cu.Tenant(comfyui.TenantOptions{WhileBusy: comfyui.Refuse}))
 		if err != nil {
@@ -172,6 +175,34 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return g, nil
+}
+
+// leaseCheckModel names the lease the gate takes and releases at start to
+// learn whether the host-wide lease directory can be used (the library's
+// own rules decide: owner, mode, a usable lock).
+const leaseCheckModel = "vramgate-start-check"
+
+// checkLeaseDir takes and releases one lease at start. An explicit
+// -lease-dir that cannot be used stops the start with the library's
+// reason (STYLE 26: explicit configuration that cannot be honoured stops
+// the start); the default directory degrades, with a WARN line that says
+// what stops working.
+func (g *gate) checkLeaseDir(ctx context.Context) error {
+	l, err := g.client.HoldModel(ctx, leaseCheckModel, 0)
+	if err == nil {
+		return l.Release()
+	}
+	reason := err
+	var ve *vramguard.Error
+	if errors.As(err, &ve) && ve.Err != nil {
+		reason = ve.Err // without the check lease's own name
+	}
+	if g.cfg.leaseDir != "" {
+		return &vramguard.Error{Op: "start", Kind: vramguard.KindUnavailable,
+			Err: fmt.Errorf("-lease-dir %s cannot be used: %v (give a directory of this user with mode 0700, or leave -lease-dir out for vramguard's default)", g.cfg.leaseDir, reason)}
+	}
+	g.log.Warn("host-wide leases off: the default lease directory cannot be used; HTTP leases (POST /vramgate/leases) fail, and other vramguard programs' leases are not honoured", "reason", reason.Error())
+	return nil
 }
 
 // parseUpstream reads -ollama: a URL, or host:port as OLLAMA_HOST is.

@@ -148,7 +148,7 @@ func (c *cmd) parse(args []string) (*config, error) {
 	fs.DurationVar(&cfg.retryAfter, "retry-after", 5*time.Second, "Retry-After of a refusal when no lease among the blockers has an end")
 	var reserve uint64
 	fs.Uint64Var(&reserve, "reserve", 0, "`bytes` that must stay free on the device after a load (with a GPU reader)")
-	fs.StringVar(&cfg.leaseDir, "lease-dir", "", "the host-wide lease directory (default: vramguard's, $XDG_RUNTIME_DIR/vramguard/leases)")
+	fs.StringVar(&cfg.leaseDir, "lease-dir", "", "the host-wide lease directory (default: vramguard's, $XDG_RUNTIME_DIR/vramguard/leases); one given here that cannot be used (another owner, a mode other than 0700) stops the start, the default only turns leases off, with a WARN line")
 	fs.DurationVar(&cfg.leaseMax, "lease-max", 10*time.Minute, "longest TTL an HTTP lease may ask for")
 	fs.DurationVar(&cfg.unloadWait, "unload-timeout", 30*time.Second, "bound of each verified unload")
 	fs.DurationVar(&cfg.stopWait, "stop-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to end")
@@ -170,7 +170,11 @@ func (c *cmd) parse(args []string) (*config, error) {
 		return nil, usage("%v (see vramgate -h)", err)
 	}
 	cfg.reserve = reserve
-	cfg.origins = c.getenv("OLLAMA_ORIGINS")
+	getenv := c.getenv
+	if getenv == nil { // an empty environment
+		getenv = func(string) string { return "" }
+	}
+	cfg.origins = getenv("OLLAMA_ORIGINS")
 	if _, err := ollamaOrigins(cfg.origins); err != nil {
 		return nil, err
 	}
@@ -189,7 +193,7 @@ func (c *cmd) parse(args []string) (*config, error) {
 		return nil, usage("-reserve %d: more than any device", cfg.reserve)
 	}
 	var err error
-	if cfg.token, err = readToken(cfg.tokenFile, c.getenv("VRAMGATE_TOKEN")); err != nil {
+	if cfg.token, err = readToken(cfg.tokenFile, getenv("VRAMGATE_TOKEN")); err != nil {
 		return nil, err
 	}
 	if err := checkListen(cfg.listen, cfg.allowRemote, cfg.token != ""); err != nil {

@@ -206,7 +206,7 @@ func TestUsage(t *testing.T) {
 			var stderr syncBuffer
 			c := &cmd{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" },
 				ready: func(string) { t.Error("the gate listened") }}
-			args := append([]string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false", "-lease-dir", t.TempDir()}, tc.args...)
+			args := append([]string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false", "-lease-dir", leaseDir(t)}, tc.args...)
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
 			if code := c.main(ctx, args); code != tc.code {
@@ -909,4 +909,60 @@ func TestUnloadAllLeavesLeased(t *testing.T) {
 	if !sim.Listed("tiny") || sim.Listed("small") || !strings.Contains(hdr.Get(unloadTrailer), "1 left") {
 		t.Fatalf("after: tiny listed %v, small %v, %s %q", sim.Listed("tiny"), sim.Listed("small"), unloadTrailer, hdr.Get(unloadTrailer))
 	}
+}
+
+// An explicit -lease-dir the gate cannot use stops the start with the
+// reason (exit 1: the flag is well formed, the directory is not usable);
+// the default directory, when unusable, only degrades, with a WARN line
+// at start.
+func TestLeaseDirAtStart(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, dir, want string }{
+		{"mode 0755", open, "mode"},
+		{"a file", file, "not a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr syncBuffer
+			c := &cmd{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" },
+				ready: func(string) { t.Error("the gate listened") }}
+			code := c.main(t.Context(), []string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false", "-lease-dir", tc.dir})
+			if code != 1 || !strings.Contains(stderr.String(), "-lease-dir "+tc.dir+" cannot be used") || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("exit %d, stderr:\n%s\nwant 1 and the reason (%q)", code, stderr.String(), tc.want)
+			}
+		})
+	}
+	t.Run("default", func(t *testing.T) {
+		// The default is $XDG_RUNTIME_DIR/vramguard/leases: made unusable
+		// by a file where its vramguard directory would be.
+		xdg := t.TempDir()
+		if err := os.WriteFile(filepath.Join(xdg, "vramguard"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("XDG_RUNTIME_DIR", xdg)
+		g := &running{Stderr: &syncBuffer{}, done: make(chan int, 1)}
+		addr := make(chan string, 1)
+		c := &cmd{stdout: io.Discard, stderr: g.Stderr, getenv: func(string) string { return "" }, ready: func(a string) { addr <- a }}
+		ctx, cancel := context.WithCancel(t.Context())
+		g.cancel = cancel
+		go func() { g.done <- c.main(ctx, []string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false"}) }()
+		select {
+		case <-addr:
+		case code := <-g.done:
+			t.Fatalf("the gate exited with %d: the default lease directory must only degrade:\n%s", code, g.Stderr)
+		}
+		if code := g.stop(t); code != 0 || !strings.Contains(g.Stderr.String(), `level=WARN msg="host-wide leases off`) {
+			t.Fatalf("exit %d; want 0 and a WARN line at start:\n%s", code, g.Stderr)
+		}
+	})
 }
