@@ -955,7 +955,9 @@ func TestLeaseDirAtStart(t *testing.T) {
 		c := &cmd{stdout: io.Discard, stderr: g.Stderr, getenv: func(string) string { return "" }, ready: func(a string) { addr <- a }}
 		ctx, cancel := context.WithCancel(t.Context())
 		g.cancel = cancel
-		go func() { g.done <- c.main(ctx, []string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false"}) }()
+		go func() {
+			g.done <- c.main(ctx, []string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false"})
+		}()
 		select {
 		case <-addr:
 		case code := <-g.done:
