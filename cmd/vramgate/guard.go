@@ -236,6 +236,16 @@ func (gd *guard) authorized(r *http.Request) bool {
 	return subtle.ConstantTimeCompare(sum[:], gd.token[:]) == 1
 }
 
+// isPreflight says whether r is a browser's CORS preflight (an OPTIONS
+// with an Origin and Access-Control-Request-Method), which never carries
+// credentials: one from an allowed origin goes to Ollama, whose CORS
+// middleware answers it (204 and its Access-Control-* headers) before any
+// route, so that a web page of an allowed origin can then send its
+// request with the token.
+func isPreflight(r *http.Request) bool {
+	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
+}
+
 // wrap puts the guard in front of h.
 func (gd *guard) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -244,7 +254,7 @@ func (gd *guard) wrap(h http.Handler) http.Handler {
 			w.WriteHeader(http.StatusForbidden)
 			return
 		}
-		if !gd.authorized(r) {
+		if !gd.authorized(r) && !isPreflight(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="vramgate"`)
 			// "status" is what Ollama's Go client shows of a 401
 			// (api.AuthorizationError keeps no error text).

@@ -302,7 +302,7 @@ func TestRemoteNeedsItsToken(t *testing.T) {
 			rec.mu.Lock()
 			reached := len(rec.seen)
 			rec.mu.Unlock()
-			if reached != 1 { // the gate's own look at start
+			if reached != 1 { // the gate's own look at start (/api/ps)
 				t.Fatalf("%d requests reached the server, want only the gate's start-up look: %+v", reached, rec.seen)
 			}
 			for _, auth := range []string{"Bearer " + testToken, "bearer  " + testToken} {
@@ -312,6 +312,17 @@ func TestRemoteNeedsItsToken(t *testing.T) {
 				if code, _, body := send(t, "GET", base+"/vramgate/leases", "", "Authorization", auth); code != http.StatusOK {
 					t.Fatalf("with the token, own route: %d %s", code, body)
 				}
+			}
+			// A browser's preflight carries no credential: from an allowed
+			// origin it reaches Ollama, which answers it; from a foreign one
+			// it is refused as Ollama refuses it.
+			pre := []string{"Origin", "http://localhost:3000", "Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "authorization,content-type"}
+			if code, _, body := send(t, "OPTIONS", base+"/api/chat", "", pre...); code == http.StatusUnauthorized || code == http.StatusForbidden || len(rec.with("", "http://localhost:3000")) != 1 {
+				t.Errorf("preflight from an allowed origin: %d %s, want it forwarded to Ollama (the integration suite checks Ollama's 204)", code, body)
+			}
+			pre[1] = "http://evil.example"
+			if code, _, _ := send(t, "OPTIONS", base+"/api/chat", "", pre...); code != http.StatusForbidden {
+				t.Errorf("preflight from a foreign origin: %d, want 403", code)
 			}
 			// Ollama's origin check holds with the token too; the Host check
 			// is off on a non-loopback listener, as Ollama's is.

@@ -135,7 +135,7 @@ func (c *cmd) parse(args []string) (*config, error) {
 	cfg := config{}
 	fs := flag.NewFlagSet("vramgate", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:11434", "answer clients on `ADDR` (host:port); a non-loopback address needs -allow-remote")
+	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:11434", "answer clients on `ADDR` (host:port); a non-loopback address needs -allow-remote and a token (-token-file)")
 	fs.StringVar(&cfg.ollama, "ollama", "127.0.0.1:11435", "the Ollama server to forward to (`URL` or host:port)")
 	fs.BoolVar(&cfg.allowRemote, "allow-remote", false, "let -listen be an address other machines reach (it then needs a token: -token-file or VRAMGATE_TOKEN)")
 	fs.StringVar(&cfg.tokenFile, "token-file", "", "a `FILE` (not readable by others) holding the bearer token every client must send (Authorization: Bearer TOKEN); required with a non-loopback -listen; VRAMGATE_TOKEN gives it instead")

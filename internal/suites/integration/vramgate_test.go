@@ -773,6 +773,23 @@ func TestGateKeepsOllamasGuards(t *testing.T) {
 				}
 			}
 		}
+		// A browser's preflight, on a route the gate answers itself and on
+		// one it forwards: Ollama answers it (204 from an allowed origin,
+		// 403 from a foreign one) and the gate answers the same.
+		for _, path := range []string{"/api/chat", "/vramgate/leases", "/api/tags"} {
+			for _, origin := range []string{"http://localhost:3000", "http://evil.example"} {
+				pre := []string{"Origin", origin, "Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "content-type"}
+				sc, _ := send(serverURL, "OPTIONS", path, "", pre...)
+				gc, _ := send(g.URL, "OPTIONS", path, "", pre...)
+				want := http.StatusNoContent
+				if origin == "http://evil.example" {
+					want = http.StatusForbidden
+				}
+				if sc != want || gc != sc {
+					t.Errorf("preflight of %s from %s: Ollama %d, the gate %d; want %d from both", path, origin, sc, gc, want)
+				}
+			}
+		}
 		if resp, body := g.do(t, "GET", "/vramgate/leases", ""); resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"leases":[]`) {
 			t.Errorf("a refused request took a lease: %d %s", resp.StatusCode, body)
 		}
