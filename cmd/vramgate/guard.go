@@ -265,6 +265,12 @@ func (gd *guard) wrap(h http.Handler) http.Handler {
 		if gd.hasToken {
 			r.Header.Del("Authorization") // the gate's credential, not Ollama's
 		}
+		if origin := r.Header.Get("Origin"); origin != "" && r.Method != http.MethodOptions && !sameOrigin(origin, r.Host) {
+			if gd.origins.all {
+				origin = "*"
+			}
+			w = &corsWriter{ResponseWriter: w, origin: origin}
+		}
 		h.ServeHTTP(w, r)
 	})
 }
@@ -333,3 +339,48 @@ func isLoopbackName(host string) bool {
 	a, err := netip.ParseAddr(host)
 	return err == nil && a.IsLoopback()
 }
+
+// corsWriter gives the answers the gate writes itself the CORS reply
+// headers Ollama gives an allowed cross-origin request (cors.handleNormal
+// and applyCors: Access-Control-Allow-Origin, the origin or "*" when
+// OLLAMA_ORIGINS has "*", and Vary: Origin otherwise), so that a web page
+// of an allowed origin can read them (a refusal's 503 included). A
+// forwarded reply already has Ollama's own: nothing is added to it.
+type corsWriter struct {
+	http.ResponseWriter
+	origin string
+	done   bool
+}
+
+func (c *corsWriter) addHeaders() {
+	if c.done {
+		return
+	}
+	c.done = true
+	h := c.Header()
+	if h.Get("Access-Control-Allow-Origin") != "" {
+		return
+	}
+	h.Set("Access-Control-Allow-Origin", c.origin)
+	if c.origin != "*" {
+		h.Add("Vary", "Origin")
+	}
+}
+
+func (c *corsWriter) WriteHeader(code int) {
+	c.addHeaders()
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *corsWriter) Write(b []byte) (int, error) {
+	c.addHeaders()
+	return c.ResponseWriter.Write(b)
+}
+
+// Flush and Unwrap keep the reverse proxy's flushes reaching the client.
+func (c *corsWriter) Flush() {
+	c.addHeaders()
+	_ = http.NewResponseController(c.ResponseWriter).Flush()
+}
+
+func (c *corsWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }

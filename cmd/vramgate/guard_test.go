@@ -435,3 +435,28 @@ func TestOllamaClientSendsTheToken(t *testing.T) {
 	}
 	t.Logf("Ollama's client without the token: %v", err)
 }
+
+// An allowed cross-origin request gets Ollama's CORS reply headers on the
+// gate's own answers (a refusal included), once; a request without an
+// Origin gets none.
+func TestCORSHeadersOnOwnAnswers(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	g := startGate(t, sim.URL().String(), nil, "-max-loaded", "1")
+	load(t, sim.APIClient(), "tiny")
+	if code, _, body := send(t, "POST", g.URL+"/vramgate/leases", `{"model":"tiny","holder":"h"}`); code != 201 {
+		t.Fatalf("lease: %d %s", code, body)
+	}
+	for _, rt := range []struct{ method, path, body string }{
+		{"GET", "/vramgate/leases", ""},
+		{"POST", "/api/generate", `{"model":"small","prompt":"hi"}`}, // refused: 503
+		{"GET", "/metrics", ""},
+	} {
+		_, hdr, _ := send(t, rt.method, g.URL+rt.path, rt.body, "Origin", "app://chat")
+		if got := hdr.Values("Access-Control-Allow-Origin"); len(got) != 1 || got[0] != "app://chat" || hdr.Get("Vary") != "Origin" {
+			t.Errorf("%s %s from app://chat: Access-Control-Allow-Origin %q, Vary %q; want app://chat once, Vary Origin", rt.method, rt.path, got, hdr.Get("Vary"))
+		}
+		if _, hdr, _ := send(t, rt.method, g.URL+rt.path, rt.body); hdr.Get("Access-Control-Allow-Origin") != "" {
+			t.Errorf("%s %s without an Origin: Access-Control-Allow-Origin %q", rt.method, rt.path, hdr.Get("Access-Control-Allow-Origin"))
+		}
+	}
+}

@@ -696,6 +696,7 @@ func TestGateKeepsOllamasGuards(t *testing.T) {
 		skipIfExternal(t, s, "needs a server listening on loopback, whose Host check is on")
 		g := startVramgate(t, gateBin, s)
 		hc := testHTTPClient(t)
+		var lastHeader http.Header // of the last answer send read
 		send := func(base *url.URL, method, path, body string, hdr ...string) (int, string) {
 			t.Helper()
 			r, err := http.NewRequestWithContext(t.Context(), method, base.String()+path, strings.NewReader(body))
@@ -721,6 +722,7 @@ func TestGateKeepsOllamasGuards(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			lastHeader = resp.Header
 			return resp.StatusCode, string(b)
 		}
 		// Harmless if let through: nothing is resident, the unloads find
@@ -767,9 +769,16 @@ func TestGateKeepsOllamasGuards(t *testing.T) {
 		for _, ok := range [][]string{{"Origin", "http://localhost:3000"}, {"Host", "localhost:PORT"}, {}} {
 			for _, q := range reqs[2:] {
 				sc, _ := send(serverURL, q.method, q.path, q.body, ok...)
+				sh := lastHeader
 				gc, gb := send(g.URL, q.method, q.path, q.body, ok...)
 				if sc == http.StatusForbidden || gc != sc {
 					t.Errorf("%v: %s %s: Ollama %d, the gate %d %q; want the same answer, not 403", ok, q.method, q.path, sc, gc, gb)
+				}
+				// Ollama's CORS reply headers reach the client once.
+				for _, h := range []string{"Access-Control-Allow-Origin", "Vary"} {
+					if s, g := sh.Values(h), lastHeader.Values(h); !slices.Equal(s, g) {
+						t.Errorf("%v: %s %s: %s from Ollama %q, through the gate %q", ok, q.method, q.path, h, s, g)
+					}
 				}
 			}
 		}
