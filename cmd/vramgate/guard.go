@@ -31,6 +31,12 @@ package main
 //     private, unspecified or one of this machine's interfaces', or empty,
 //     "localhost", this machine's hostname, or a name under .localhost,
 //     .local or .internal; else 403 with no body.
+//   - An allowed cross-origin request's answer carries
+//     Access-Control-Allow-Origin (and Vary: Origin): the gate adds them to
+//     the answers it writes itself (corsWriter); Ollama's are forwarded.
+//
+// A remote gate's bearer token is checked after these, on every request
+// but a browser's preflight (which carries no credential by design).
 //
 // What the gate forwards so that Ollama's own checks still see what they
 // need: the Origin header unchanged (Ollama applies its own allow-list

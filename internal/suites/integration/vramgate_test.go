@@ -549,6 +549,13 @@ var gateLineRE = regexp.MustCompile(`^vramgate: (http://127\.0\.0\.1:\d+) -> (\S
 // end it with status 0. Its log is shown when the test failed.
 func startVramgate(t *testing.T, bin string, s *ollamatest.Server, extraArgs ...string) *vramgate {
 	t.Helper()
+	return startVramgateEnv(t, bin, s, nil, extraArgs...)
+}
+
+// startVramgateEnv is startVramgate with env (KEY=VALUE) added to the
+// gate's environment.
+func startVramgateEnv(t *testing.T, bin string, s *ollamatest.Server, env []string, extraArgs ...string) *vramgate {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "leases")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -561,7 +568,11 @@ func startVramgate(t *testing.T, bin string, s *ollamatest.Server, extraArgs ...
 			t.Logf("vramgate %s:\n%s", strings.Join(args, " "), out)
 		}
 	})
-	out, exited := startStopped(t, exec.Command(bin, args...), "vramgate", true)
+	gate := exec.Command(bin, args...)
+	if env != nil {
+		gate.Env = append(os.Environ(), env...)
+	}
+	out, exited := startStopped(t, gate, "vramgate", true)
 	var line string
 	select {
 	case line = <-out.first:
@@ -803,4 +814,51 @@ func TestGateKeepsOllamasGuards(t *testing.T) {
 			t.Errorf("a refused request took a lease: %d %s", resp.StatusCode, body)
 		}
 	})
+}
+
+// OLLAMA_ORIGINS, as Ollama reads it: a server of each version started
+// with it and a gate given the same value answer the same origins alike
+// (an origin it names served, a wildcard honoured, another refused 403,
+// the defaults kept).
+func TestGateHonoursOllamaOrigins(t *testing.T) {
+	gateBin := buildVramgate(t)
+	const origins = ` "http://chat.example,https://*.corp.example" `
+	for _, v := range ollamatest.Versions() {
+		t.Run("ollama-"+v, func(t *testing.T) {
+			s, err := ollamatest.Start(t.Context(), ollamatest.Options{Version: v, Env: []string{"OLLAMA_ORIGINS=" + origins}, Logf: t.Logf})
+			if err != nil {
+				t.Fatalf("ollama %s with OLLAMA_ORIGINS: %v", v, err)
+			}
+			t.Cleanup(func() {
+				if err := s.Stop(); err != nil {
+					t.Errorf("stop the server: %v", err)
+				}
+			})
+			skipIfExternal(t, s, "needs a server started with OLLAMA_ORIGINS")
+			g := startVramgateEnv(t, gateBin, s, []string{"OLLAMA_ORIGINS=" + origins})
+			hc := testHTTPClient(t)
+			get := func(base *url.URL, origin string) int {
+				r, err := http.NewRequestWithContext(t.Context(), "GET", base.String()+"/api/version", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.Header.Set("Origin", origin)
+				resp, err := hc.Do(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			for origin, want := range map[string]int{
+				"http://chat.example": 200, "https://a.corp.example": 200, "http://localhost:8080": 200, "app://x": 200,
+				"http://other.example": 403, "http://chat.example.evil.net": 403, "https://corp.example.evil.net": 403,
+			} {
+				if sc, gc := get(s.URL(), origin), get(g.URL, origin); sc != want || gc != sc {
+					t.Errorf("Origin %s: Ollama %d, the gate %d; want %d from both", origin, sc, gc, want)
+				}
+			}
+		})
+	}
 }
