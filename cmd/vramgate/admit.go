@@ -259,6 +259,7 @@ func (g *gate) check(ctx context.Context, v *verdict, name string, est *vramguar
 					ref.Blockers = append(ref.Blockers, holderBlockers(dev.Holders())...)
 				}
 			}
+			ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
 			ref.Error = fmt.Sprintf("vramgate: %s needs %d bytes free on device %d, %d are: only unloading %s would make the room (vramgate -make-room lets the gate do it)",
 				name, need, g.cfg.device, free, strings.Join(rep.Plan, ", "))
 			ref.setRetry(0, g.cfg.retryAfter)
@@ -382,6 +383,7 @@ func (g *gate) roomRefusal(name string, err error, v *verdict) *refusal {
 			comfyui.HolderName, busy.PromptID, busy.Queued)})
 	}
 	ref.Blockers = append(ref.Blockers, holderBlockers(re.Holders)...)
+	ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
 	if leased {
 		ref.Reason = "leased"
 	}
@@ -398,8 +400,8 @@ func (g *gate) neverFits(name string, err error, v *verdict) *refusal {
 	ref := &refusal{Model: name, Reason: "no room", status: http.StatusServiceUnavailable, Blockers: []blocker{},
 		Checked: v.checked, NotChecked: v.notChecked}
 	why := "no room to load " + name
+	ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
 	if g.cfg.reserve > 0 {
-		ref.Blockers = append(ref.Blockers, blocker{Kind: "reserve", Holder: "vramgate -reserve", Bytes: g.cfg.reserve})
 		why += fmt.Sprintf(" with the gate's -reserve of %d bytes kept free", g.cfg.reserve)
 	}
 	var ve *vramguard.Error
@@ -410,6 +412,16 @@ func (g *gate) neverFits(name string, err error, v *verdict) *refusal {
 	ref.Error = fmt.Sprintf("vramgate: %s: %s", why, oneLine(detail.Error()))
 	ref.setRetry(0, g.cfg.retryAfter)
 	return ref
+}
+
+// reserveBlocker names the gate's own -reserve among the blockers of a
+// refusal for memory: the bytes it keeps free are part of what the load
+// would need.
+func (g *gate) reserveBlocker() []blocker {
+	if g.cfg.reserve == 0 {
+		return nil
+	}
+	return []blocker{{Kind: "reserve", Holder: "vramgate -reserve", Bytes: g.cfg.reserve}}
 }
 
 // holderBlockers names the device's other holders: processes that are

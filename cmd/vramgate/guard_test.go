@@ -123,6 +123,7 @@ func TestOllamasGuardsOnEveryRoute(t *testing.T) {
 	}{
 		{"cross-origin", []string{"Origin", "http://evil.example", "Content-Type", "text/plain"}},
 		{"rebinding", []string{"Host", "evil.example:" + port, "Content-Type", "text/plain"}},
+		{"rebinding, Ollama's port", []string{"Host", "evil.example:11434", "Content-Type", "text/plain"}},
 		{"rebinding with its own origin", []string{"Host", "evil.example:" + port, "Origin", "http://evil.example:" + port}},
 		{"public address", []string{"Host", "8.8.8.8:" + port}},
 	} {
@@ -135,7 +136,7 @@ func TestOllamasGuardsOnEveryRoute(t *testing.T) {
 			}
 		})
 	}
-	if got := append(rec.with("evil.example:"+port, "http://evil.example"), rec.with("8.8.8.8:"+port, "http://evil.example:"+port)...); len(got) > 0 {
+	if got := append(append(rec.with("evil.example:"+port, "http://evil.example"), rec.with("8.8.8.8:"+port, "http://evil.example:"+port)...), rec.with("evil.example:11434", "")...); len(got) > 0 {
 		t.Fatalf("refused requests reached the server: %+v", got)
 	}
 	if !sim.Listed("tiny") || sim.Listed("small") || sim.Requests("small") != 0 {

@@ -641,7 +641,8 @@ func TestMemoryAdmission(t *testing.T) {
 	g := startGate(t, sim.URL().String(), sim.GPU(), "-reserve", fmt.Sprint(1*gib))
 	load(t, sim.APIClient(), "tiny") // 2 GiB: 4 GiB left; small needs its estimate (4.7 GiB) + 1
 	code, hdr, body := do(t, "POST", g.URL+"/api/generate", `{"model":"small","prompt":"hi"}`, clientHeader, "script")
-	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), `"reason":"no room"`) || !strings.Contains(string(body), "python render.py") {
+	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), `"reason":"no room"`) || !strings.Contains(string(body), "python render.py") ||
+		!strings.Contains(string(body), fmt.Sprintf(`{"kind":"reserve","holder":"vramgate -reserve","bytes":%d}`, 1*gib)) {
 		t.Fatalf("no room: %d %s", code, body)
 	}
 	if sim.Requests("small") != 0 {
