@@ -126,3 +126,24 @@ func TestLeaseTTLMessages(t *testing.T) {
 		}
 	}
 }
+
+// parseTTL reads untrusted text: it never panics, and a TTL it accepts is
+// more than 0 and at most the bound; one it refuses is named in the
+// error as sent (up to its first 40 bytes).
+func FuzzParseTTL(f *testing.F) {
+	for _, s := range []string{`90`, `"90s"`, `1e12`, `-5`, `"-5s"`, `1e-12`, `null`, `true`, `"soon"`, `9223372036854775807`, `"2562048h"`, ``, `1e999`, `"\u0000"`} {
+		f.Add(s)
+	}
+	const max = 10 * 60e9
+	f.Fuzz(func(t *testing.T, raw string) {
+		d, err := parseTTL(json.RawMessage(raw), max)
+		switch {
+		case err == nil && (d <= 0 || d > max):
+			t.Fatalf("ttl %q accepted as %v", raw, d)
+		case err != nil && d != 0:
+			t.Fatalf("ttl %q refused with %v and a duration %v", raw, err, d)
+		case err != nil && len(strings.TrimSpace(raw)) <= 40 && !strings.Contains(err.Error(), "ttl "+strings.TrimSpace(raw)):
+			t.Fatalf("ttl %q refused without naming it: %v", raw, err)
+		}
+	})
+}

@@ -461,3 +461,31 @@ func TestCORSHeadersOnOwnAnswers(t *testing.T) {
 		}
 	}
 }
+
+// The guard reads untrusted headers: it never panics; a request it lets
+// through with an Origin has an allowed or same-origin one, and on a
+// loopback listener an allowed Host.
+func FuzzGuard(f *testing.F) {
+	for _, s := range [][2]string{{"http://evil.example", "127.0.0.1:11434"}, {"", "evil.example:11434"}, {"app://x", "[::1]:1"}, {"http://a:1", "a:1"}, {"null", ""}, {"http://localhost:*", "localhost:"}} {
+		f.Add(s[0], s[1], "GET")
+	}
+	gd, err := newGuard("127.0.0.1:11434", "http://*.corp.example", "")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, origin, host, method string) {
+		r := &http.Request{Method: method, Host: host, Header: http.Header{}}
+		if origin != "" {
+			r.Header.Set("Origin", origin)
+		}
+		if gd.refusedByOllamasGuards(r) {
+			return
+		}
+		if origin != "" && !sameOrigin(origin, host) && !gd.origins.allows(origin) {
+			t.Fatalf("Origin %q with Host %q let through", origin, host)
+		}
+		if (origin == "" || method != http.MethodOptions) && !hostAllowed(host) {
+			t.Fatalf("Host %q let through on loopback (Origin %q, %s)", host, origin, method)
+		}
+	})
+}
