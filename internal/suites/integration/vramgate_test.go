@@ -2,6 +2,8 @@ package integration_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -502,6 +504,10 @@ var gateBuild struct {
 // buildVramgate builds cmd/vramgate once per test process into
 // ollamatest.CacheDir()/vramgate, through a temporary file renamed into
 // place, so that another test process never runs a partly written binary.
+// The file is in a folder named after this checkout (a hash of the
+// test's working directory): the cache is shared by every checkout on the machine, and
+// a test of one worktree must not run the gate another worktree built
+// (seen: a test of the guards ran a gate without them).
 func buildVramgate(t *testing.T) string {
 	t.Helper()
 	gateBuild.Lock()
@@ -526,7 +532,16 @@ func buildVramgate(t *testing.T) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build vramgate: %v\n%s", err, out)
 	}
-	path := filepath.Join(dir, "vramgate")
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(wd))
+	own := filepath.Join(dir, hex.EncodeToString(sum[:6]))
+	if err := os.MkdirAll(own, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(own, "vramgate") // the name its leases show
 	if err := os.Rename(filepath.Join(tmp, "vramgate"), path); err != nil {
 		t.Fatal(err)
 	}
