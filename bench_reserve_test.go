@@ -19,7 +19,7 @@ import (
 // the client's view, which reads the reservations). off: an empty lease
 // directory; on: a directory where another client holds a 1 GiB
 // reservation (which leaves room for the load). ratio is on/off
-// (BENCHMARKS.md §20).
+// (BENCHMARKS.md §21).
 func BenchmarkAdmissionReservationsPaired(b *testing.B) {
 	var sims []*vramguardtest.Server
 	side := func(reserve bool) func() {

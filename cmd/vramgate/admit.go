@@ -259,6 +259,7 @@ func (g *gate) check(ctx context.Context, v *verdict, name string, est *vramguar
 					ref.Blockers = append(ref.Blockers, holderBlockers(dev.Holders())...)
 				}
 			}
+			ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
 			ref.Error = fmt.Sprintf("vramgate: %s needs %d bytes free on device %d, %d are: only unloading %s would make the room (vramgate -make-room lets the gate do it)",
 				name, need, g.cfg.device, free, strings.Join(rep.Plan, ", "))
 			ref.setRetry(0, g.cfg.retryAfter)
@@ -363,6 +364,9 @@ func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, re
 func (g *gate) roomRefusal(name string, err error, v *verdict) *refusal {
 	var re *vramguard.RoomError
 	if !errors.As(err, &re) {
+		if vramguard.KindOf(err) == vramguard.KindInvalidInput {
+			return g.neverFits(name, err, v)
+		}
 		return failed(name, "room-making", err)
 	}
 	need, free := re.Need, re.Free
@@ -379,12 +383,45 @@ func (g *gate) roomRefusal(name string, err error, v *verdict) *refusal {
 			comfyui.HolderName, busy.PromptID, busy.Queued)})
 	}
 	ref.Blockers = append(ref.Blockers, holderBlockers(re.Holders)...)
+	ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
 	if leased {
 		ref.Reason = "leased"
 	}
 	ref.Error = fmt.Sprintf("vramgate: no room to load %s: %v", name, err)
 	ref.setRetry(re.RetryAfter, g.cfg.retryAfter)
 	return ref
+}
+
+// neverFits is the refusal of a load the device cannot hold, with the
+// gate's -reserve kept free, even empty: room-making refuses it as
+// invalid input (its estimate and the reserve exceed the device's total);
+// the reserve is named among the blockers when it is one.
+func (g *gate) neverFits(name string, err error, v *verdict) *refusal {
+	ref := &refusal{Model: name, Reason: "no room", status: http.StatusServiceUnavailable, Blockers: []blocker{},
+		Checked: v.checked, NotChecked: v.notChecked}
+	why := "no room to load " + name
+	ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
+	if g.cfg.reserve > 0 {
+		why += fmt.Sprintf(" with the gate's -reserve of %d bytes kept free", g.cfg.reserve)
+	}
+	var ve *vramguard.Error
+	detail := err
+	if errors.As(err, &ve) && ve.Err != nil {
+		detail = ve.Err
+	}
+	ref.Error = fmt.Sprintf("vramgate: %s: %s", why, oneLine(detail.Error()))
+	ref.setRetry(0, g.cfg.retryAfter)
+	return ref
+}
+
+// reserveBlocker names the gate's own -reserve among the blockers of a
+// refusal for memory: the bytes it keeps free are part of what the load
+// would need.
+func (g *gate) reserveBlocker() []blocker {
+	if g.cfg.reserve == 0 {
+		return nil
+	}
+	return []blocker{{Kind: "reserve", Holder: "vramgate -reserve", Bytes: g.cfg.reserve}}
 }
 
 // holderBlockers names the device's other holders: processes that are
@@ -463,19 +500,27 @@ func (r *refusal) setRetry(after, fallback time.Duration) {
 	r.RetryAfter = math.Ceil(after.Seconds())
 }
 
-// failed is a check that could not be made: the load is refused (502)
-// rather than let through unchecked.
+// failed is a check that could not be made: the load is refused rather
+// than let through unchecked (503: it may be made on a later try).
 func failed(model, what string, err error) *refusal {
-	return &refusal{Model: model, Reason: "failed", status: http.StatusBadGateway, Blockers: []blocker{}, Checked: []string{},
-		Error: fmt.Sprintf("vramgate: %s failed, the load of %s is not admitted: %v", what, model, err)}
+	return &refusal{Model: model, Reason: "failed", status: http.StatusServiceUnavailable,
+		Blockers: []blocker{{Kind: "check failed", Holder: what}}, Checked: []string{},
+		Error: fmt.Sprintf("vramgate: %s failed, the load of %s is not admitted: %s", what, model, oneLine(err.Error()))}
 }
 
-// refuse writes a refusal: 503 with Retry-After and the blockers.
+// refuse writes a refusal: 503 with Retry-After and the blockers; the
+// error text ends saying when to retry, for clients that keep only the
+// text (Ollama's Go client: api.StatusError).
 func (g *gate) refuse(w http.ResponseWriter, ref *refusal, client string) {
 	ref.Checked = orEmpty(ref.Checked)
-	if ref.status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, ref.RetryAfter))))
+	ref.Blockers = orEmptyBlockers(ref.Blockers)
+	if ref.retry <= 0 {
+		ref.setRetry(0, g.cfg.retryAfter)
 	}
+	retry := int(max(1, ref.RetryAfter))
+	ref.RetryAfter = float64(retry)
+	w.Header().Set("Retry-After", strconv.Itoa(retry))
+	ref.Error += fmt.Sprintf("; retry after %d s", retry)
 	g.metrics.refusals.WithLabelValues(g.metrics.label(client), ref.Model, ref.Reason).Inc()
 	g.log.Info("load refused", "model", ref.Model, "client", client, "reason", ref.Reason, "blockers", describe(ref.Blockers))
 	writeJSON(w, ref.status, ref)
@@ -519,6 +564,13 @@ func (g *gate) canLoad(w http.ResponseWriter, r *http.Request) {
 		"not_checked": orEmpty(v.notChecked),
 		"would":       orEmpty(v.made),
 	})
+}
+
+func orEmptyBlockers(bs []blocker) []blocker {
+	if bs == nil {
+		return []blocker{}
+	}
+	return bs
 }
 
 func orEmpty(s []string) []string {

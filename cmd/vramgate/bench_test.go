@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -121,6 +123,36 @@ func BenchmarkStreamThroughGate(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkStreamThroughBareProxy is the floor under the gate's figure:
+// BenchmarkStreamThroughGate's at-once row through a bare
+// httputil.ReverseProxy (FlushInterval -1, nothing else: no admission, no
+// guard, no metrics) instead of the gate, paired the same way
+// (BENCHMARKS.md §20).
+func BenchmarkStreamThroughBareProxy(b *testing.B) {
+	up := streamFixture(b, benchChunks, false)
+	u, err := url.Parse(up.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	px := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, FlushInterval: -1})
+	b.Cleanup(px.Close)
+	straight, through := apiClient(b, up.URL), apiClient(b, px.URL)
+	for _, cl := range []*api.Client{straight, through} { // the connections, untimed
+		if err := readStream(cl, benchChunks); err != nil {
+			b.Fatal(err)
+		}
+	}
+	benchstream.Paired(b, func() {
+		if err := readStream(straight, benchChunks); err != nil {
+			b.Fatal(err)
+		}
+	}, func() {
+		if err := readStream(through, benchChunks); err != nil {
+			b.Fatal(err)
+		}
+	})
 }
 
 // TestManyClients is the load test: 32 clients at once, 8 streams of 500

@@ -36,6 +36,7 @@ type gate struct {
 	proxy    *httputil.ReverseProxy
 	metrics  *gateMetrics
 	leases   *leaseTable
+	guard    *guard
 	closers  []func() error // run in reverse at close
 
 	// admitMu serializes the admission of loads: a load is admitted and
@@ -67,7 +68,11 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 	if err != nil {
 		return nil, err
 	}
-	g = &gate{cfg: cfg, log: log, upstream: up, use: map[string]int{}, loads: map[string]chan struct{}{}, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}}
+	gd, err := newGuard(addr, cfg.origins, cfg.token)
+	if err != nil {
+		return nil, err
+	}
+	g = &gate{guard: gd, cfg: cfg, log: log, upstream: up, use: map[string]int{}, loads: map[string]chan struct{}{}, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, g.close())
@@ -127,6 +132,9 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		return g, err
 	}
 	g.closers = append(g.closers, g.client.Close)
+	if err := g.checkLeaseDir(ctx); err != nil {
+		return g, err
+	}
 	if cu != nil && g.reader != nil {
 		unregister, err := g.client.RegisterTenant(cu.Tenant(comfyui.TenantOptions{WhileBusy: comfyui.Refuse}))
 		if err != nil {
@@ -147,10 +155,19 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 	}
 	g.closers = append(g.closers, func() error { g.probe.Close(); return nil })
 	g.leases = newLeaseTable(g)
+	// What Ollama's own guards need (guard.go): the client's Host when
+	// both listen on loopback, else the upstream's and no same-origin
+	// Origin.
+	keepHost := gd.loopback && isLoopbackName(up.Hostname())
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
 			pr.Out.Header.Del(clientHeader)
+			if keepHost {
+				pr.Out.Host = pr.In.Host
+			} else if o := pr.In.Header.Get("Origin"); o != "" && sameOrigin(o, pr.In.Host) {
+				pr.Out.Header.Del("Origin")
+			}
 		},
 		FlushInterval:  -1, // every write reaches the client as it arrives
 		ModifyResponse: g.modifyResponse,
@@ -158,6 +175,34 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return g, nil
+}
+
+// leaseCheckModel names the lease the gate takes and releases at start to
+// learn whether the host-wide lease directory can be used (the library's
+// own rules decide: owner, mode, a usable lock).
+const leaseCheckModel = "vramgate-start-check"
+
+// checkLeaseDir takes and releases one lease at start. An explicit
+// -lease-dir that cannot be used stops the start with the library's
+// reason (STYLE 26: explicit configuration that cannot be honoured stops
+// the start); the default directory degrades, with a WARN line that says
+// what stops working.
+func (g *gate) checkLeaseDir(ctx context.Context) error {
+	l, err := g.client.HoldModel(ctx, leaseCheckModel, 0)
+	if err == nil {
+		return l.Release()
+	}
+	reason := err
+	var ve *vramguard.Error
+	if errors.As(err, &ve) && ve.Err != nil {
+		reason = ve.Err // without the check lease's own name
+	}
+	if g.cfg.leaseDir != "" {
+		return &vramguard.Error{Op: "start", Kind: vramguard.KindUnavailable,
+			Err: fmt.Errorf("-lease-dir %s cannot be used: %v (give a directory of this user with mode 0700, or leave -lease-dir out for vramguard's default)", g.cfg.leaseDir, reason)}
+	}
+	g.log.Warn("host-wide leases off: the default lease directory cannot be used; HTTP leases (POST /vramgate/leases) fail, and other vramguard programs' leases are not honoured", "reason", reason.Error())
+	return nil
 }
 
 // parseUpstream reads -ollama: a URL, or host:port as OLLAMA_HOST is.
@@ -199,7 +244,7 @@ func (g *gate) handler() http.Handler {
 	mux.Handle("GET /metrics", g.probe)
 	mux.Handle("GET /ready", g.probe)
 	mux.HandleFunc("/", g.passThrough)
-	return g.metrics.count(mux)
+	return g.metrics.count(g.guard.wrap(mux))
 }
 
 // serve answers on ln until ctx is done, then stops cleanly.

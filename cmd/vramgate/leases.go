@@ -6,15 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 	"unicode"
-
-	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
 )
@@ -66,9 +64,9 @@ func answerOf(l *httpLease, withID bool) leaseAnswer {
 
 // leaseRequest is the body of a take or an extension.
 type leaseRequest struct {
-	Model  string        `json:"model"`
-	Holder string        `json:"holder"`
-	TTL    *api.Duration `json:"ttl"` // "90s", or seconds; default 60 s
+	Model  string          `json:"model"`
+	Holder string          `json:"holder"`
+	TTL    json.RawMessage `json:"ttl"` // "90s", or seconds; default 60 s
 }
 
 func (t *leaseTable) parse(w http.ResponseWriter, r *http.Request) (*leaseRequest, time.Duration, bool) {
@@ -83,16 +81,9 @@ func (t *leaseTable) parse(w http.ResponseWriter, r *http.Request) (*leaseReques
 			return nil, 0, false
 		}
 	}
-	ttl := defaultLeaseTTL
-	if q.TTL != nil {
-		ttl = q.TTL.Duration
-		if ttl == math.MaxInt64 { // how api.Duration reads a negative span
-			writeError(w, http.StatusBadRequest, "a negative ttl: want more than 0 and at most %v", t.g.cfg.leaseMax)
-			return nil, 0, false
-		}
-	}
-	if ttl <= 0 || ttl > t.g.cfg.leaseMax {
-		writeError(w, http.StatusBadRequest, "ttl %v: want more than 0 and at most %v (vramgate -lease-max); a lease without an end is not offered over HTTP", ttl, t.g.cfg.leaseMax)
+	ttl, err := parseTTL(q.TTL, t.g.cfg.leaseMax)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
 		return nil, 0, false
 	}
 	return &q, ttl, true
@@ -287,6 +278,63 @@ func checkHolder(h string) error {
 		}
 	}
 	return nil
+}
+
+// parseTTL reads a lease's "ttl" as Ollama reads a keep_alive (a Go
+// duration string, or a number of seconds), absent or null meaning
+// defaultLeaseTTL, and refuses one that is not more than 0 and at most
+// max naming what the client sent: a number too large for a
+// time.Duration (1e12 seconds) is compared as a number, never converted
+// into a wrapped one.
+func parseTTL(raw json.RawMessage, max time.Duration) (time.Duration, error) {
+	raw = json.RawMessage(strings.TrimSpace(string(raw)))
+	if len(raw) == 0 || string(raw) == "null" {
+		return defaultLeaseTTL, nil
+	}
+	sent := string(raw)
+	if len(sent) > 40 {
+		sent = sent[:40] + "..."
+	}
+	bad := func(what string) error {
+		return fmt.Errorf("ttl %s: %s; want more than 0 and at most %v (vramgate -lease-max), as a Go duration (\"90s\") or a number of seconds; a lease without an end is not offered over HTTP", sent, what, max)
+	}
+	var d time.Duration
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return 0, bad("not a JSON string")
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, bad("not a duration")
+		}
+		d = v
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		sent += " (seconds)"
+		f, err := strconv.ParseFloat(string(raw), 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			return 0, bad("not a number")
+		}
+		if f > max.Seconds() {
+			return 0, bad("too long")
+		}
+		if f <= 0 {
+			return 0, bad("not more than 0")
+		}
+		if d = time.Duration(f * float64(time.Second)); d <= 0 {
+			return 0, bad("less than a nanosecond")
+		}
+	default:
+		return 0, bad("neither a duration nor a number")
+	}
+	switch {
+	case d <= 0:
+		return 0, bad("not more than 0")
+	case d > max:
+		return 0, bad("too long")
+	}
+	return d, nil
 }
 
 func leaseStatus(err error) int {

@@ -27,7 +27,16 @@
 //   - GET /metrics and GET /ready, the same as `vramwatch -listen` (package
 //     probe), plus the gate's own series by client (X-Vramgate-Client).
 //
-// It listens on loopback only unless -allow-remote is given; it refuses to
+// It keeps Ollama's own guards at Ollama's address, on every route (guard.go):
+// a request from a web page of a foreign origin (outside Ollama's
+// allow-list, OLLAMA_ORIGINS honoured as Ollama honours it) and, on a
+// loopback listener, one naming a foreign Host (DNS rebinding) are answered
+// 403, as Ollama answers them; what it forwards keeps what Ollama's own
+// checks need (the Origin, and on loopback the client's Host).
+//
+// It listens on loopback only unless -allow-remote is given, and then only
+// with a bearer token (-token-file or VRAMGATE_TOKEN) that every client
+// must send (Authorization: Bearer TOKEN; 401 without it); it refuses to
 // start when Ollama does not answer; on SIGINT or SIGTERM it stops accepting,
 // lets requests in flight end (bounded), releases its HTTP leases, and
 // unloads, verified, the models that loaded through it (-keep-on-exit
@@ -117,15 +126,19 @@ type config struct {
 	comfyui     string
 	protected   string
 	verbose     bool
+	origins     string // OLLAMA_ORIGINS, read as Ollama reads it
+	tokenFile   string
+	token       string // the bearer token clients must send; never logged
 }
 
 func (c *cmd) parse(args []string) (*config, error) {
 	cfg := config{}
 	fs := flag.NewFlagSet("vramgate", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:11434", "answer clients on `ADDR` (host:port); a non-loopback address needs -allow-remote")
+	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:11434", "answer clients on `ADDR` (host:port); a non-loopback address needs -allow-remote and a token (-token-file)")
 	fs.StringVar(&cfg.ollama, "ollama", "127.0.0.1:11435", "the Ollama server to forward to (`URL` or host:port)")
-	fs.BoolVar(&cfg.allowRemote, "allow-remote", false, "let -listen be an address other machines reach (anyone who reaches it can load, unload and lease)")
+	fs.BoolVar(&cfg.allowRemote, "allow-remote", false, "let -listen be an address other machines reach (it then needs a token: -token-file or VRAMGATE_TOKEN)")
+	fs.StringVar(&cfg.tokenFile, "token-file", "", "a `FILE` (not readable by others) holding the bearer token every client must send (Authorization: Bearer TOKEN); required with a non-loopback -listen; VRAMGATE_TOKEN gives it instead")
 	fs.Int64Var(&cfg.maxBody, "max-body", 64<<20, "largest request body the gate reads (generate, chat, embed, unload, leases), in `bytes`; others stream through")
 	fs.IntVar(&cfg.maxLoaded, "max-loaded", 0, "Ollama's OLLAMA_MAX_LOADED_MODELS, when it is set: a load with that many models resident first unloads an idle unleased one, verified, or is refused (0: not checked)")
 	fs.IntVar(&cfg.device, "device", 0, "the GPU (as the reader numbers it) Ollama's loads go to")
@@ -135,7 +148,7 @@ func (c *cmd) parse(args []string) (*config, error) {
 	fs.DurationVar(&cfg.retryAfter, "retry-after", 5*time.Second, "Retry-After of a refusal when no lease among the blockers has an end")
 	var reserve uint64
 	fs.Uint64Var(&reserve, "reserve", 0, "`bytes` that must stay free on the device after a load (with a GPU reader)")
-	fs.StringVar(&cfg.leaseDir, "lease-dir", "", "the host-wide lease directory (default: vramguard's, $XDG_RUNTIME_DIR/vramguard/leases)")
+	fs.StringVar(&cfg.leaseDir, "lease-dir", "", "the host-wide lease directory (default: vramguard's, $XDG_RUNTIME_DIR/vramguard/leases); one given here that cannot be used (another owner, a mode other than 0700) stops the start, the default only turns leases off, with a WARN line")
 	fs.DurationVar(&cfg.leaseMax, "lease-max", 10*time.Minute, "longest TTL an HTTP lease may ask for")
 	fs.DurationVar(&cfg.unloadWait, "unload-timeout", 30*time.Second, "bound of each verified unload")
 	fs.DurationVar(&cfg.stopWait, "stop-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to end")
@@ -157,6 +170,14 @@ func (c *cmd) parse(args []string) (*config, error) {
 		return nil, usage("%v (see vramgate -h)", err)
 	}
 	cfg.reserve = reserve
+	getenv := c.getenv
+	if getenv == nil { // an empty environment
+		getenv = func(string) string { return "" }
+	}
+	cfg.origins = getenv("OLLAMA_ORIGINS")
+	if _, err := ollamaOrigins(cfg.origins); err != nil {
+		return nil, err
+	}
 	switch {
 	case fs.NArg() > 0:
 		return nil, usage("unexpected argument %q (see vramgate -h)", fs.Arg(0))
@@ -171,28 +192,31 @@ func (c *cmd) parse(args []string) (*config, error) {
 	case cfg.reserve > vramguard.MaxBytes:
 		return nil, usage("-reserve %d: more than any device", cfg.reserve)
 	}
-	if err := checkListen(cfg.listen, cfg.allowRemote); err != nil {
+	var err error
+	if cfg.token, err = readToken(cfg.tokenFile, getenv("VRAMGATE_TOKEN")); err != nil {
+		return nil, err
+	}
+	if err := checkListen(cfg.listen, cfg.allowRemote, cfg.token != ""); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
 }
 
 // checkListen refuses an address other machines could reach unless
-// allowRemote says so on purpose.
-func checkListen(addr string, allowRemote bool) error {
+// allowRemote says so on purpose and the gate has a token.
+func checkListen(addr string, allowRemote, hasToken bool) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || port == "" {
 		return usage("-listen %q: want host:port", addr)
 	}
-	if allowRemote {
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	if host == "localhost" {
-		return nil
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
+	if !allowRemote {
 		return usage("-listen %q is not a loopback address: other machines could load, unload and lease through it; give -allow-remote to mean it", addr)
+	}
+	if !hasToken {
+		return usage("-listen %q with -allow-remote needs a token, or anyone who reaches the port could load, unload and lease: give -token-file FILE or VRAMGATE_TOKEN (clients send Authorization: Bearer TOKEN)", addr)
 	}
 	return nil
 }

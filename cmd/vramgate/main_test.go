@@ -93,9 +93,15 @@ func (g *running) stop(t testing.TB) int {
 // -gpu=false unless reader is set).
 func startGate(t testing.TB, upstream string, reader vramguard.VRAMReader, args ...string) *running {
 	t.Helper()
+	return startGateEnv(t, nil, upstream, reader, args...)
+}
+
+// startGateEnv is startGate with the environment env (nil: empty).
+func startGateEnv(t testing.TB, env map[string]string, upstream string, reader vramguard.VRAMReader, args ...string) *running {
+	t.Helper()
 	g := &running{Stderr: &syncBuffer{}, LeaseDir: leaseDir(t), done: make(chan int, 1)}
 	addr := make(chan string, 1)
-	c := &cmd{stdout: io.Discard, stderr: g.Stderr, getenv: func(string) string { return "" },
+	c := &cmd{stdout: io.Discard, stderr: g.Stderr, getenv: func(k string) string { return env[k] },
 		ready: func(a string) { addr <- a }}
 	base := []string{"-listen", "127.0.0.1:0", "-ollama", upstream, "-lease-dir", g.LeaseDir}
 	if reader == nil {
@@ -188,6 +194,7 @@ func TestUsage(t *testing.T) {
 		want string
 	}{
 		{"non-loopback without the flag", []string{"-listen", "0.0.0.0:0"}, 2, "not a loopback address"},
+		{"non-loopback without a token", []string{"-listen", "0.0.0.0:0", "-allow-remote"}, 2, "needs a token"},
 		{"not host:port", []string{"-listen", "nowhere"}, 2, "want host:port"},
 		{"bad -ollama", []string{"-ollama", "ftp://x"}, 2, "-ollama"},
 		{"argument", []string{"extra"}, 2, "unexpected argument"},
@@ -199,7 +206,7 @@ func TestUsage(t *testing.T) {
 			var stderr syncBuffer
 			c := &cmd{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" },
 				ready: func(string) { t.Error("the gate listened") }}
-			args := append([]string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false", "-lease-dir", t.TempDir()}, tc.args...)
+			args := append([]string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false", "-lease-dir", leaseDir(t)}, tc.args...)
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
 			if code := c.main(ctx, args); code != tc.code {
@@ -210,12 +217,12 @@ func TestUsage(t *testing.T) {
 			}
 		})
 	}
-	t.Run("non-loopback with -allow-remote", func(t *testing.T) {
-		if err := checkListen("0.0.0.0:0", true); err != nil {
+	t.Run("non-loopback with -allow-remote and a token", func(t *testing.T) {
+		if err := checkListen("0.0.0.0:0", true, true); err != nil {
 			t.Fatal(err)
 		}
 		for _, a := range []string{"127.0.0.1:1", "[::1]:1", "localhost:1"} {
-			if err := checkListen(a, false); err != nil {
+			if err := checkListen(a, false, false); err != nil {
 				t.Errorf("%s: %v", a, err)
 			}
 		}
@@ -634,7 +641,8 @@ func TestMemoryAdmission(t *testing.T) {
 	g := startGate(t, sim.URL().String(), sim.GPU(), "-reserve", fmt.Sprint(1*gib))
 	load(t, sim.APIClient(), "tiny") // 2 GiB: 4 GiB left; small needs its estimate (4.7 GiB) + 1
 	code, hdr, body := do(t, "POST", g.URL+"/api/generate", `{"model":"small","prompt":"hi"}`, clientHeader, "script")
-	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), `"reason":"no room"`) || !strings.Contains(string(body), "python render.py") {
+	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), `"reason":"no room"`) || !strings.Contains(string(body), "python render.py") ||
+		!strings.Contains(string(body), fmt.Sprintf(`{"kind":"reserve","holder":"vramgate -reserve","bytes":%d}`, 1*gib)) {
 		t.Fatalf("no room: %d %s", code, body)
 	}
 	if sim.Requests("small") != 0 {
@@ -902,4 +910,62 @@ func TestUnloadAllLeavesLeased(t *testing.T) {
 	if !sim.Listed("tiny") || sim.Listed("small") || !strings.Contains(hdr.Get(unloadTrailer), "1 left") {
 		t.Fatalf("after: tiny listed %v, small %v, %s %q", sim.Listed("tiny"), sim.Listed("small"), unloadTrailer, hdr.Get(unloadTrailer))
 	}
+}
+
+// An explicit -lease-dir the gate cannot use stops the start with the
+// reason (exit 1: the flag is well formed, the directory is not usable);
+// the default directory, when unusable, only degrades, with a WARN line
+// at start.
+func TestLeaseDirAtStart(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{})
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, dir, want string }{
+		{"mode 0755", open, "mode"},
+		{"a file", file, "not a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr syncBuffer
+			c := &cmd{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" },
+				ready: func(string) { t.Error("the gate listened") }}
+			code := c.main(t.Context(), []string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false", "-lease-dir", tc.dir})
+			if code != 1 || !strings.Contains(stderr.String(), "-lease-dir "+tc.dir+" cannot be used") || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("exit %d, stderr:\n%s\nwant 1 and the reason (%q)", code, stderr.String(), tc.want)
+			}
+		})
+	}
+	t.Run("default", func(t *testing.T) {
+		// The default is $XDG_RUNTIME_DIR/vramguard/leases: made unusable
+		// by a file where its vramguard directory would be.
+		xdg := t.TempDir()
+		if err := os.WriteFile(filepath.Join(xdg, "vramguard"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("XDG_RUNTIME_DIR", xdg)
+		g := &running{Stderr: &syncBuffer{}, done: make(chan int, 1)}
+		addr := make(chan string, 1)
+		c := &cmd{stdout: io.Discard, stderr: g.Stderr, getenv: func(string) string { return "" }, ready: func(a string) { addr <- a }}
+		ctx, cancel := context.WithCancel(t.Context())
+		g.cancel = cancel
+		go func() {
+			g.done <- c.main(ctx, []string{"-listen", "127.0.0.1:0", "-ollama", sim.URL().String(), "-gpu=false"})
+		}()
+		select {
+		case <-addr:
+		case code := <-g.done:
+			t.Fatalf("the gate exited with %d: the default lease directory must only degrade:\n%s", code, g.Stderr)
+		}
+		if code := g.stop(t); code != 0 || !strings.Contains(g.Stderr.String(), `level=WARN msg="host-wide leases off`) {
+			t.Fatalf("exit %d; want 0 and a WARN line at start:\n%s", code, g.Stderr)
+		}
+	})
 }

@@ -35,7 +35,7 @@ func newGateMetrics() *gateMetrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vramgate_requests_total",
 			Help: "Requests through the gate, by client (X-Vramgate-Client), route and HTTP status."}, []string{"client", "route", "code"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vramgate_load_refusals_total",
-			Help: "Loads the gate refused (503, or 502 when a check failed), by client, model and reason (leased, no slot, no room, failed)."}, []string{"client", "model", "reason"}),
+			Help: "Loads the gate refused (503), by client, model and reason (leased, no slot, no room, failed)."}, []string{"client", "model", "reason"}),
 		loads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vramgate_loads_total",
 			Help: "Loads through the gate, by the client that caused them, the model, and why the model had left (first, gate unload, gate made room, left otherwise)."}, []string{"client", "model", "cause"}),
 		unloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vramgate_unloads_total",

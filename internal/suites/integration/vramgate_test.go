@@ -2,6 +2,8 @@ package integration_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -502,6 +504,10 @@ var gateBuild struct {
 // buildVramgate builds cmd/vramgate once per test process into
 // ollamatest.CacheDir()/vramgate, through a temporary file renamed into
 // place, so that another test process never runs a partly written binary.
+// The file is in a folder named after this checkout (a hash of the
+// test's working directory): the cache is shared by every checkout on the machine, and
+// a test of one worktree must not run the gate another worktree built
+// (seen: a test of the guards ran a gate without them).
 func buildVramgate(t *testing.T) string {
 	t.Helper()
 	gateBuild.Lock()
@@ -526,7 +532,16 @@ func buildVramgate(t *testing.T) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build vramgate: %v\n%s", err, out)
 	}
-	path := filepath.Join(dir, "vramgate")
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(wd))
+	own := filepath.Join(dir, hex.EncodeToString(sum[:6]))
+	if err := os.MkdirAll(own, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(own, "vramgate") // the name its leases show
 	if err := os.Rename(filepath.Join(tmp, "vramgate"), path); err != nil {
 		t.Fatal(err)
 	}
@@ -549,6 +564,13 @@ var gateLineRE = regexp.MustCompile(`^vramgate: (http://127\.0\.0\.1:\d+) -> (\S
 // end it with status 0. Its log is shown when the test failed.
 func startVramgate(t *testing.T, bin string, s *ollamatest.Server, extraArgs ...string) *vramgate {
 	t.Helper()
+	return startVramgateEnv(t, bin, s, nil, extraArgs...)
+}
+
+// startVramgateEnv is startVramgate with env (KEY=VALUE) added to the
+// gate's environment.
+func startVramgateEnv(t *testing.T, bin string, s *ollamatest.Server, env []string, extraArgs ...string) *vramgate {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "leases")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -561,7 +583,11 @@ func startVramgate(t *testing.T, bin string, s *ollamatest.Server, extraArgs ...
 			t.Logf("vramgate %s:\n%s", strings.Join(args, " "), out)
 		}
 	})
-	out, exited := startStopped(t, exec.Command(bin, args...), "vramgate", true)
+	gate := exec.Command(bin, args...)
+	if env != nil {
+		gate.Env = append(os.Environ(), env...)
+	}
+	out, exited := startStopped(t, gate, "vramgate", true)
 	var line string
 	select {
 	case line = <-out.first:
@@ -682,4 +708,172 @@ func runCLI(t *testing.T, bin, host, stdin string, args ...string) (string, erro
 		return stdout.String(), fmt.Errorf("%w (stderr %q)", err, stderr.String())
 	}
 	return stdout.String(), nil
+}
+
+// Ollama's own guards and the gate's stay in step (FIELD_NOTES §10): the
+// same requests, a web page's text/plain POST from a foreign origin and
+// a request naming a foreign host (DNS rebinding), are sent to the real
+// server and to the gate in front of it; both answer 403 with no body.
+// The same requests without the foreign origin or host are answered by
+// both (not 403), so that the refusals are the guards' and nothing else's.
+func TestGateKeepsOllamasGuards(t *testing.T) {
+	gateBin := buildVramgate(t)
+	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+		skipIfExternal(t, s, "needs a server listening on loopback, whose Host check is on")
+		g := startVramgate(t, gateBin, s)
+		hc := testHTTPClient(t)
+		var lastHeader http.Header // of the last answer send read
+		send := func(base *url.URL, method, path, body string, hdr ...string) (int, string) {
+			t.Helper()
+			r, err := http.NewRequestWithContext(t.Context(), method, base.String()+path, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i+1 < len(hdr); i += 2 {
+				r.Header.Set(hdr[i], hdr[i+1])
+			}
+			if h := r.Header.Get("Host"); h != "" {
+				r.Host = strings.ReplaceAll(h, "PORT", base.Port())
+				r.Header.Del("Host")
+			}
+			if o := r.Header.Get("Origin"); o != "" {
+				r.Header.Set("Origin", strings.ReplaceAll(o, "PORT", base.Port()))
+			}
+			resp, err := hc.Do(r)
+			if err != nil {
+				t.Fatalf("%s %s at %s: %v", method, path, base, err)
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lastHeader = resp.Header
+			return resp.StatusCode, string(b)
+		}
+		// Harmless if let through: nothing is resident, the unloads find
+		// nothing, the generation asks for no model.
+		reqs := []struct{ method, path, body string }{
+			{"POST", "/api/generate", fmt.Sprintf(`{"model":%q,"keep_alive":0}`, modelA)},
+			{"POST", "/api/chat", fmt.Sprintf(`{"model":%q,"keep_alive":0}`, modelA)},
+			{"POST", "/api/show", fmt.Sprintf(`{"model":%q}`, modelA)},
+			{"GET", "/api/tags", ""},
+			{"GET", "/api/ps", ""},
+			{"GET", "/api/version", ""},
+			{"GET", "/", ""},
+		}
+		serverURL := s.URL()
+		for _, attack := range []struct {
+			name string
+			hdr  []string
+		}{
+			{"cross-origin", []string{"Origin", "http://evil.example", "Content-Type", "text/plain"}},
+			{"rebinding", []string{"Host", "evil.example:PORT", "Content-Type", "text/plain"}},
+			{"rebinding, same-origin", []string{"Host", "evil.example:PORT", "Origin", "http://evil.example:PORT"}},
+		} {
+			for _, q := range reqs {
+				sc, sb := send(serverURL, q.method, q.path, q.body, attack.hdr...)
+				gc, gb := send(g.URL, q.method, q.path, q.body, attack.hdr...)
+				if sc != http.StatusForbidden {
+					t.Errorf("%s: %s %s straight to Ollama: %d %q; the guard this test keeps in step is gone (FIELD_NOTES §10)", attack.name, q.method, q.path, sc, sb)
+				}
+				if gc != sc || gb != sb {
+					t.Errorf("%s: %s %s: Ollama %d %q, the gate %d %q", attack.name, q.method, q.path, sc, sb, gc, gb)
+				}
+			}
+			// The gate's own routes answer as Ollama's do.
+			for _, own := range []string{"/vramgate/leases", "/api/unload"} {
+				body := fmt.Sprintf(`{"model":%q,"holder":"page","ttl":"10m"}`, modelA)
+				if own == "/api/unload" {
+					body = `{"all":true}`
+				}
+				if gc, gb := send(g.URL, "POST", own, body, attack.hdr...); gc != http.StatusForbidden || gb != "" {
+					t.Errorf("%s: POST %s at the gate: %d %q, want 403 as Ollama", attack.name, own, gc, gb)
+				}
+			}
+		}
+		for _, ok := range [][]string{{"Origin", "http://localhost:3000"}, {"Host", "localhost:PORT"}, {}} {
+			for _, q := range reqs[2:] {
+				sc, _ := send(serverURL, q.method, q.path, q.body, ok...)
+				sh := lastHeader
+				gc, gb := send(g.URL, q.method, q.path, q.body, ok...)
+				if sc == http.StatusForbidden || gc != sc {
+					t.Errorf("%v: %s %s: Ollama %d, the gate %d %q; want the same answer, not 403", ok, q.method, q.path, sc, gc, gb)
+				}
+				// Ollama's CORS reply headers reach the client once.
+				for _, h := range []string{"Access-Control-Allow-Origin", "Vary"} {
+					if s, g := sh.Values(h), lastHeader.Values(h); !slices.Equal(s, g) {
+						t.Errorf("%v: %s %s: %s from Ollama %q, through the gate %q", ok, q.method, q.path, h, s, g)
+					}
+				}
+			}
+		}
+		// A browser's preflight, on a route the gate answers itself and on
+		// one it forwards: Ollama answers it (204 from an allowed origin,
+		// 403 from a foreign one) and the gate answers the same.
+		for _, path := range []string{"/api/chat", "/vramgate/leases", "/api/tags"} {
+			for _, origin := range []string{"http://localhost:3000", "http://evil.example"} {
+				pre := []string{"Origin", origin, "Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "content-type"}
+				sc, _ := send(serverURL, "OPTIONS", path, "", pre...)
+				gc, _ := send(g.URL, "OPTIONS", path, "", pre...)
+				want := http.StatusNoContent
+				if origin == "http://evil.example" {
+					want = http.StatusForbidden
+				}
+				if sc != want || gc != sc {
+					t.Errorf("preflight of %s from %s: Ollama %d, the gate %d; want %d from both", path, origin, sc, gc, want)
+				}
+			}
+		}
+		if resp, body := g.do(t, "GET", "/vramgate/leases", ""); resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"leases":[]`) {
+			t.Errorf("a refused request took a lease: %d %s", resp.StatusCode, body)
+		}
+	})
+}
+
+// OLLAMA_ORIGINS, as Ollama reads it: a server of each version started
+// with it and a gate given the same value answer the same origins alike
+// (an origin it names served, a wildcard honoured, another refused 403,
+// the defaults kept).
+func TestGateHonoursOllamaOrigins(t *testing.T) {
+	gateBin := buildVramgate(t)
+	const origins = ` "http://chat.example,https://*.corp.example" `
+	for _, v := range ollamatest.Versions() {
+		t.Run("ollama-"+v, func(t *testing.T) {
+			s, err := ollamatest.Start(t.Context(), ollamatest.Options{Version: v, Env: []string{"OLLAMA_ORIGINS=" + origins}, Logf: t.Logf})
+			if err != nil {
+				t.Fatalf("ollama %s with OLLAMA_ORIGINS: %v", v, err)
+			}
+			t.Cleanup(func() {
+				if err := s.Stop(); err != nil {
+					t.Errorf("stop the server: %v", err)
+				}
+			})
+			skipIfExternal(t, s, "needs a server started with OLLAMA_ORIGINS")
+			g := startVramgateEnv(t, gateBin, s, []string{"OLLAMA_ORIGINS=" + origins})
+			hc := testHTTPClient(t)
+			get := func(base *url.URL, origin string) int {
+				r, err := http.NewRequestWithContext(t.Context(), "GET", base.String()+"/api/version", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.Header.Set("Origin", origin)
+				resp, err := hc.Do(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			for origin, want := range map[string]int{
+				"http://chat.example": 200, "https://a.corp.example": 200, "http://localhost:8080": 200, "app://x": 200,
+				"http://other.example": 403, "http://chat.example.evil.net": 403, "https://corp.example.evil.net": 403,
+			} {
+				if sc, gc := get(s.URL(), origin), get(g.URL, origin); sc != want || gc != sc {
+					t.Errorf("Origin %s: Ollama %d, the gate %d; want %d from both", origin, sc, gc, want)
+				}
+			}
+		})
+	}
 }
