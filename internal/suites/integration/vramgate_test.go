@@ -683,3 +683,50 @@ func runCLI(t *testing.T, bin, host, stdin string, args ...string) (string, erro
 	}
 	return stdout.String(), nil
 }
+
+// A vramguard program pointed at the gate (OLLAMA_HOST = the gate) unloads
+// a model while another program's request, straight at the server, is
+// loading it. The client cannot see the runners behind the gate (nothing
+// that listens at its address is `ollama serve`), so it takes the gate's
+// verified answer: its report names the runner check as the gate's
+// (UnloadReport.RunnerCheckBy), never a verdict of /api/ps alone that does
+// not say so; and the model is gone when UnloadModel returns and stays
+// gone after that program's generation returns.
+func TestGateClientUnloadTakesTheGatesRunnerCheck(t *testing.T) {
+	gateBin := buildVramgate(t)
+	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+		skipIfExternal(t, s, "watches the server's runner processes")
+		g := startVramgate(t, gateBin, s)
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		t.Cleanup(tr.CloseIdleConnections)
+		c, err := vramguard.NewClient(vramguard.Options{Host: g.String(), HTTPClient: &http.Client{Transport: tr}, PollInterval: 25 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := c.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+		var rep *vramguard.UnloadReport
+		r := stopDuringLoad(t, s, func() (string, error) {
+			var err error
+			rep, err = c.UnloadModel(t.Context(), modelB)
+			return "", err
+		})
+		if r.stopErr != nil {
+			t.Fatalf("UnloadModel(%s) through the gate during another program's load: %v", modelB, r.stopErr)
+		}
+		t.Logf("report: verified %v, checked %v, runner check by %q, no runner check %q, runner seen %v, attempts %d, polls %d, elapsed %v",
+			rep.Verified, rep.Checked, rep.RunnerCheckBy, rep.NoRunnerCheck, rep.RunnerSeen, rep.Attempts, rep.Polls, rep.Elapsed.Round(time.Millisecond))
+		if want := "vramgate at " + g.Host; !rep.Verified || rep.Checked&vramguard.CheckRunnerProcesses == 0 || rep.RunnerCheckBy != want || rep.NoRunnerCheck != "" {
+			t.Errorf("report %+v; want verified, with the runner check made by %q and no NoRunnerCheck", rep, want)
+		}
+		if len(r.afterStop) != 0 {
+			t.Errorf("right after UnloadModel returned, /api/ps lists %v; want nothing", r.afterStop)
+		}
+		if len(r.afterGen) != 0 {
+			t.Errorf("after the other program's generation returned, /api/ps listed %v within 1 s; want nothing", r.afterGen)
+		}
+	})
+}
