@@ -3,6 +3,7 @@ package vramguard_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -23,9 +24,10 @@ import (
 // cmd/vramgate does (its real self is tested in cmd/vramgate and, on real
 // servers, in the integration suite): it forwards everything, and answers
 // an unload request (keep_alive 0, no prompt) once the simulator has
-// unloaded the model, with answer(model) as its "vramgate" object (none
-// when nil) and header as X-Vramgate-Unload.
-func gateStandIn(t *testing.T, sim *vramguardtest.Server, answer func(model string) map[string]any, header string) *httptest.Server {
+// unloaded the model (unless keep: a gate that says what it did not do),
+// with answer(model) as its "vramgate" object (none when nil) and header
+// as X-Vramgate-Unload.
+func gateStandIn(t *testing.T, sim *vramguardtest.Server, answer func(model string) map[string]any, header string, keep bool) *httptest.Server {
 	t.Helper()
 	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(sim.URL()) }}
 	gate := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -41,12 +43,14 @@ func gateStandIn(t *testing.T, sim *vramguardtest.Server, answer func(model stri
 			proxy.ServeHTTP(w, r)
 			return
 		}
-		if err := sim.APIClient().Generate(r.Context(), &api.GenerateRequest{Model: q.Model, KeepAlive: &api.Duration{}},
+		if keep {
+			// Says it verified, unloads nothing.
+		} else if err := sim.APIClient().Generate(r.Context(), &api.GenerateRequest{Model: q.Model, KeepAlive: &api.Duration{}},
 			func(api.GenerateResponse) error { return nil }); err != nil {
 			http.Error(w, `{"error":"unload failed"}`, http.StatusBadGateway)
 			return
 		}
-		for sim.Listed(q.Model) && r.Context().Err() == nil {
+		for !keep && sim.Listed(q.Model) && r.Context().Err() == nil {
 			time.Sleep(time.Millisecond) // the simulator may remove the model after it replied
 		}
 		reply := map[string]any{"model": q.Model, "done": true, "done_reason": "unload", "response": ""}
@@ -110,7 +114,7 @@ func TestUnloadBehindAGate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sim := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30}, vramguardtest.ModelConfig{Name: "small", Size: 1 << 30})
-			gate := gateStandIn(t, sim, tt.answer, tt.header)
+			gate := gateStandIn(t, sim, tt.answer, tt.header, false)
 			opts := Options{}
 			if tt.ownAPI {
 				u, err := url.Parse(gate.URL)
@@ -146,5 +150,28 @@ func TestUnloadBehindAGate(t *testing.T) {
 				t.Error("tiny is listed after a verified unload")
 			}
 		})
+	}
+}
+
+// A gate's word alone verifies nothing: one that says it verified the
+// unload with its runner check while the model stays listed (with its
+// keep-alive) gets the unload again at every listing, and the unload
+// times out unverified; the report claims no check.
+func TestUnloadBehindAGateThatSaysWhatItDidNotDo(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{}, vramguardtest.ModelConfig{Name: "tiny", Size: 1 << 30})
+	gate := gateStandIn(t, sim, func(m string) map[string]any {
+		return map[string]any{"model": m, "verified": true, "checked": "ps+runner-processes"}
+	}, "verified; checked=ps+runner-processes", true)
+	c := newClientAt(t, gate.URL, Options{UnloadTimeout: 300 * time.Millisecond})
+	if err := sim.APIClient().Generate(t.Context(), &api.GenerateRequest{Model: "tiny", Prompt: "hi"}, func(api.GenerateResponse) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := c.UnloadModel(t.Context(), "tiny")
+	if !errors.Is(err, KindTimeout) || !errors.Is(err, ErrStillResident) {
+		t.Fatalf("UnloadModel behind a gate that unloads nothing: %v, want KindTimeout wrapping ErrStillResident", err)
+	}
+	t.Logf("%v; attempts %d, polls %d", err, rep.Attempts, rep.Polls)
+	if rep.Verified || rep.Checked != 0 || rep.RunnerCheckBy != "" || rep.Attempts < 2 || !sim.Listed("tiny") {
+		t.Errorf("report %+v; want unverified, no checks, the unload sent again (tiny listed: %v)", rep, sim.Listed("tiny"))
 	}
 }
