@@ -12,6 +12,8 @@ import (
 
 	"github.com/ollama/ollama/api"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/vramguard/vramguard/internal/wire"
 )
 
 // UnloadReport says what UnloadModel did and saw.
@@ -57,15 +59,31 @@ type UnloadReport struct {
 	// server (or one whose processes cannot be seen) Verified means only
 	// that /api/ps stopped listing the model: a load another program
 	// started there just before the unload is not seen, and the model may
-	// appear afterwards.
+	// appear afterwards. Behind a vramgate that verified the unload with
+	// its runner check, CheckRunnerProcesses is the gate's, and
+	// RunnerCheckBy says so.
 	Checked Checks
+	// RunnerCheckBy names who made CheckRunnerProcesses when this client
+	// did not: "vramgate at <address>" when the server at the client's
+	// address is a vramgate (cmd/vramgate) whose answer to the unload
+	// request said it verified the unload with the runner check of the
+	// server behind it (the client cannot see those runners: nothing that
+	// listens at its address is `ollama serve`); the last answer counts,
+	// and this client then checked /api/ps itself. "" when the check was
+	// this client's own, or none was made (NoRunnerCheck says why). A
+	// gate's answer is read on the client's own HTTP client only: on a
+	// caller's api.Client (Options.API) the reply keeps nothing of it.
+	RunnerCheckBy string
 	// NoRunnerCheck says why CheckRunnerProcesses is missing from Checked
 	// ("remote server" and its address, or without one for a client on a
 	// caller's api.Client; for a pool, a member's address;
 	// no `ollama serve` this machine shows listens at
 	// the client's port, as for the test double, a server in a container
 	// or another PID namespace, or one whose open files cannot be read;
-	// the failure to read procfs or to resolve the model's weights blob);
+	// the failure to read procfs or to resolve the model's weights blob;
+	// behind a vramgate, "vramgate at <address>" and what its answer said
+	// instead of a runner check: "made no runner check: <the gate's
+	// reason>", or that it did not verify the unload);
 	// "" when the check was made. The check counts only runners of the
 	// server that listens at the client's address (each member's, on a
 	// pool): another `ollama serve` on this machine never passes for it.
@@ -82,7 +100,8 @@ type UnloadReport struct {
 	// RunnerSeen is true when a runner process for the model's weights was
 	// seen while /api/ps did not list the model: a load (another
 	// program's, or one of this client) was in progress, and the wait went
-	// on until it ended and the model was unloaded.
+	// on until it ended and the model was unloaded. Behind a vramgate
+	// (RunnerCheckBy), the gate's answer says whether it saw one.
 	RunnerSeen bool
 	// CanceledLoads counts this client's generations on the model that
 	// the unload cut because they had no chunk yet (they fail with
@@ -103,7 +122,8 @@ const (
 	// this machine serves the model's weights blob, across a settle window
 	// after the last unload request and after the last runner seen went
 	// (a runner appears some 20 ms after the request that loads it, or
-	// after the runner a queued load waited for).
+	// after the runner a queued load waited for). Made by a vramgate at
+	// the client's address when UnloadReport.RunnerCheckBy names one.
 	CheckRunnerProcesses
 	// CheckDeviceMemory: the GPU reported the model's memory back
 	// (Options.VerifyVRAM).
@@ -165,6 +185,15 @@ func (c Checks) String() string {
 // /api/ps alone, and a model whose load another program started just
 // before the unload may appear afterwards, unless Options.SettleWindow
 // makes the unload watch /api/ps for longer than a load takes.
+//
+// A vramgate (cmd/vramgate) at the client's address answers the unload
+// request only once it verified the unload itself: when its answer says it
+// did, with the runner check of the server behind it, that check stands
+// for the client's own, which cannot see the runners behind a proxy, and
+// UnloadReport.RunnerCheckBy names the gate; when it says it did not (or
+// made no runner check), the unload rests on /api/ps and NoRunnerCheck
+// gives the gate's reason. Either way /api/ps is read through the gate
+// before the unload is verified.
 //
 // A model a lease keeps (HoldModel, a phase of any vramguard client on the
 // host) is refused with KindRefused wrapping a *LeasedError (ErrLeased),
@@ -358,6 +387,7 @@ type unload struct {
 	begun     uint64        // this client's generations on the model, begun before the last count
 	claimed   bool          // VerifyVRAM: the share of the freed memory was claimed (mode.freed)
 	err       error         // the failure behind phFailed
+	gate      gateAnswer    // what a vramgate at the client's address said of the last request it answered
 }
 
 // seen takes a listing into the report: what was there, as last listed.
@@ -395,10 +425,13 @@ func (u *unload) look() unloadEvent {
 
 // send sends one unload request.
 func (u *unload) send() unloadEvent {
-	err := u.c.sendUnload(u.wctx, u.model, u.mode.cause)
+	g, err := u.c.sendUnload(u.wctx, u.model, u.mode.cause)
 	if err == nil {
 		u.rep.Attempts++
-		return unloadEvent{kind: evSent, at: time.Now()}
+		if g.said != gateNone {
+			u.gate = g
+		}
+		return unloadEvent{kind: evSent, at: time.Now(), gate: g.said, why: g.why}
 	}
 	if u.wctx.Err() != nil {
 		return u.stopped(err)
@@ -524,6 +557,11 @@ func (u *unload) verdict() (*UnloadReport, error) {
 	}
 	rep.Checked = s.checks
 	rep.Verified = true
+	if s.check == checkGate {
+		// The runner check is the gate's: its answer said so.
+		rep.RunnerCheckBy, rep.NoRunnerCheck = u.gate.by, ""
+		rep.RunnerSeen = rep.RunnerSeen || u.gate.runnerSeen
+	}
 	c.book.forget(u.model, u.begun)
 	if rep.WasLoaded {
 		c.churn.unloaded(u.model, rep.Cause, time.Now())
@@ -533,22 +571,32 @@ func (u *unload) verdict() (*UnloadReport, error) {
 	return rep, nil
 }
 
-// sendUnload sends the unload request: an empty prompt with keep_alive 0.
-// Failures have the shapes of the api client's (api.StatusError for a
-// status of 400 and up), so classify treats both paths alike.
-func (c *OllamaClient) sendUnload(ctx context.Context, model string, cause UnloadCause) error {
+// sendUnload sends the unload request: an empty prompt with keep_alive 0,
+// and returns what a vramgate at the client's address said of it (the
+// zero value for Ollama itself, and on a caller's api.Client, whose
+// replies keep no field of the gate's). Failures have the shapes of the
+// api client's (api.StatusError for a status of 400 and up), so classify
+// treats both paths alike.
+func (c *OllamaClient) sendUnload(ctx context.Context, model string, cause UnloadCause) (gateAnswer, error) {
 	stream := false
 	req := &api.GenerateRequest{Model: model, KeepAlive: &api.Duration{Duration: 0}, Stream: &stream}
 	if c.hc == nil {
-		return c.api.Generate(ctx, req, func(api.GenerateResponse) error { return nil })
+		return gateAnswer{}, c.api.Generate(ctx, req, func(api.GenerateResponse) error { return nil })
 	}
 	resp, err := c.postJSON(ctx, "/api/generate", req, "application/json")
 	if err != nil {
-		return err
+		return gateAnswer{}, err
 	}
 	defer resp.Body.Close()
-	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	return err
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return gateAnswer{}, err
+	}
+	addr := c.base.Host
+	if resp.Request != nil && resp.Request.URL != nil && resp.Request.URL.Host != "" {
+		addr = resp.Request.URL.Host // the server a routing transport chose
+	}
+	return readGateAnswer(wire.ReadGateUnload(resp.Header, resp.Trailer, body), model, addr), nil
 }
 
 // memoryBack is what awaitRunnerGone saw: the rise in free memory since

@@ -18,6 +18,8 @@ import (
 //
 //	looking → sending → setup → sent → { lost, held, in use, loading, counting, rechecking, settling } … → freeing → verified
 //
+// (sending → sent, with no set-up, when a vramgate at the client's address
+// answered the request: its verified answer is the process check),
 // and the ends: verified, held by others (a guard's cleanup), failed. An
 // event no rule of the phase expects is a fault of the driver: the unload
 // fails with KindInternal rather than wait for an answer that never comes.
@@ -72,6 +74,7 @@ const (
 	checkRunners                    // the runner processes of the model's weights (a local server)
 	checkListing                    // /api/ps alone (a remote server, or no weights file to look for)
 	checkPending                    // a local server whose /api/show failed: the process check is still to be made
+	checkGate                       // a vramgate at the client's address verified the unload with its runner check (its last answer said so)
 )
 
 // unloadEventKind names a fact the driver saw.
@@ -115,8 +118,9 @@ type unloadEvent struct {
 	runners int       // evRunners
 	listed  bool      // evLooked
 	again   bool      // evCheckFailed
-	why     string    // evCheckFailed, evRunnersUnreadable
+	why     string    // evCheckFailed, evRunnersUnreadable; evSent: what a vramgate said without a runner check
 	fail    Kind      // evSendFailed, evStopped
+	gate    gateSaid  // evSent: what a vramgate at the client's address said of the request
 }
 
 // unloadActionKind names what the state asks the driver to do.
@@ -184,9 +188,16 @@ func (s unloadState) next(r *unloadRules, ev unloadEvent) (unloadState, []unload
 	case s.phase == phLooking && ev.kind == evLooked:
 		s.loaded, s.phase = ev.listed, phSending
 		return s, []unloadAction{{kind: actSend}}
-	case s.phase == phSending && ev.kind == evSent:
+	case s.phase == phSending && ev.kind == evSent && ev.gate == gateNone:
 		s.lastSent, s.phase = ev.at, phSetup
 		return s, []unloadAction{{kind: actSetup}}
+	case s.phase == phSending && ev.kind == evSent:
+		// A vramgate answered once it had verified the unload (or said
+		// why not): nothing to set up, and nothing to wait for before
+		// the first poll.
+		s.lastSent, s.phase = ev.at, phSent
+		s, acts := s.takeGate(ev)
+		return s, append(acts, s.pollIn(r, ev.at, 0))
 	case s.phase == phSending && ev.kind == evSendFailed:
 		// A reset or a busy server: the polls resend as soon as they see
 		// the model listed. Anything else is final.
@@ -207,9 +218,12 @@ func (s unloadState) next(r *unloadRules, ev unloadEvent) (unloadState, []unload
 			wait = r.poll - ev.at.Sub(s.lastSent)
 		}
 		return s, append(acts, s.pollIn(r, ev.at, wait))
-	case s.phase.waiting() && ev.kind == evSent:
+	case s.phase.waiting() && ev.kind == evSent && ev.gate == gateNone:
 		s.lastSent = ev.at
 		return s, nil
+	case s.phase.waiting() && ev.kind == evSent:
+		s.lastSent = ev.at
+		return s.takeGate(ev)
 	case s.phase.waiting() && ev.kind == evSendFailed:
 		return s, nil // the polls resend
 	case s.phase.waiting() && ev.kind == evPollFailed:
@@ -274,6 +288,23 @@ func (s unloadState) setCheck(r *unloadRules, ev unloadEvent) (unloadState, []un
 	return s, []unloadAction{{kind: actNoCheck, why: ev.why}}
 }
 
+// takeGate takes in a vramgate's answer to an unload request (the last one
+// counts): its runner check stands for the client's own, which cannot see
+// the runners behind the gate; without one the verdict rests on /api/ps,
+// and the gate's reason is the note. A client that counts the server's
+// runners itself keeps its own check.
+func (s unloadState) takeGate(ev unloadEvent) (unloadState, []unloadAction) {
+	switch {
+	case s.check == checkRunners:
+		return s, nil
+	case ev.gate == gateRunners:
+		s.check, s.why, s.absentSince = checkGate, "", time.Time{}
+		return s, nil
+	}
+	s.check, s.why = checkListing, ""
+	return s, []unloadAction{{kind: actNoCheck, why: ev.why}}
+}
+
 // judge decides on a listing (the process check set up or given up on).
 func (s unloadState) judge(r *unloadRules, ev unloadEvent) (unloadState, []unloadAction) {
 	absent := ev.kind == evNotListed && ev.ours == 0
@@ -281,6 +312,8 @@ func (s unloadState) judge(r *unloadRules, ev unloadEvent) (unloadState, []unloa
 	switch {
 	case s.check == checkPending:
 		loading = ev.kind == evNotListed // as for a runner no listing names
+	case absent && s.check == checkGate:
+		return s.gone(r, CheckRunnerProcesses)
 	case absent && s.check == checkRunners:
 		s.poll, s.phase = ev, phCounting
 		return s, []unloadAction{{kind: actCount}}

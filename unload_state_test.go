@@ -80,6 +80,22 @@ func stateRows() []stateRow {
 					t.Errorf("lastSent %v", s.lastSent)
 				}
 			}},
+		{name: "first request answered by a vramgate that made the runner check: no set-up, poll now",
+			s: unloadState{phase: phSending, loaded: true}, ev: unloadEvent{kind: evSent, at: ms(300), gate: gateRunners},
+			want: phSent, acts: []unloadActionKind{actPoll},
+			then: func(t *testing.T, s unloadState, acts []unloadAction) {
+				if s.check != checkGate || !s.lastSent.Equal(ms(300)) || acts[0].wait != 0 {
+					t.Errorf("check %v lastSent %v wait %v", s.check, s.lastSent, acts[0].wait)
+				}
+			}},
+		{name: "first request answered by a vramgate without a runner check: by /api/ps, the gate's reason noted",
+			s: unloadState{phase: phSending}, ev: unloadEvent{kind: evSent, at: ms(300), gate: gateNoRunners, why: "vramgate at 127.0.0.1:11434 made no runner check: remote server"},
+			want: phSent, acts: []unloadActionKind{actNoCheck, actPoll},
+			then: func(t *testing.T, s unloadState, acts []unloadAction) {
+				if s.check != checkListing || acts[0].why != "vramgate at 127.0.0.1:11434 made no runner check: remote server" {
+					t.Errorf("check %v, note %q", s.check, acts[0].why)
+				}
+			}},
 		{name: "first request reset: go on", s: unloadState{phase: phSending}, ev: unloadEvent{kind: evSendFailed, fail: KindTransient}, want: phSetup, acts: []unloadActionKind{actSetup}},
 		{name: "first request refused: final", s: unloadState{phase: phSending}, ev: unloadEvent{kind: evSendFailed, fail: KindNotFound}, want: phFailed, acts: []unloadActionKind{actVerdict},
 			then: func(t *testing.T, s unloadState, _ []unloadAction) {
@@ -156,6 +172,36 @@ func stateRows() []stateRow {
 			then: func(t *testing.T, s unloadState, _ []unloadAction) {
 				if !s.absentSince.IsZero() {
 					t.Error("absentSince kept across a listing")
+				}
+			}},
+		{name: "not listed, the gate's runner check: verified, the runner check the gate's",
+			s: unloadState{phase: phSent, check: checkGate, lastSent: ms(0)}, ev: unloadEvent{kind: evNotListed, at: ms(5), sent: ms(4)},
+			want: phVerified, acts: []unloadActionKind{actVerdict}, then: wantVerified(CheckPS | CheckRunnerProcesses)},
+		{name: "listed after the gate's answer: lost, resent (the gate verifies again)",
+			s: unloadState{phase: phSent, check: checkGate, lastSent: ms(0)}, ev: unloadEvent{kind: evListed, at: ms(5)},
+			want: phLost, acts: []unloadActionKind{actSend, actPoll}},
+		{name: "a resend the gate answers without a runner check: by /api/ps from then on",
+			s: unloadState{phase: phLost, check: checkGate, lastSent: ms(0)}, ev: unloadEvent{kind: evSent, at: ms(70), gate: gateNoRunners, why: "vramgate at x did not verify the unload"},
+			want: phLost, acts: []unloadActionKind{actNoCheck},
+			then: func(t *testing.T, s unloadState, _ []unloadAction) {
+				if s.check != checkListing || !s.lastSent.Equal(ms(70)) {
+					t.Errorf("check %v lastSent %v", s.check, s.lastSent)
+				}
+			}},
+		{name: "a resend the gate answers with its runner check: the pending check is the gate's",
+			s: func() unloadState { s := pending; s.phase = phLoading; return s }(), ev: unloadEvent{kind: evSent, at: ms(70), gate: gateRunners},
+			want: phLoading,
+			then: func(t *testing.T, s unloadState, _ []unloadAction) {
+				if s.check != checkGate || s.why != "" {
+					t.Errorf("check %v why %q", s.check, s.why)
+				}
+			}},
+		{name: "a gate's answer does not replace the client's own runner check",
+			s: sent, ev: unloadEvent{kind: evSent, at: ms(70), gate: gateNoRunners, why: "vramgate at x made no runner check"},
+			want: phSent,
+			then: func(t *testing.T, s unloadState, _ []unloadAction) {
+				if s.check != checkRunners {
+					t.Errorf("check %v", s.check)
 				}
 			}},
 		{name: "pending process check: a listing waits for another set-up", s: pending, ev: unloadEvent{kind: evNotListed, at: ms(60)}, want: phRechecking, acts: []unloadActionKind{actSetup}},
@@ -342,6 +388,7 @@ func FuzzUnloadState(f *testing.F) {
 		var last unloadEvent // the latest listing (and the count made for it, in counted)
 		counted, verdicts := -1, 0
 		var sawRunner bool
+		lastGate := gateNone     // the last answer a vramgate gave
 		var zeroSince time.Time  // the first count with no runner since the last with one
 		var countBegan time.Time // when the last count's scan began
 		for steps := 0; len(todo) > 0; steps++ {
@@ -375,7 +422,9 @@ func FuzzUnloadState(f *testing.F) {
 				}
 			case actSend:
 				if b >= 0 {
-					ev = unloadEvent{kind: evSent}
+					// One answer in three is a vramgate's (a few bits
+					// beyond the ones that pick the kind).
+					ev = [...]unloadEvent{{kind: evSent}, {kind: evSent, gate: gateRunners}, {kind: evSent, gate: gateNoRunners, why: "vramgate at x made no runner check"}}[(b/8)%3]
 					if b%4 == 3 {
 						ev = unloadEvent{kind: evSendFailed, fail: [...]Kind{KindTransient, KindServer}[(b/4)%2]}
 					}
@@ -405,6 +454,8 @@ func FuzzUnloadState(f *testing.F) {
 				ev.sent, countBegan = began, began // a scan sees the table as it began
 			}
 			switch {
+			case ev.kind == evSent && ev.gate != gateNone:
+				lastGate = ev.gate
 			case isListing(ev.kind):
 				last, counted = ev, -1
 			case ev.kind == evRunners:
@@ -429,10 +480,14 @@ func FuzzUnloadState(f *testing.F) {
 				if s.check == checkPending {
 					t.Fatal("verified while the process check is still to be made")
 				}
-				if s.checks&CheckRunnerProcesses != 0 && (s.check != checkRunners || counted != 0 || countBegan.Sub(s.lastSent) < r.settle) {
+				byGate := s.check == checkGate
+				if byGate && (s.checks&CheckRunnerProcesses == 0 || lastGate != gateRunners) {
+					t.Fatalf("verified on the gate's check with checks %v, its last answer %v", s.checks, lastGate)
+				}
+				if s.checks&CheckRunnerProcesses != 0 && !byGate && (s.check != checkRunners || counted != 0 || countBegan.Sub(s.lastSent) < r.settle) {
 					t.Fatalf("verified by the processes with check %v, count %d begun %v after the last request", s.check, counted, countBegan.Sub(s.lastSent))
 				}
-				if s.checks&CheckRunnerProcesses != 0 && sawRunner && (zeroSince.IsZero() || countBegan.Sub(zeroSince) < r.settle) {
+				if s.checks&CheckRunnerProcesses != 0 && !byGate && sawRunner && (zeroSince.IsZero() || countBegan.Sub(zeroSince) < r.settle) {
 					t.Fatalf("verified by the processes by a count begun %v after the runner was first seen gone", countBegan.Sub(zeroSince))
 				}
 			}

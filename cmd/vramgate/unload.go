@@ -20,9 +20,11 @@ type unloadJSON struct {
 	Verified  bool   `json:"verified"`
 	// Checked names the checks Verified rests on ("ps+runner-processes",
 	// "ps", ...); NoRunnerCheck says why the runner processes were not
-	// checked.
+	// checked; RunnerCheckBy who made the runner check when the gate did
+	// not (its upstream is another vramgate).
 	Checked       string   `json:"checked"`
 	NoRunnerCheck string   `json:"no_runner_check,omitempty"`
+	RunnerCheckBy string   `json:"runner_check_by,omitempty"`
 	Attempts      int      `json:"attempts"`
 	ElapsedMS     float64  `json:"elapsed_ms"`
 	Leased        []string `json:"leased,omitempty"`
@@ -33,7 +35,7 @@ type unloadJSON struct {
 
 func unloadOf(r *vramguard.UnloadReport) unloadJSON {
 	u := unloadJSON{Model: r.Model, WasLoaded: r.WasLoaded, Verified: r.Verified, Checked: r.Checked.String(),
-		NoRunnerCheck: r.NoRunnerCheck, Attempts: r.Attempts, ElapsedMS: float64(r.Elapsed.Microseconds()) / 1000,
+		NoRunnerCheck: r.NoRunnerCheck, RunnerCheckBy: r.RunnerCheckBy, Attempts: r.Attempts, ElapsedMS: float64(r.Elapsed.Microseconds()) / 1000,
 		Protected: r.Protected, HeldByOthers: r.HeldByOthers, RunnerSeen: r.RunnerSeen}
 	for _, l := range r.Leased {
 		u.Leased = append(u.Leased, l.String())
@@ -59,6 +61,9 @@ func unloadSummary(r *vramguard.UnloadReport, err error) string {
 	s := fmt.Sprintf("verified; checked=%s; attempts=%d; elapsed=%s", r.Checked, r.Attempts, r.Elapsed.Round(time.Millisecond))
 	if r.NoRunnerCheck != "" {
 		s += "; no runner check: " + oneLine(r.NoRunnerCheck)
+	}
+	if r.RunnerCheckBy != "" {
+		s += "; runner check by " + oneLine(r.RunnerCheckBy)
 	}
 	return s
 }

@@ -1,8 +1,9 @@
 // Package wire holds the part of Ollama's HTTP API that vramguard speaks
 // itself when it owns its HTTP client: the JSON body of a request
 // ([NewRequest]), the error body of a status of 400 and up
-// ([ReadStatusError]), and the NDJSON reply of /api/generate and /api/chat
-// ([Reader]).
+// ([ReadStatusError]), the NDJSON reply of /api/generate and /api/chat
+// ([Reader]), and what a vramgate at the client's address said of an
+// unload it answered ([ReadGateUnload]).
 //
 // # Why a reader of its own
 //

@@ -3,7 +3,6 @@ package integration_test
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -502,12 +501,12 @@ var gateBuild struct {
 }
 
 // buildVramgate builds cmd/vramgate once per test process into
-// ollamatest.CacheDir()/vramgate, through a temporary file renamed into
-// place, so that another test process never runs a partly written binary.
-// The file is in a folder named after this checkout (a hash of the
-// test's working directory): the cache is shared by every checkout on the machine, and
-// a test of one worktree must not run the gate another worktree built
-// (seen: a test of the guards ran a gate without them).
+// ollamatest.CacheDir()/vramgate/<checkout>, through a temporary file
+// renamed into place, so that another test process never runs a partly
+// written binary. <checkout> is named after this package's directory: the
+// cache is shared by every checkout on the machine, and a gate built from
+// another checkout's sources (renamed into a shared path while this
+// process's gates start) would test that checkout's code.
 func buildVramgate(t *testing.T) string {
 	t.Helper()
 	gateBuild.Lock()
@@ -519,7 +518,11 @@ func buildVramgate(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(root, "vramgate")
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "vramgate", fmt.Sprintf("%x", sha256.Sum256([]byte(wd)))[:16])
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -532,16 +535,7 @@ func buildVramgate(t *testing.T) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build vramgate: %v\n%s", err, out)
 	}
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256([]byte(wd))
-	own := filepath.Join(dir, hex.EncodeToString(sum[:6]))
-	if err := os.MkdirAll(own, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(own, "vramgate") // the name its leases show
+	path := filepath.Join(dir, "vramgate") // the name its leases show
 	if err := os.Rename(filepath.Join(tmp, "vramgate"), path); err != nil {
 		t.Fatal(err)
 	}
@@ -564,18 +558,32 @@ var gateLineRE = regexp.MustCompile(`^vramgate: (http://127\.0\.0\.1:\d+) -> (\S
 // end it with status 0. Its log is shown when the test failed.
 func startVramgate(t *testing.T, bin string, s *ollamatest.Server, extraArgs ...string) *vramgate {
 	t.Helper()
-	return startVramgateEnv(t, bin, s, nil, extraArgs...)
+	return startVramgateWith(t, bin, s.URL().String(), nil, extraArgs...)
 }
 
 // startVramgateEnv is startVramgate with env (KEY=VALUE) added to the
 // gate's environment.
 func startVramgateEnv(t *testing.T, bin string, s *ollamatest.Server, env []string, extraArgs ...string) *vramgate {
 	t.Helper()
+	return startVramgateWith(t, bin, s.URL().String(), env, extraArgs...)
+}
+
+// startVramgateAt is startVramgate in front of the server at upstream
+// (another gate).
+func startVramgateAt(t *testing.T, bin, upstream string, extraArgs ...string) *vramgate {
+	t.Helper()
+	return startVramgateWith(t, bin, upstream, nil, extraArgs...)
+}
+
+// startVramgateWith is startVramgate in front of upstream, with env added
+// to the gate's environment.
+func startVramgateWith(t *testing.T, bin, upstream string, env []string, extraArgs ...string) *vramgate {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "leases")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"-listen", "127.0.0.1:0", "-ollama", s.URL().String(), "-gpu=false", "-lease-dir", dir, "-v"}, extraArgs...)
+	args := append([]string{"-listen", "127.0.0.1:0", "-ollama", upstream, "-gpu=false", "-lease-dir", dir, "-v"}, extraArgs...)
 	var out *lineBuffer
 	// Registered first, so that it runs after the gate stopped.
 	t.Cleanup(func() {
@@ -597,7 +605,7 @@ func startVramgateEnv(t *testing.T, bin string, s *ollamatest.Server, env []stri
 		t.Fatalf("vramgate printed no line within 30 s:\n%s", out)
 	}
 	m := gateLineRE.FindStringSubmatch(line)
-	if m == nil || m[2] != s.URL().String() {
+	if m == nil || m[2] != upstream {
 		t.Fatalf("vramgate's first line %q; want %q", line, gateLineRE)
 	}
 	u, err := url.Parse(m[1])
@@ -876,4 +884,65 @@ func TestGateHonoursOllamaOrigins(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A vramguard program pointed at the gate (OLLAMA_HOST = the gate) unloads
+// a model while another program's request, straight at the server, is
+// loading it. The client cannot see the runners behind the gate (nothing
+// that listens at its address is `ollama serve`), so it takes the gate's
+// verified answer: its report names the runner check as the gate's
+// (UnloadReport.RunnerCheckBy), never a verdict of /api/ps alone that does
+// not say so; and the model is gone when UnloadModel returns and stays
+// gone after that program's generation returns. Behind a second gate in
+// front of the first, the report names both.
+func TestGateClientUnloadTakesTheGatesRunnerCheck(t *testing.T) {
+	gateBin := buildVramgate(t)
+	eachVersion(t, func(t *testing.T, s *ollamatest.Server) {
+		skipIfExternal(t, s, "watches the server's runner processes")
+		g := startVramgate(t, gateBin, s)
+		outer := startVramgateAt(t, gateBin, g.String())
+		tests := []struct {
+			name string
+			at   *vramgate
+			by   string // UnloadReport.RunnerCheckBy
+		}{
+			{name: "one gate", at: g, by: "vramgate at " + g.Host},
+			{name: "a gate in front of the gate", at: outer, by: "vramgate at " + outer.Host + ", which took it from vramgate at " + g.Host},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				tr := http.DefaultTransport.(*http.Transport).Clone()
+				t.Cleanup(tr.CloseIdleConnections)
+				c, err := vramguard.NewClient(vramguard.Options{Host: tt.at.String(), HTTPClient: &http.Client{Transport: tr}, PollInterval: 25 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if err := c.Close(); err != nil {
+						t.Errorf("Close: %v", err)
+					}
+				})
+				var rep *vramguard.UnloadReport
+				r := stopDuringLoad(t, s, func() (string, error) {
+					var err error
+					rep, err = c.UnloadModel(t.Context(), modelB)
+					return "", err
+				})
+				if r.stopErr != nil {
+					t.Fatalf("UnloadModel(%s) through the gate during another program's load: %v", modelB, r.stopErr)
+				}
+				t.Logf("report: verified %v, checked %v, runner check by %q, no runner check %q, runner seen %v, attempts %d, polls %d, elapsed %v",
+					rep.Verified, rep.Checked, rep.RunnerCheckBy, rep.NoRunnerCheck, rep.RunnerSeen, rep.Attempts, rep.Polls, rep.Elapsed.Round(time.Millisecond))
+				if !rep.Verified || rep.Checked&vramguard.CheckRunnerProcesses == 0 || rep.RunnerCheckBy != tt.by || rep.NoRunnerCheck != "" {
+					t.Errorf("report %+v; want verified, with the runner check made by %q and no NoRunnerCheck", rep, tt.by)
+				}
+				if len(r.afterStop) != 0 {
+					t.Errorf("right after UnloadModel returned, /api/ps lists %v; want nothing", r.afterStop)
+				}
+				if len(r.afterGen) != 0 {
+					t.Errorf("after the other program's generation returned, /api/ps listed %v within 1 s; want nothing", r.afterGen)
+				}
+			})
+		}
+	})
 }
