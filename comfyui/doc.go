@@ -54,6 +54,6 @@
 // reader's snapshots, so that DeviceMemory.Holders, a budget's refusal,
 // vramwatch and the metrics adapters name ComfyUI as a holder.
 //
-// Tests run against vramguardtest's fake ComfyUI (vramguardtest.NewComfyUI),
+// Tests run against vramguardtest's fake ComfyUI (comfyuitest.NewServer),
 // which follows the same source; no real ComfyUI runs in this project's CI.
 package comfyui

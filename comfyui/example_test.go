@@ -7,6 +7,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -20,7 +21,7 @@ func Example() {
 	ollama := vramguardtest.New(vramguardtest.Config{TotalVRAM: 16 << 30, StrictVRAM: true,
 		Models: []vramguardtest.ModelConfig{{Name: "qwen3:8b", SizeVRAM: 6 << 30}}})
 	defer ollama.Close()
-	fake, err := vramguardtest.NewComfyUI(ollama, vramguardtest.ComfyConfig{
+	fake, err := comfyuitest.NewServer(ollama, comfyuitest.Config{
 		Models: map[string]uint64{"sdxl.safetensors": 6 << 30}, WorkBytes: 3 << 30})
 	if err != nil {
 		log.Fatal(err)

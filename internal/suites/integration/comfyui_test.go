@@ -7,6 +7,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
@@ -51,7 +52,7 @@ func TestAlternatingPipelineWithComfyUI(t *testing.T) {
 		// a 4 KiB context. The device holds either side, not both.
 		ckptBytes, work, ctxBytes := size, size/2, uint64(4<<10)
 		dev := &vramguardtest.PSGPU{Client: s.Client(), Total: size + ctxBytes + ckptBytes + work - 16<<10}
-		fake, err := vramguardtest.NewComfyUI(dev, vramguardtest.ComfyConfig{
+		fake, err := comfyuitest.NewServer(dev, comfyuitest.Config{
 			Models: map[string]uint64{"ckpt.safetensors": ckptBytes}, WorkBytes: work, ContextBytes: ctxBytes,
 			StepTime: 5 * time.Millisecond, SettleLag: 50 * time.Millisecond,
 		})

@@ -1,4 +1,4 @@
-package vramguardtest
+package comfyuitest
 
 import (
 	"cmp"
@@ -14,19 +14,21 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
-// Defaults used where a [ComfyConfig] field is zero.
+// Defaults used where a [Config] field is zero.
 const (
-	// DefaultComfyUIVersion is the ComfyUI release the fake follows and
+	// DefaultVersion is the ComfyUI release the fake follows and
 	// reports as system.comfyui_version.
-	DefaultComfyUIVersion = "0.3.64"
-	// DefaultComfyStepTime is the time a fake sampler step takes.
-	DefaultComfyStepTime = 10 * time.Millisecond
-	// DefaultComfyContextBytes is the fake process's CUDA context.
-	DefaultComfyContextBytes = 256 << 20
-	// DefaultComfyCommand is the command the fake GPU lists the process with.
-	DefaultComfyCommand = "python main.py"
+	DefaultVersion = "0.3.64"
+	// DefaultStepTime is the time a fake sampler step takes.
+	DefaultStepTime = 10 * time.Millisecond
+	// DefaultContextBytes is the fake process's CUDA context.
+	DefaultContextBytes = 256 << 20
+	// DefaultCommand is the command the fake GPU lists the process with.
+	DefaultCommand = "python main.py"
 )
 
 // comfyGCInterval is the prompt worker's gc_collect_interval (main.py):
@@ -37,63 +39,48 @@ const comfyGCInterval = 10 * time.Second
 // comfyMaxEvents bounds a fake ComfyUI's event log.
 const comfyMaxEvents = 4096
 
-// ComfyDevice is the fake GPU a fake ComfyUI allocates on: a [*Server]'s
-// ledger (the memory [Server.GPU] and [Server.Memory] report) or a
-// [*PSGPU]. It is sealed: only those two implement it.
-type ComfyDevice interface {
-	// comfySet sets what owner holds to bytes, listed with command;
-	// growth that does not fit fails with a *VRAMError.
-	comfySet(ctx context.Context, owner, command string, bytes uint64) error
-	// comfyRelease frees everything owner holds.
-	comfyRelease(owner string)
-	// comfyPID is the PID owner is listed under.
-	comfyPID(owner string) uint32
-	// comfyMemory is the device's total and free bytes.
-	comfyMemory(ctx context.Context) (total, free uint64, err error)
-	// comfyName is the device's name.
-	comfyName() string
+// Device is the fake GPU a fake ComfyUI allocates on: a
+// [*vramguardtest.Server]'s ledger (the memory its GPU and Memory report)
+// or a [*vramguardtest.PSGPU], so that the fake Ollama and the fake
+// ComfyUI share one device.
+type Device interface {
+	// SetHeld sets what owner holds to bytes, listed with command;
+	// growth that does not fit fails with a *vramguardtest.VRAMError and
+	// changes nothing; zero releases the owner.
+	SetHeld(ctx context.Context, owner, command string, bytes uint64) error
+	// HeldPID is the PID owner is listed under.
+	HeldPID(owner string) uint32
+	// DeviceMemory is the device's total and free bytes.
+	DeviceMemory(ctx context.Context) (total, free uint64, err error)
 }
 
 var (
-	_ ComfyDevice = (*Server)(nil)
-	_ ComfyDevice = (*PSGPU)(nil)
+	_ Device = (*vramguardtest.Server)(nil)
+	_ Device = (*vramguardtest.PSGPU)(nil)
 )
 
-func (s *Server) comfySet(_ context.Context, owner, command string, bytes uint64) error {
-	return s.setHeld(owner, command, bytes)
-}
-func (s *Server) comfyRelease(owner string)    { _ = s.setHeld(owner, "", 0) }
-func (s *Server) comfyPID(owner string) uint32 { return s.heldPID(owner) }
-func (s *Server) comfyName() string            { return "Simulated GPU" }
-func (s *Server) comfyMemory(context.Context) (total, free uint64, err error) {
-	total, _, free = s.Memory()
-	return total, free, nil
+// deviceName is the device's name as /system_stats gives it.
+func deviceName(dev Device) string {
+	if g, ok := dev.(*vramguardtest.PSGPU); ok && g.Name != "" {
+		return g.Name
+	}
+	return "Simulated GPU"
 }
 
-func (g *PSGPU) comfySet(ctx context.Context, owner, command string, bytes uint64) error {
-	return g.setHeld(ctx, owner, command, bytes)
-}
-func (g *PSGPU) comfyRelease(owner string)    { g.Release(owner) }
-func (g *PSGPU) comfyPID(owner string) uint32 { return fakePID("owner " + owner) }
-func (g *PSGPU) comfyName() string            { return cmp.Or(g.Name, "Simulated GPU") }
-func (g *PSGPU) comfyMemory(ctx context.Context) (total, free uint64, err error) {
-	return g.free(ctx)
-}
-
-// ComfyConfig configures a fake ComfyUI ([NewComfyUI]). The zero value is
+// Config configures a fake ComfyUI ([NewServer]). The zero value is
 // a ComfyUI with no checkpoints (every prompt that loads one fails
 // validation), 10 ms sampler steps, no work memory, no custom nodes, a
 // free that leaves the GPU at once and a 256 MiB CUDA context.
-type ComfyConfig struct {
+type Config struct {
 	// Models maps a checkpoint's file name, CheckpointLoaderSimple's
 	// ckpt_name, to the bytes it holds on the GPU once loaded.
 	Models map[string]uint64
 	// StepTime is the time one sampler step takes (KSampler's "steps"
-	// input); zero means DefaultComfyStepTime.
+	// input); zero means DefaultStepTime.
 	StepTime time.Duration
 	// WorkBytes is held from the start of a prompt's sampling to its end
 	// (activations). Then it stays in torch's reserved cache
-	// (ComfyMemory.Cache) until the worker's next gc, which prompt_worker
+	// (Memory.Cache) until the worker's next gc, which prompt_worker
 	// runs after a prompt only when 10 s have passed since the last one:
 	// after the first prompt (last_gc_collect starts at 0) and after a
 	// /free at once, so the cache outlives only back-to-back prompts; the
@@ -101,31 +88,31 @@ type ComfyConfig struct {
 	WorkBytes uint64
 	// CustomNodes are node classes a graph may use besides the built-in
 	// ones, by class_type.
-	CustomNodes map[string]ComfyCustomNode
+	CustomNodes map[string]CustomNode
 	// SettleLag is how long the worker takes to apply a /free: the memory
 	// leaves the GPU that long after it starts (zero: at once). The worker
 	// runs no prompt meanwhile.
 	SettleLag time.Duration
 	// StatsDelay delays every /system_stats answer that arrives while a
-	// free is being applied (from ComfyFreeApplied to ComfyFreeSettled).
+	// free is being applied (from FreeApplied to FreeSettled).
 	StatsDelay time.Duration
-	// ContextBytes is the process's CUDA context, held from NewComfyUI
-	// until Close and never freed; zero means DefaultComfyContextBytes.
+	// ContextBytes is the process's CUDA context, held from NewServer
+	// until Close and never freed; zero means DefaultContextBytes.
 	ContextBytes uint64
 	// Command is the process's command as the fake GPU lists it; empty
-	// means DefaultComfyCommand.
+	// means DefaultCommand.
 	Command string
 	// Argv is /system_stats' system.argv; nil means ["main.py"].
 	Argv []string
 	// Version is /system_stats' system.comfyui_version; empty means
-	// DefaultComfyUIVersion. It changes nothing else.
+	// DefaultVersion. It changes nothing else.
 	Version string
 }
 
-// ComfyCustomNode is a custom node class ([ComfyConfig.CustomNodes]). It
+// CustomNode is a custom node class ([Config.CustomNodes]). It
 // accepts any inputs, links of any type included, and its outputs are of
 // any type ("*"). It produces no UI output.
-type ComfyCustomNode struct {
+type CustomNode struct {
 	// PinBytes is the memory the class allocates the first time a node of
 	// it runs and keeps outside ComfyUI's model management (a module-level
 	// tensor, say): it survives /free, unload_models and free_memory alike,
@@ -136,8 +123,8 @@ type ComfyCustomNode struct {
 	Output bool
 }
 
-// ComfyMemory is what a fake ComfyUI's process holds on the GPU.
-type ComfyMemory struct {
+// Memory is what a fake ComfyUI's process holds on the GPU.
+type Memory struct {
 	Context uint64 // the CUDA context
 	Models  uint64 // checkpoints loaded on the GPU
 	Cache   uint64 // torch's reserved but unallocated cache: held, and counted free by /system_stats
@@ -146,50 +133,50 @@ type ComfyMemory struct {
 }
 
 // Total is everything the process holds.
-func (m ComfyMemory) Total() uint64 { return m.Context + m.Models + m.Cache + m.Work + m.Pinned }
+func (m Memory) Total() uint64 { return m.Context + m.Models + m.Cache + m.Work + m.Pinned }
 
-// ComfyEventKind says what a [ComfyEvent] records.
-type ComfyEventKind string
+// EventKind says what a [Event] records.
+type EventKind string
 
-// The kinds of [ComfyEvent].
+// The kinds of [Event].
 const (
-	// ComfyPromptQueued: POST /prompt accepted a prompt. Detail is its
+	// PromptQueued: POST /prompt accepted a prompt. Detail is its
 	// number, as the reply gives it.
-	ComfyPromptQueued ComfyEventKind = "prompt_queued"
-	// ComfyPromptStart: the worker took the prompt (execution_start).
-	ComfyPromptStart ComfyEventKind = "prompt_start"
-	// ComfyPromptEnd: the prompt ended and is in the history. Detail is
+	PromptQueued EventKind = "prompt_queued"
+	// PromptStart: the worker took the prompt (execution_start).
+	PromptStart EventKind = "prompt_start"
+	// PromptEnd: the prompt ended and is in the history. Detail is
 	// "success", "cached" (a success in which no node ran), "error" or
 	// "interrupted".
-	ComfyPromptEnd ComfyEventKind = "prompt_end"
-	// ComfyFreeRequested: POST /free arrived. Detail lists the flags it
+	PromptEnd EventKind = "prompt_end"
+	// FreeRequested: POST /free arrived. Detail lists the flags it
 	// set ("unload_models", "free_memory", space separated); empty when it
 	// set none (and so did not wake the worker).
-	ComfyFreeRequested ComfyEventKind = "free_requested"
-	// ComfyFreeApplied: the worker began applying the pending flags, after
+	FreeRequested EventKind = "free_requested"
+	// FreeApplied: the worker began applying the pending flags, after
 	// the prompt it was running or at once when idle. Detail lists the
 	// flags applied ("unload_models" or "unload_models free_memory").
-	ComfyFreeApplied ComfyEventKind = "free_applied"
-	// ComfyFreeSettled: the freed memory left the GPU, SettleLag after
-	// ComfyFreeApplied. Detail is "released <N> bytes".
-	ComfyFreeSettled ComfyEventKind = "free_settled"
-	// ComfyCacheEmptied: outside a free, the worker handed torch's cache
+	FreeApplied EventKind = "free_applied"
+	// FreeSettled: the freed memory left the GPU, SettleLag after
+	// FreeApplied. Detail is "released <N> bytes".
+	FreeSettled EventKind = "free_settled"
+	// CacheEmptied: outside a free, the worker handed torch's cache
 	// back to the driver (gc.collect and soft_empty_cache after a prompt,
 	// at most every 10 s). Detail is "released <N> bytes".
-	ComfyCacheEmptied ComfyEventKind = "cache_emptied"
+	CacheEmptied EventKind = "cache_emptied"
 )
 
-// ComfyEvent is one thing that happened in a fake ComfyUI.
-type ComfyEvent struct {
+// Event is one thing that happened in a fake ComfyUI.
+type Event struct {
 	Time     time.Time
-	Kind     ComfyEventKind
+	Kind     EventKind
 	PromptID string // the prompt's, where there is one
 	Detail   string
 }
 
 // ComfyUI is a fake ComfyUI server: the diffusion server that shares the
 // GPU with Ollama, served over real HTTP and WebSocket on 127.0.0.1, whose
-// memory is held on a fake GPU ([ComfyDevice]: a [Server]'s ledger or a
+// memory is held on a fake GPU ([Device]: a [Server]'s ledger or a
 // [PSGPU]), so that code that makes room on a GPU for ComfyUI, or for
 // Ollama next to it, is tested without either.
 //
@@ -218,7 +205,7 @@ type ComfyEvent struct {
 //     others in node_errors.
 //   - The built-in classes CheckpointLoaderSimple, CLIPTextEncode,
 //     EmptyLatentImage, KSampler, VAEDecode, SaveImage and PreviewImage
-//     with their inputs, types and bounds, plus ComfyConfig.CustomNodes.
+//     with their inputs, types and bounds, plus Config.CustomNodes.
 //   - One worker that runs prompts one at a time in the queue's heap
 //     order (number, then prompt_id; front and number as POST /prompt
 //     computes them), ComfyUI's node cache (a node whose inputs did not
@@ -231,7 +218,7 @@ type ComfyEvent struct {
 //     (Models[ckpt_name]) and a node that uses a checkpoint unloaded by
 //     /free loads it again; KSampler holds WorkBytes while the prompt
 //     runs; at the prompt's start, models whose loader left the node
-//     cache move into torch's cache (ComfyMemory.Cache), which new
+//     cache move into torch's cache (Memory.Cache), which new
 //     allocations reuse before growing; after a prompt the cache goes
 //     back to the driver at most every 10 s (the first prompt's at once);
 //     an allocation that does not fit is torch's "CUDA out of memory",
@@ -267,9 +254,9 @@ type ComfyEvent struct {
 // A ComfyUI is safe for concurrent use. Close it when done: Close stops
 // its worker, timers and sockets, frees its memory on the device and
 // returns once every goroutine it started has returned.
-type ComfyUI struct {
-	cfg     ComfyConfig
-	dev     ComfyDevice
+type Server struct {
+	cfg     Config
+	dev     Device
 	owner   string // unique name of the process on the device
 	pid     uint32
 	ckpts   []string // Models' names, sorted (folder_paths.get_filename_list)
@@ -291,7 +278,7 @@ type ComfyUI struct {
 	flags    comfyFlags
 	stop     bool // nodes.interrupt_processing
 	applying bool // a free is being applied
-	held     ComfyMemory
+	held     Memory
 	resident map[string]bool             // checkpoints on the GPU
 	cache    map[string]*comfyCacheEntry // node cache by input signature
 	objects  map[string]string           // PreviewImage objects' file prefixes, by node id and class
@@ -300,7 +287,7 @@ type ComfyUI struct {
 	execTo   *string                     // the running prompt's client_id (server.client_id)
 	lastNode string                      // server.last_node_id
 	sockets  map[string]*comfySocket
-	events   []ComfyEvent
+	events   []Event
 	changed  chan struct{} // closed and replaced at every event and change of Held
 }
 
@@ -328,21 +315,21 @@ type comfyCacheEntry struct {
 	node string  // the node that produced it, for the meta of the history
 }
 
-// NewComfyUI starts a fake ComfyUI on 127.0.0.1 whose process holds its
+// NewServer starts a fake ComfyUI on 127.0.0.1 whose process holds its
 // memory on dev, and holds its CUDA context there at once. It fails when
 // dev is nil, cfg is invalid (a negative duration, a custom class named
 // like a built-in one or empty, an empty checkpoint name) or the context
-// does not fit on dev (a [*VRAMError] in the chain). Like
+// does not fit on dev (a [*vramguardtest.VRAMError] in the chain). Like
 // httptest.NewServer it panics if it cannot listen.
-func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
+func NewServer(dev Device, cfg Config) (*Server, error) {
 	switch d := dev.(type) {
 	case nil:
 		return nil, errors.New("fake comfyui: no device")
-	case *Server:
+	case *vramguardtest.Server:
 		if d == nil {
 			return nil, errors.New("fake comfyui: no device")
 		}
-	case *PSGPU:
+	case *vramguardtest.PSGPU:
 		if d == nil || d.Client == nil {
 			return nil, errors.New("fake comfyui: a PSGPU device needs a Client")
 		}
@@ -364,20 +351,20 @@ func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
 	}
 	slices.Sort(ckpts)
 	if cfg.StepTime == 0 {
-		cfg.StepTime = DefaultComfyStepTime
+		cfg.StepTime = DefaultStepTime
 	}
 	if cfg.ContextBytes == 0 {
-		cfg.ContextBytes = DefaultComfyContextBytes
+		cfg.ContextBytes = DefaultContextBytes
 	}
-	cfg.Command = cmp.Or(cfg.Command, DefaultComfyCommand)
+	cfg.Command = cmp.Or(cfg.Command, DefaultCommand)
 	if cfg.Argv == nil {
 		cfg.Argv = []string{"main.py"}
 	}
-	cfg.Version = cmp.Or(cfg.Version, DefaultComfyUIVersion)
+	cfg.Version = cmp.Or(cfg.Version, DefaultVersion)
 
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	c := &ComfyUI{
+	c := &Server{
 		cfg:      cfg,
 		dev:      dev,
 		owner:    "fake comfyui " + hex.EncodeToString(id[:]),
@@ -393,17 +380,17 @@ func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
 		changed:  make(chan struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	if err := dev.comfySet(c.ctx, c.owner, cfg.Command, cfg.ContextBytes); err != nil {
+	if err := dev.SetHeld(c.ctx, c.owner, cfg.Command, cfg.ContextBytes); err != nil {
 		c.cancel()
 		return nil, fmt.Errorf("fake comfyui: the cuda context does not fit on the device: %w", err)
 	}
 	c.held.Context = cfg.ContextBytes
-	c.pid = dev.comfyPID(c.owner)
+	c.pid = dev.HeldPID(c.owner)
 	c.hs = httptest.NewServer(http.HandlerFunc(c.serveHTTP))
 	u, err := url.Parse(c.hs.URL)
 	if err != nil {
 		c.hs.Close()
-		dev.comfyRelease(c.owner)
+		_ = dev.SetHeld(context.Background(), c.owner, "", 0)
 		c.cancel()
 		panic("fake comfyui: " + err.Error())
 	}
@@ -414,38 +401,38 @@ func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
 }
 
 // URL returns the server's base URL (http://127.0.0.1:port).
-func (c *ComfyUI) URL() *url.URL {
+func (c *Server) URL() *url.URL {
 	u := *c.url
 	return &u
 }
 
 // PID returns the fake process id the fake GPU lists the process under
-// (role other, command ComfyConfig.Command). It is stable for the
+// (role other, command Config.Command). It is stable for the
 // ComfyUI's life.
-func (c *ComfyUI) PID() uint32 { return c.pid }
+func (c *Server) PID() uint32 { return c.pid }
 
 // Client returns an HTTP client for the server, as httptest.Server's
 // Client does: its idle connections are closed by Close, so that a test's
 // goroutine check sees none.
-func (c *ComfyUI) Client() *http.Client { return c.hs.Client() }
+func (c *Server) Client() *http.Client { return c.hs.Client() }
 
 // WaitFor blocks until cond returns true, or ctx is done (it then returns
 // context.Cause(ctx)), or the ComfyUI is closed. cond is called at once
 // and after every event and every change of what the process holds; it
 // may call Held and Events.
-func (c *ComfyUI) WaitFor(ctx context.Context, cond func() bool) error {
+func (c *Server) WaitFor(ctx context.Context, cond func() bool) error {
 	return waitChange(ctx, &c.mu, &c.changed, c.done, "fake comfyui: closed", cond)
 }
 
 // notifyLocked wakes WaitFor callers.
-func (c *ComfyUI) notifyLocked() {
+func (c *Server) notifyLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
 
 // Held returns what the process holds on the GPU now. Memory a /free
 // releases is held until it settles. It is safe for concurrent use.
-func (c *ComfyUI) Held() ComfyMemory {
+func (c *Server) Held() Memory {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.held
@@ -453,7 +440,7 @@ func (c *ComfyUI) Held() ComfyMemory {
 
 // Events returns what happened, oldest first (the last 4096 events). It is
 // safe for concurrent use.
-func (c *ComfyUI) Events() []ComfyEvent {
+func (c *Server) Events() []Event {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.events)
@@ -464,7 +451,7 @@ func (c *ComfyUI) Events() []ComfyEvent {
 // everything the process holds on the device and returns once every
 // goroutine the ComfyUI started has returned. It is safe to call more
 // than once.
-func (c *ComfyUI) Close() {
+func (c *Server) Close() {
 	c.closing.Do(func() {
 		c.mu.Lock()
 		c.closed = true
@@ -473,23 +460,23 @@ func (c *ComfyUI) Close() {
 		c.mu.Unlock()
 		c.hs.Close()
 		c.wg.Wait()
-		c.dev.comfyRelease(c.owner)
+		_ = c.dev.SetHeld(context.Background(), c.owner, "", 0)
 		c.mu.Lock()
-		c.held = ComfyMemory{}
+		c.held = Memory{}
 		c.mu.Unlock()
 	})
 }
 
-func (c *ComfyUI) eventLocked(kind ComfyEventKind, promptID, detail string) {
+func (c *Server) eventLocked(kind EventKind, promptID, detail string) {
 	if len(c.events) == comfyMaxEvents {
 		c.events = slices.Delete(c.events, 0, 1)
 	}
-	c.events = append(c.events, ComfyEvent{Time: time.Now(), Kind: kind, PromptID: promptID, Detail: detail})
+	c.events = append(c.events, Event{Time: time.Now(), Kind: kind, PromptID: promptID, Detail: detail})
 	c.notifyLocked()
 }
 
 // signal wakes the worker (PromptQueue.not_empty.notify).
-func (c *ComfyUI) signal() {
+func (c *Server) signal() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
@@ -497,7 +484,7 @@ func (c *ComfyUI) signal() {
 }
 
 // sleep waits d, and reports false when the ComfyUI closed first.
-func (c *ComfyUI) sleep(d time.Duration) bool {
+func (c *Server) sleep(d time.Duration) bool {
 	if d <= 0 {
 		return !c.isClosed()
 	}
@@ -511,7 +498,7 @@ func (c *ComfyUI) sleep(d time.Duration) bool {
 	}
 }
 
-func (c *ComfyUI) isClosed() bool {
+func (c *Server) isClosed() bool {
 	select {
 	case <-c.done:
 		return true
@@ -522,7 +509,7 @@ func (c *ComfyUI) isClosed() bool {
 
 // The worker: main.py's prompt_worker.
 
-func (c *ComfyUI) work() {
+func (c *Server) work() {
 	defer c.wg.Done()
 	var (
 		needGC bool
@@ -560,7 +547,7 @@ func (c *ComfyUI) work() {
 
 // next waits for a prompt (returned, now running), for flags or for the
 // gc deadline (nil); alive is false once the ComfyUI is closed.
-func (c *ComfyUI) next(needGC bool, lastGC time.Time) (it *comfyItem, alive bool) {
+func (c *Server) next(needGC bool, lastGC time.Time) (it *comfyItem, alive bool) {
 	for {
 		c.mu.Lock()
 		switch {
@@ -608,11 +595,11 @@ func (c *ComfyUI) next(needGC bool, lastGC time.Time) (it *comfyItem, alive bool
 // applyFree applies /free's flags, as prompt_worker does after a prompt:
 // unload_all_models (and torch's cache with it), for free_memory the node
 // cache too. The memory leaves the device SettleLag later.
-func (c *ComfyUI) applyFree(f comfyFlags) (alive bool) {
+func (c *Server) applyFree(f comfyFlags) (alive bool) {
 	f.unload = true // implied by free_memory
 	c.mu.Lock()
 	c.applying = true
-	c.eventLocked(ComfyFreeApplied, "", f.String())
+	c.eventLocked(FreeApplied, "", f.String())
 	c.mu.Unlock()
 	if !c.sleep(c.cfg.SettleLag) {
 		return false // closed: Close frees everything
@@ -630,13 +617,13 @@ func (c *ComfyUI) applyFree(f comfyFlags) (alive bool) {
 	_ = c.commit(h) // shrinking cannot fail
 	c.mu.Lock()
 	c.applying = false
-	c.eventLocked(ComfyFreeSettled, "", fmt.Sprintf("released %d bytes", released))
+	c.eventLocked(FreeSettled, "", fmt.Sprintf("released %d bytes", released))
 	c.mu.Unlock()
 	return true
 }
 
 // emptyCache is gc.collect and soft_empty_cache after prompts.
-func (c *ComfyUI) emptyCache() {
+func (c *Server) emptyCache() {
 	c.mu.Lock()
 	h := c.held
 	n := h.Cache
@@ -647,7 +634,7 @@ func (c *ComfyUI) emptyCache() {
 	}
 	_ = c.commit(h)
 	c.mu.Lock()
-	c.eventLocked(ComfyCacheEmptied, "", fmt.Sprintf("released %d bytes", n))
+	c.eventLocked(CacheEmptied, "", fmt.Sprintf("released %d bytes", n))
 	c.mu.Unlock()
 }
 
@@ -657,12 +644,12 @@ func (c *ComfyUI) emptyCache() {
 
 // commit makes h what the process holds, on the device and in Held.
 // Growth that does not fit fails and changes nothing.
-func (c *ComfyUI) commit(h ComfyMemory) error {
+func (c *Server) commit(h Memory) error {
 	c.mu.Lock()
 	old := c.held
 	c.mu.Unlock()
 	if h.Total() != old.Total() {
-		if err := c.dev.comfySet(c.ctx, c.owner, c.cfg.Command, h.Total()); err != nil {
+		if err := c.dev.SetHeld(c.ctx, c.owner, c.cfg.Command, h.Total()); err != nil {
 			return err
 		}
 	}
@@ -673,9 +660,9 @@ func (c *ComfyUI) commit(h ComfyMemory) error {
 	return nil
 }
 
-// take allocates n bytes into the field of ComfyMemory that field picks,
+// take allocates n bytes into the field of Memory that field picks,
 // reusing torch's cache first, as the caching allocator does.
-func (c *ComfyUI) take(n uint64, field func(*ComfyMemory) *uint64) error {
+func (c *Server) take(n uint64, field func(*Memory) *uint64) error {
 	c.mu.Lock()
 	h := c.held
 	c.mu.Unlock()
@@ -686,14 +673,14 @@ func (c *ComfyUI) take(n uint64, field func(*ComfyMemory) *uint64) error {
 }
 
 // loadModel puts a checkpoint on the GPU unless it is there.
-func (c *ComfyUI) loadModel(name string) error {
+func (c *Server) loadModel(name string) error {
 	c.mu.Lock()
 	there := c.resident[name]
 	c.mu.Unlock()
 	if there {
 		return nil
 	}
-	if err := c.take(c.cfg.Models[name], func(m *ComfyMemory) *uint64 { return &m.Models }); err != nil {
+	if err := c.take(c.cfg.Models[name], func(m *Memory) *uint64 { return &m.Models }); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -704,7 +691,7 @@ func (c *ComfyUI) loadModel(name string) error {
 
 // unloadAllAfterOOM is execute()'s unload_all_models after an out of
 // memory error: every model leaves, and torch's cache with them.
-func (c *ComfyUI) unloadAllAfterOOM() {
+func (c *Server) unloadAllAfterOOM() {
 	c.mu.Lock()
 	h := c.held
 	h.Models, h.Cache = 0, 0
@@ -716,7 +703,7 @@ func (c *ComfyUI) unloadAllAfterOOM() {
 // dropUnusedLocked is the node cache's clean_unused at a prompt's start:
 // entries the prompt has no node for go, and a checkpoint no remaining
 // entry loaded leaves the GPU for torch's cache.
-func (c *ComfyUI) dropUnusedLocked(g *comfyGraph) {
+func (c *Server) dropUnusedLocked(g *comfyGraph) {
 	keep := make(map[string]bool, len(g.order))
 	objects := make(map[string]bool, len(g.order))
 	for _, id := range g.order {
@@ -751,8 +738,8 @@ func (c *ComfyUI) dropUnusedLocked(g *comfyGraph) {
 
 // oomMessage is torch's CUDA out of memory text for an allocation of n
 // bytes the device could not grant.
-func (c *ComfyUI) oomMessage(n uint64, ve *VRAMError) string {
-	total, free, err := c.dev.comfyMemory(c.ctx)
+func (c *Server) oomMessage(n uint64, ve *vramguardtest.VRAMError) string {
+	total, free, err := c.dev.DeviceMemory(c.ctx)
 	if err != nil {
 		free = ve.Free
 	}
@@ -810,13 +797,13 @@ func comfyLess(a, b *comfyItem) bool {
 }
 
 // pushLocked is heapq.heappush.
-func (c *ComfyUI) pushLocked(it *comfyItem) {
+func (c *Server) pushLocked(it *comfyItem) {
 	c.queue = append(c.queue, it)
 	comfySiftDown(c.queue, 0, len(c.queue)-1)
 }
 
 // popLocked is heapq.heappop.
-func (c *ComfyUI) popLocked() *comfyItem {
+func (c *Server) popLocked() *comfyItem {
 	n := len(c.queue) - 1
 	last := c.queue[n]
 	c.queue[n] = nil
@@ -868,7 +855,7 @@ func comfySiftUp(q []*comfyItem, pos int) {
 }
 
 // queueInfoLocked is PromptServer.get_queue_info.
-func (c *ComfyUI) queueInfoLocked() jsonObj {
+func (c *Server) queueInfoLocked() jsonObj {
 	n := len(c.queue)
 	if c.running != nil {
 		n++
@@ -878,7 +865,7 @@ func (c *ComfyUI) queueInfoLocked() jsonObj {
 
 // queueUpdatedLocked is PromptServer.queue_updated: a status to every
 // socket.
-func (c *ComfyUI) queueUpdatedLocked() {
+func (c *Server) queueUpdatedLocked() {
 	c.sendLocked("status", jsonObj{{"status", c.queueInfoLocked()}}, nil)
 }
 
@@ -895,7 +882,7 @@ func (h *comfyHistory) json() jsonObj {
 }
 
 // taskDone is PromptQueue.task_done and what prompt_worker sends after it.
-func (c *ComfyUI) taskDone(it *comfyItem, r *comfyRun) {
+func (c *Server) taskDone(it *comfyItem, r *comfyRun) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.running = nil
@@ -919,7 +906,7 @@ func (c *ComfyUI) taskDone(it *comfyItem, r *comfyRun) {
 		}
 		c.history = append(c.history, h)
 	}
-	c.eventLocked(ComfyPromptEnd, it.id, r.outcome())
+	c.eventLocked(PromptEnd, it.id, r.outcome())
 	c.queueUpdatedLocked()
 	if it.to != nil {
 		c.sendLocked("executing", jsonObj{{"node", nil}, {"prompt_id", it.id}}, it.to)
@@ -930,7 +917,7 @@ func (c *ComfyUI) taskDone(it *comfyItem, r *comfyRun) {
 
 // comfyRun is one prompt's execution.
 type comfyRun struct {
-	c         *ComfyUI
+	c         *Server
 	it        *comfyItem
 	messages  []any // status_messages: [event, data] pairs
 	executed  []string
@@ -1009,13 +996,13 @@ type comfyFailure struct {
 }
 
 // execute runs a prompt. alive is false when the ComfyUI closed meanwhile.
-func (c *ComfyUI) execute(it *comfyItem) (r *comfyRun, alive bool) {
+func (c *Server) execute(it *comfyItem) (r *comfyRun, alive bool) {
 	g := it.graph
 	r = &comfyRun{c: c, it: it, success: true, pstate: make(map[string]*comfyProgress)}
 	c.mu.Lock()
 	c.stop = false
 	c.execTo = it.to
-	c.eventLocked(ComfyPromptStart, it.id, "")
+	c.eventLocked(PromptStart, it.id, "")
 	r.addMessageLocked("execution_start", jsonObj{{"prompt_id", it.id}}, false)
 	c.dropUnusedLocked(g)
 	c.notifyLocked()
@@ -1099,7 +1086,7 @@ func (r *comfyRun) fail(f *comfyFailure) {
 }
 
 // interrupted is throw_exception_if_processing_interrupted.
-func (c *ComfyUI) interrupted() bool {
+func (c *Server) interrupted() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stop {
@@ -1164,7 +1151,7 @@ func (r *comfyRun) node(id string) (f *comfyFailure, alive bool) {
 		need := c.cfg.WorkBytes - min(c.cfg.WorkBytes, c.held.Work)
 		c.mu.Unlock()
 		if need > 0 {
-			if err := c.take(need, func(m *ComfyMemory) *uint64 { return &m.Work }); err != nil {
+			if err := c.take(need, func(m *Memory) *uint64 { return &m.Work }); err != nil {
 				return fail(err)
 			}
 		}
@@ -1190,7 +1177,7 @@ func (r *comfyRun) node(id string) (f *comfyFailure, alive bool) {
 			pinned := c.pinned[n.class]
 			c.mu.Unlock()
 			if !pinned && cn.PinBytes > 0 {
-				if err := c.take(cn.PinBytes, func(m *ComfyMemory) *uint64 { return &m.Pinned }); err != nil {
+				if err := c.take(cn.PinBytes, func(m *Memory) *uint64 { return &m.Pinned }); err != nil {
 					return fail(err)
 				}
 			}
@@ -1220,7 +1207,7 @@ func (r *comfyRun) allocFailure(id string, err error) *comfyFailure {
 			inputs = append(inputs, jsonKV{kv.K, []any{pyStr(kv.V)}})
 		}
 	}
-	var ve *VRAMError
+	var ve *vramguardtest.VRAMError
 	if !errors.As(err, &ve) {
 		return &comfyFailure{node: id, typ: "RuntimeError", msg: "CUDA error: " + err.Error() + "\n", inputs: inputs}
 	}
@@ -1401,4 +1388,25 @@ func (l *comfyExecList) complete(id string) {
 		l.count[b]--
 	}
 	delete(l.blocking, id)
+}
+
+// waitChange is WaitFor: cond is called at once and after every close of
+// *changed (read under mu, which notifyLocked closes and replaces), until
+// it holds, ctx ends or done is closed (an error saying closed).
+func waitChange(ctx context.Context, mu *sync.Mutex, changed *chan struct{}, done <-chan struct{}, closed string, cond func() bool) error {
+	for {
+		mu.Lock()
+		ch := *changed
+		mu.Unlock()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-done:
+			return errors.New(closed)
+		}
+	}
 }
