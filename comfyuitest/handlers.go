@@ -58,6 +58,11 @@ func (c *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if id, ok := strings.CutPrefix(path, "/history/"); ok && id != "" && !strings.Contains(id, "/") {
 			routes = []route{{"GET", func(w http.ResponseWriter, r *http.Request) { c.handleGetHistoryID(w, id) }}}
 		}
+		if rest, ok := strings.CutPrefix(path, "/jobs/"); ok && c.cfg.Mode == DynamicVRAM {
+			if id, ok := strings.CutSuffix(rest, "/cancel"); ok && id != "" && !strings.Contains(id, "/") {
+				routes = []route{{"POST", func(w http.ResponseWriter, r *http.Request) { c.handleCancelJob(w, id) }}}
+			}
+		}
 	}
 	if len(routes) == 0 {
 		comfyText(w, http.StatusNotFound, "404: Not Found")
@@ -184,6 +189,24 @@ func (c *Server) handlePostPrompt(w http.ResponseWriter, r *http.Request) {
 	id := ""
 	if v, ok := obj.get("prompt_id"); ok {
 		id = pyStr(v)
+		if c.cfg.Mode == DynamicVRAM { // today's server.py (FIELD_NOTES §9)
+			if s, isStr := v.(string); !isStr || !canonicalUUID(s) {
+				comfyJSON(w, http.StatusBadRequest, jsonObj{
+					{"error", jsonObj{{"type", "invalid_prompt_id"}, {"message", "Invalid prompt_id"},
+						{"details", "prompt_id must be a lowercase UUID"}, {"extra_info", jsonObj{}}}},
+					{"node_errors", jsonObj{}},
+				})
+				return
+			}
+			if c.knownID(id) {
+				comfyJSON(w, http.StatusConflict, jsonObj{
+					{"error", jsonObj{{"type", "prompt_id_exists"}, {"message", "prompt_id already exists"},
+						{"details", id}, {"extra_info", jsonObj{}}}},
+					{"node_errors", jsonObj{}},
+				})
+				return
+			}
+		}
 	} else {
 		id = newUUID()
 	}
@@ -224,6 +247,61 @@ func (c *Server) handlePostPrompt(w http.ResponseWriter, r *http.Request) {
 	c.mu.Unlock()
 	c.signal()
 	comfyJSON(w, http.StatusOK, jsonObj{{"prompt_id", id}, {"number", number}, {"node_errors", res.nodeErrors}})
+}
+
+// canonicalUUID says whether s is a UUID in canonical lowercase form
+// (8-4-4-4-12 hex digits), the only client prompt_id today's ComfyUI takes.
+func canonicalUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, r := range s {
+		switch i {
+		case 8, 13, 18, 23:
+			if r != '-' {
+				return false
+			}
+		default:
+			if !('0' <= r && r <= '9' || 'a' <= r && r <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// knownID says whether a prompt with id is queued, running or in the
+// history.
+func (c *Server) knownID(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running != nil && c.running.id == id {
+		return true
+	}
+	return slices.ContainsFunc(c.queue, func(it *comfyItem) bool { return it.id == id }) ||
+		slices.ContainsFunc(c.history, func(h *comfyHistory) bool { return h.item.id == id })
+}
+
+// handleCancelJob is POST /api/jobs/{id}/cancel (today's server.py,
+// FIELD_NOTES §9): a queued prompt leaves the queue, the running one is
+// interrupted; {"cancelled": false} for a prompt that is neither.
+func (c *Server) handleCancelJob(w http.ResponseWriter, id string) {
+	c.mu.Lock()
+	cancelled := false
+	switch {
+	case c.running != nil && c.running.id == id:
+		c.stop, cancelled = true, true
+	default:
+		if i := slices.IndexFunc(c.queue, func(it *comfyItem) bool { return it.id == id }); i >= 0 {
+			c.queue = slices.Delete(c.queue, i, i+1)
+			comfyHeapify(c.queue)
+			c.eventLocked(PromptCancelled, id, "")
+			c.queueUpdatedLocked()
+			cancelled = true
+		}
+	}
+	c.mu.Unlock()
+	comfyJSON(w, http.StatusOK, jsonObj{{"cancelled", cancelled}})
 }
 
 // newUUID is str(uuid.uuid4()).
@@ -466,6 +544,13 @@ func (c *Server) handleSystemStats(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h := c.Held()
+	// torch's pool: in DynamicVRAM mode the weights are mapped outside it
+	// (aimdo's VBARs) and it holds activations, its cache and what custom
+	// nodes allocated (FIELD_NOTES §9); in ModelPatcher mode the models too.
+	torchTotal := h.Cache + h.Work + h.Pinned
+	if c.cfg.Mode == ModelPatcher {
+		torchTotal += h.Models
+	}
 	argv := make([]any, len(c.cfg.Argv))
 	for i, a := range c.cfg.Argv {
 		argv[i] = a
@@ -490,7 +575,7 @@ func (c *Server) handleSystemStats(w http.ResponseWriter, r *http.Request) {
 			{"index", 0},
 			{"vram_total", total},
 			{"vram_free", free + h.Cache},
-			{"torch_vram_total", h.Models + h.Cache + h.Work + h.Pinned},
+			{"torch_vram_total", torchTotal},
 			{"torch_vram_free", h.Cache},
 		}}},
 	})

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -20,9 +21,13 @@ import (
 
 // Defaults used where a [Config] field is zero.
 const (
-	// DefaultVersion is the ComfyUI release the fake follows and
-	// reports as system.comfyui_version.
-	DefaultVersion = "0.3.64"
+	// DefaultVersion is the ComfyUI release the fake reports as
+	// system.comfyui_version in DynamicVRAM mode: the release of the log
+	// that started this project (FIELD_NOTES §9).
+	DefaultVersion = "0.25.0"
+	// ModelPatcherVersion is the release it reports in ModelPatcher
+	// mode: the source §8 of FIELD_NOTES was read in.
+	ModelPatcherVersion = "0.3.64"
 	// DefaultStepTime is the time a fake sampler step takes.
 	DefaultStepTime = 10 * time.Millisecond
 	// DefaultContextBytes is the fake process's CUDA context.
@@ -30,6 +35,43 @@ const (
 	// DefaultCommand is the command the fake GPU lists the process with.
 	DefaultCommand = "python main.py"
 )
+
+// Mode is the memory management a fake ComfyUI follows.
+type Mode uint8
+
+const (
+	// DynamicVRAM is ComfyUI as it runs today on NVIDIA (0.18 and later,
+	// March 2026; comfy-aimdo): weights outside torch's allocator, kept
+	// resident until /free or until its own prompt needs the room. See
+	// [Server] for what the fake copies, and from where.
+	DynamicVRAM Mode = iota
+	// ModelPatcher is ComfyUI 0.3.64 (October 2025), and today's ComfyUI
+	// started with --disable-dynamic-vram, --highvram, --gpu-only,
+	// --novram or --cpu: models in torch's pool, torch's cache emptied
+	// after prompts.
+	ModelPatcher
+)
+
+func (m Mode) String() string {
+	switch m {
+	case DynamicVRAM:
+		return "DynamicVRAM"
+	case ModelPatcher:
+		return "ModelPatcher"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// aimdoHeadroom is what DynamicVRAM keeps free device-wide, besides
+// --vram-headroom, when ComfyUI allocates (FIELD_NOTES §9:
+// "about 256 MiB plus --vram-headroom GB", comfy/model_management.py).
+const aimdoHeadroom = 256 << 20
+
+// pagedSlowdown is how much slower a sampler step runs with all of its
+// model's weights streamed from host RAM instead of resident (a step
+// with a fraction f paged takes StepTime × (1 + pagedSlowdown × f)). The
+// figure is made up: FIELD_NOTES §9 says only "slower steps".
+const pagedSlowdown = 3
 
 // comfyGCInterval is the prompt worker's gc_collect_interval (main.py):
 // after a prompt, torch's cache is handed back to the driver at most this
@@ -68,10 +110,15 @@ func deviceName(dev Device) string {
 }
 
 // Config configures a fake ComfyUI ([NewServer]). The zero value is
-// a ComfyUI with no checkpoints (every prompt that loads one fails
-// validation), 10 ms sampler steps, no work memory, no custom nodes, a
-// free that leaves the GPU at once and a 256 MiB CUDA context.
+// a ComfyUI in DynamicVRAM mode with no checkpoints (every prompt that
+// loads one fails validation), 10 ms sampler steps, no work memory, no
+// custom nodes, a free that leaves the GPU at once, a 256 MiB CUDA
+// context, and neither --reserve-vram nor --vram-headroom.
 type Config struct {
+	// Mode is the memory management it follows: DynamicVRAM (the zero
+	// value, today's default) or ModelPatcher (0.3.64, or a ComfyUI
+	// started with a flag that turns DynamicVRAM off).
+	Mode Mode
 	// Models maps a checkpoint's file name, CheckpointLoaderSimple's
 	// ckpt_name, to the bytes it holds on the GPU once loaded.
 	Models map[string]uint64
@@ -90,8 +137,11 @@ type Config struct {
 	// ones, by class_type.
 	CustomNodes map[string]CustomNode
 	// SettleLag is how long the worker takes to apply a /free: the memory
-	// leaves the GPU that long after it starts (zero: at once). The worker
-	// runs no prompt meanwhile.
+	// leaves the GPU that long after it starts (zero: at once): in
+	// ModelPatcher mode all of it at the end, in DynamicVRAM mode a
+	// quarter every SettleLag/4 (pages unmapped one model range after
+	// another; readings lag, FIELD_NOTES §8 and §9). The worker runs no
+	// prompt meanwhile.
 	SettleLag time.Duration
 	// StatsDelay delays every /system_stats answer that arrives while a
 	// free is being applied (from FreeApplied to FreeSettled).
@@ -102,11 +152,26 @@ type Config struct {
 	// Command is the process's command as the fake GPU lists it; empty
 	// means DefaultCommand.
 	Command string
-	// Argv is /system_stats' system.argv; nil means ["main.py"].
+	// Argv is /system_stats' system.argv; nil means ["main.py"], followed
+	// by --reserve-vram and --vram-headroom (in GB, as ComfyUI's flags
+	// take them) when ReserveVRAM and VRAMHeadroom are set.
 	Argv []string
 	// Version is /system_stats' system.comfyui_version; empty means
-	// DefaultVersion. It changes nothing else.
+	// DefaultVersion in DynamicVRAM mode, ModelPatcherVersion in
+	// ModelPatcher mode. It changes nothing else.
 	Version string
+	// ReserveVRAM is --reserve-vram: in DynamicVRAM mode ComfyUI's own
+	// use never grows past the device's total less this (a hard cap, the
+	// one partition between ComfyUI and another program); zero means no
+	// cap (ComfyUI's own default, 400 MiB, is not modelled). ModelPatcher
+	// mode ignores it.
+	ReserveVRAM uint64
+	// VRAMHeadroom is --vram-headroom: in DynamicVRAM mode, when ComfyUI
+	// allocates, it keeps this much plus 256 MiB free on the device,
+	// counting other programs' use, by giving back weight pages of its
+	// own; it gives nothing back while idle. ModelPatcher mode ignores
+	// it.
+	VRAMHeadroom uint64
 }
 
 // CustomNode is a custom node class ([Config.CustomNodes]). It
@@ -126,10 +191,14 @@ type CustomNode struct {
 // Memory is what a fake ComfyUI's process holds on the GPU.
 type Memory struct {
 	Context uint64 // the CUDA context
-	Models  uint64 // checkpoints loaded on the GPU
-	Cache   uint64 // torch's reserved but unallocated cache: held, and counted free by /system_stats
-	Work    uint64 // activations of the prompt running
-	Pinned  uint64 // custom nodes' memory outside model management
+	// Models is the checkpoints' weights on the GPU: in torch's pool in
+	// ModelPatcher mode; in DynamicVRAM mode mapped outside it (aimdo's
+	// VBARs), not counted by /system_stats' torch figures, and possibly
+	// only part of a checkpoint (the rest streamed from host RAM).
+	Models uint64
+	Cache  uint64 // torch's reserved but unallocated cache: held, and counted free by /system_stats
+	Work   uint64 // activations of the prompt running
+	Pinned uint64 // custom nodes' memory outside model management
 }
 
 // Total is everything the process holds.
@@ -164,6 +233,15 @@ const (
 	// back to the driver (gc.collect and soft_empty_cache after a prompt,
 	// at most every 10 s). Detail is "released <N> bytes".
 	CacheEmptied EventKind = "cache_emptied"
+	// WeightsEvicted: in DynamicVRAM mode, the prompt running needed room
+	// and ComfyUI unmapped weight pages of its own (an idle model's
+	// first, then the prompt's own, which then stream from host RAM).
+	// Detail is "<checkpoint>: <N> bytes".
+	WeightsEvicted EventKind = "weights_evicted"
+	// PromptCancelled: POST /api/jobs/{id}/cancel removed a queued
+	// prompt (one running is interrupted instead, and ends
+	// "interrupted"). PromptID is the prompt's.
+	PromptCancelled EventKind = "prompt_cancelled"
 )
 
 // Event is one thing that happened in a fake ComfyUI.
@@ -174,19 +252,29 @@ type Event struct {
 	Detail   string
 }
 
-// ComfyUI is a fake ComfyUI server: the diffusion server that shares the
+// Server is a fake ComfyUI server: the diffusion server that shares the
 // GPU with Ollama, served over real HTTP and WebSocket on 127.0.0.1, whose
-// memory is held on a fake GPU ([Device]: a [Server]'s ledger or a
-// [PSGPU]), so that code that makes room on a GPU for ComfyUI, or for
-// Ollama next to it, is tested without either.
+// memory is held on a fake GPU ([Device]: a [*vramguardtest.Server]'s
+// ledger or a [*vramguardtest.PSGPU]), so that code that makes room on a
+// GPU for ComfyUI, or for Ollama next to it, is tested without either.
 //
-// It was written from ComfyUI's source at commit a125cd84 (ComfyUI 0.3.64,
-// October 2025: server.py, main.py's prompt_worker, execution.py,
-// comfy_execution/progress.py, comfy/model_management.py) and has never
-// been run against a real ComfyUI, which needs PyTorch and a GPU. Where
-// the two differ, ComfyUI is right.
+// It has never been run against a real ComfyUI, which needs PyTorch and a
+// GPU (no ComfyUI can run on this project's machines). Its two modes
+// ([Config.Mode]) follow two readings of ComfyUI's source; where the fake
+// and ComfyUI differ, ComfyUI is right:
 //
-// # What it reproduces
+//   - DynamicVRAM, the default: ComfyUI as it runs today on NVIDIA (0.18,
+//     March 2026, and later), read in comfy-aimdo's README.md, src/plat.h,
+//     comfy_aimdo/torch.py and comfy_aimdo/vram_buffer.py and in
+//     ComfyUI's 2026 main.py, server.py, comfy/cli_args.py and
+//     comfy/model_management.py (FIELD_NOTES §9).
+//   - ModelPatcher: ComfyUI at commit a125cd84 (0.3.64, October 2025:
+//     server.py, main.py's prompt_worker, execution.py,
+//     comfy_execution/progress.py, comfy/model_management.py;
+//     FIELD_NOTES §8), which today's ComfyUI falls back to with
+//     --disable-dynamic-vram, --highvram, --gpu-only, --novram or --cpu.
+//
+// # What it reproduces, in both modes (§8)
 //
 //   - The routes a client uses, each also under /api: POST /prompt, GET
 //     /prompt, GET and POST /queue, GET /history (max_items, offset), GET
@@ -214,44 +302,84 @@ type Event struct {
 //     node order, its interrupt points (before each node and after each
 //     sampler step) and its messages, to the prompt's client_id only
 //     (progress_state and status to every socket, as ComfyUI sends them).
-//   - The memory: CheckpointLoaderSimple loads its checkpoint
-//     (Models[ckpt_name]) and a node that uses a checkpoint unloaded by
-//     /free loads it again; KSampler holds WorkBytes while the prompt
-//     runs; at the prompt's start, models whose loader left the node
-//     cache move into torch's cache (Memory.Cache), which new
-//     allocations reuse before growing; after a prompt the cache goes
-//     back to the driver at most every 10 s (the first prompt's at once);
-//     an allocation that does not fit is torch's "CUDA out of memory",
-//     after which ComfyUI unloads every model.
+//   - CheckpointLoaderSimple loads its checkpoint (Models[ckpt_name]) and
+//     a node that uses a checkpoint unloaded by /free loads it again;
+//     KSampler holds WorkBytes (activations, in torch's pool) while the
+//     prompt runs; torch's cache (Memory.Cache) is reused by new
+//     allocations before they grow, and goes back to the driver after a
+//     prompt at most every 10 s (the first prompt's at once).
 //   - POST /free: it only sets flags and answers 200 at once; the worker
 //     applies them after the prompt it is running (at once when idle):
-//     unload_models (implied by free_memory) releases Models and Cache,
-//     free_memory also drops the node cache. Pinned and Context stay.
-//     Nothing tells the client when it is done; here it takes SettleLag,
-//     and /system_stats answers StatsDelay late meanwhile.
-//   - /system_stats' figures as model_management computes them on CUDA:
-//     vram_free is the device's free memory plus the process's own
-//     cache, so it overstates what another process can allocate.
+//     unload_models (implied by free_memory) releases Models and Cache
+//     (on every device, today), free_memory also drops the node cache.
+//     Pinned and Context stay. Nothing tells the client when it is done;
+//     here it takes SettleLag, and /system_stats answers StatsDelay late
+//     meanwhile.
+//   - /system_stats' vram_free is the device's free memory plus the
+//     process's own torch cache, so it overstates what another process
+//     can allocate.
+//
+// # DynamicVRAM (§9)
+//
+//   - The weights are mapped outside torch's allocator: /system_stats'
+//     torch_vram_total and torch_vram_free count only activations, the
+//     cache and custom nodes' memory (about 0 for an idle ComfyUI holding
+//     a checkpoint), while the fake GPU lists the process with all of it.
+//   - An idle ComfyUI keeps its weights resident indefinitely, a
+//     checkpoint no prompt uses any more included, and gives nothing back
+//     to another program until /free. Its own prompt's allocations take
+//     room back: idle checkpoints' pages first ([WeightsEvicted]), then
+//     the prompt's own, which then stream from host RAM: no failure, but
+//     slower sampler steps. It keeps 256 MiB plus VRAMHeadroom free
+//     device-wide when it allocates, and ReserveVRAM caps its own total.
+//   - Activations need real VRAM: when even giving back every weight page
+//     leaves too little, the prompt fails with exception_type
+//     RuntimeError and "VRAM grow failed: <N> bytes" (aimdo's text, as in
+//     the log that started this project), and the models stay loaded.
+//   - A /free's memory leaves a quarter at a time over SettleLag, so that
+//     readings move before they settle (aimdo's notes on cuMemGetInfo
+//     lagging large frees).
+//   - POST /prompt refuses a client prompt_id that is not a canonical
+//     lowercase UUID (400, error type invalid_prompt_id) and one already
+//     queued, running or in the history (409, "prompt_id already
+//     exists"); POST /api/jobs/{id}/cancel answers {"cancelled": bool}:
+//     a queued prompt leaves the queue ([PromptCancelled]), the running
+//     one is interrupted. The 400's and 409's error types and details are
+//     this fake's guesses; the notes give only the status and the message.
+//   - system.comfyui_version is DefaultVersion, and system.argv carries
+//     --reserve-vram and --vram-headroom when they are set.
+//
+// # ModelPatcher (§8)
+//
+// Models live in torch's pool and count in torch_vram_total. At a prompt's
+// start, models whose loader left the node cache move into torch's cache,
+// which goes back to the driver at the next gc. A checkpoint is on the GPU
+// whole or not at all; an allocation that does not fit is torch's "CUDA
+// out of memory" (torch.OutOfMemoryError), after which ComfyUI unloads
+// every model. A client prompt_id is taken as given; there is no
+// /api/jobs. ReserveVRAM and VRAMHeadroom are ignored.
 //
 // # What it does not
 //
 // No image is produced (SaveImage and PreviewImage report file names that
-// do not exist, and there is no /view), no model is read, and there is no
-// CPU, lowvram or partial loading: a checkpoint is on the GPU whole or not
-// at all, and a checkpoint's parts (model, CLIP, VAE) are one allocation.
-// There is one device, the torch device cuda:0. sampler_name and
-// scheduler accept any string. Command-line flags (--disable-smart-memory,
-// --reserve-vram, --cache-lru) and the LRU and none caches are not
-// modelled; nor are previews, subgraph expansion, lazy inputs, async
-// nodes, object_info, uploads or the frontend. Validated values are not
-// converted in the stored prompt (ComfyUI stores "20" as 20). Tracebacks
-// are placeholders. The fixed system figures (RAM, Python and PyTorch
-// versions) are made up. A socket replaced by a new one with the same
-// clientId stays open but gets nothing; unlike 0.3.64, whose closing
+// do not exist, and there is no /view), no model is read, and a
+// checkpoint's parts (model, CLIP, VAE) are one allocation. There is one
+// device, the torch device cuda:0. sampler_name and scheduler accept any
+// string. Other command-line flags (--disable-smart-memory, --cache-lru,
+// --lowvram), the LRU and none caches, DynamicVRAM's 2 s cached
+// cuMemGetInfo reading and its pinned host RAM are not modelled; nor are
+// GET /api/jobs, POST /api/jobs/cancel, system.comfy_package_versions and
+// deploy_environment, previews, subgraph expansion, lazy inputs, async
+// nodes, object_info, uploads or the frontend. How much slower a step
+// with paged weights runs is made up (up to 4 times). Validated values are
+// not converted in the stored prompt (ComfyUI stores "20" as 20).
+// Tracebacks are placeholders. The fixed system figures (RAM, Python and
+// PyTorch versions) are made up. A socket replaced by a new one with the
+// same clientId stays open but gets nothing; unlike 0.3.64, whose closing
 // socket removes the registration by id, the old socket's close never
 // removes the new one's.
 //
-// A ComfyUI is safe for concurrent use. Close it when done: Close stops
+// A Server is safe for concurrent use. Close it when done: Close stops
 // its worker, timers and sockets, frees its memory on the device and
 // returns once every goroutine it started has returned.
 type Server struct {
@@ -279,7 +407,8 @@ type Server struct {
 	stop     bool // nodes.interrupt_processing
 	applying bool // a free is being applied
 	held     Memory
-	resident map[string]bool             // checkpoints on the GPU
+	resident map[string]uint64           // checkpoints on the GPU: their bytes there
+	active   map[string]bool             // the checkpoints the running prompt loads
 	cache    map[string]*comfyCacheEntry // node cache by input signature
 	objects  map[string]string           // PreviewImage objects' file prefixes, by node id and class
 	pinned   map[string]bool             // custom classes that pinned their memory
@@ -337,6 +466,9 @@ func NewServer(dev Device, cfg Config) (*Server, error) {
 	if cfg.StepTime < 0 || cfg.SettleLag < 0 || cfg.StatsDelay < 0 {
 		return nil, errors.New("fake comfyui: negative duration in config")
 	}
+	if cfg.Mode > ModelPatcher {
+		return nil, fmt.Errorf("fake comfyui: unknown mode %v", cfg.Mode)
+	}
 	for name := range cfg.CustomNodes {
 		if name == "" || comfyBuiltins[name] != nil {
 			return nil, fmt.Errorf("fake comfyui: custom node class %q is empty or built in", name)
@@ -359,6 +491,15 @@ func NewServer(dev Device, cfg Config) (*Server, error) {
 	cfg.Command = cmp.Or(cfg.Command, DefaultCommand)
 	if cfg.Argv == nil {
 		cfg.Argv = []string{"main.py"}
+		if cfg.ReserveVRAM > 0 {
+			cfg.Argv = append(cfg.Argv, "--reserve-vram", gbFlag(cfg.ReserveVRAM))
+		}
+		if cfg.VRAMHeadroom > 0 {
+			cfg.Argv = append(cfg.Argv, "--vram-headroom", gbFlag(cfg.VRAMHeadroom))
+		}
+	}
+	if cfg.Mode == ModelPatcher {
+		cfg.Version = cmp.Or(cfg.Version, ModelPatcherVersion)
 	}
 	cfg.Version = cmp.Or(cfg.Version, DefaultVersion)
 
@@ -371,7 +512,8 @@ func NewServer(dev Device, cfg Config) (*Server, error) {
 		ckpts:    ckpts,
 		done:     make(chan struct{}),
 		wake:     make(chan struct{}, 1),
-		resident: make(map[string]bool),
+		resident: make(map[string]uint64),
+		active:   make(map[string]bool),
 		cache:    make(map[string]*comfyCacheEntry),
 		objects:  make(map[string]string),
 		pinned:   make(map[string]bool),
@@ -594,27 +736,39 @@ func (c *Server) next(needGC bool, lastGC time.Time) (it *comfyItem, alive bool)
 
 // applyFree applies /free's flags, as prompt_worker does after a prompt:
 // unload_all_models (and torch's cache with it), for free_memory the node
-// cache too. The memory leaves the device SettleLag later.
+// cache too. The memory leaves the device over SettleLag: at its end in
+// ModelPatcher mode, a quarter at a time in DynamicVRAM mode.
 func (c *Server) applyFree(f comfyFlags) (alive bool) {
 	f.unload = true // implied by free_memory
 	c.mu.Lock()
 	c.applying = true
 	c.eventLocked(FreeApplied, "", f.String())
-	c.mu.Unlock()
-	if !c.sleep(c.cfg.SettleLag) {
-		return false // closed: Close frees everything
-	}
-	c.mu.Lock()
 	h := c.held
 	released := h.Models + h.Cache
-	h.Models, h.Cache = 0, 0
-	clear(c.resident)
-	if f.free {
-		clear(c.cache)
-		clear(c.objects)
-	}
 	c.mu.Unlock()
-	_ = c.commit(h) // shrinking cannot fail
+	parts := uint64(1)
+	if c.cfg.Mode == DynamicVRAM && c.cfg.SettleLag > 0 {
+		parts = 4
+	}
+	for i := uint64(1); i <= parts; i++ {
+		if !c.sleep(c.cfg.SettleLag / time.Duration(parts)) {
+			return false // closed: Close frees everything
+		}
+		c.mu.Lock()
+		h := c.held
+		left := released - released*i/parts // what this free has still to release
+		h.Models = min(h.Models, left)
+		h.Cache = min(h.Cache, left-h.Models)
+		if i == parts {
+			clear(c.resident)
+			if f.free {
+				clear(c.cache)
+				clear(c.objects)
+			}
+		}
+		c.mu.Unlock()
+		_ = c.commit(h) // shrinking cannot fail
+	}
 	c.mu.Lock()
 	c.applying = false
 	c.eventLocked(FreeSettled, "", fmt.Sprintf("released %d bytes", released))
@@ -672,25 +826,153 @@ func (c *Server) take(n uint64, field func(*Memory) *uint64) error {
 	return c.commit(h)
 }
 
-// loadModel puts a checkpoint on the GPU unless it is there.
+// loadModel puts a checkpoint on the GPU unless it is there. In
+// DynamicVRAM mode it maps what fits, idle checkpoints' pages given back
+// first to make room, and streams the rest (it never fails for weights,
+// FIELD_NOTES §9); in ModelPatcher mode the whole checkpoint or an error.
 func (c *Server) loadModel(name string) error {
+	size := c.cfg.Models[name]
 	c.mu.Lock()
-	there := c.resident[name]
+	there, ok := c.resident[name]
 	c.mu.Unlock()
-	if there {
+	if c.cfg.Mode == ModelPatcher {
+		if ok {
+			return nil
+		}
+		if err := c.take(size, func(m *Memory) *uint64 { return &m.Models }); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.resident[name] = size
+		c.mu.Unlock()
 		return nil
 	}
-	if err := c.take(c.cfg.Models[name], func(m *Memory) *uint64 { return &m.Models }); err != nil {
+	if ok && there >= size {
+		return nil
+	}
+	want := size - there
+	room, err := c.makeRoom(want, false)
+	if err != nil {
+		return err
+	}
+	got := min(want, room)
+	if got == 0 {
+		c.mu.Lock()
+		c.resident[name] = there
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Lock()
+	h := c.held
+	c.mu.Unlock()
+	h.Models += got
+	if err := c.commit(h); err != nil {
+		var ve *vramguardtest.VRAMError
+		if errors.As(err, &ve) { // another program took the room meanwhile: stream it all
+			c.mu.Lock()
+			c.resident[name] = there
+			c.mu.Unlock()
+			return nil
+		}
 		return err
 	}
 	c.mu.Lock()
-	c.resident[name] = true
+	c.resident[name] = there + got
 	c.mu.Unlock()
 	return nil
 }
 
+// room is how much the process may grow now in DynamicVRAM mode: the
+// device's free memory less the headroom it keeps, within --reserve-vram's
+// cap.
+func (c *Server) room() (uint64, error) {
+	total, free, err := c.dev.DeviceMemory(c.ctx)
+	if err != nil {
+		return 0, err
+	}
+	room := sub(free, aimdoHeadroom+c.cfg.VRAMHeadroom)
+	if c.cfg.ReserveVRAM > 0 {
+		room = min(room, sub(sub(total, c.cfg.ReserveVRAM), c.Held().Total()))
+	}
+	return room, nil
+}
+
+// makeRoom gives back weight pages of its own until the process may grow
+// by want (DynamicVRAM: "inactive models are preserved in VRAM right up
+// until there is higher priority demand"): idle checkpoints' first, then,
+// with own, those of the prompt running (they then stream). It returns the
+// room it found, which can be less than want.
+func (c *Server) makeRoom(want uint64, own bool) (uint64, error) {
+	for first := true; ; first = false {
+		room, err := c.room()
+		if err != nil || room >= want {
+			return room, err
+		}
+		c.mu.Lock()
+		if first && own {
+			// Activations that would not fit even with every page given
+			// back fail at once, and the weights stay.
+			var pages uint64
+			for _, n := range c.resident {
+				pages += n
+			}
+			if room+pages < want {
+				c.mu.Unlock()
+				return room, nil
+			}
+		}
+		victim := ""
+		for _, name := range c.ckpts { // sorted: a stable choice
+			if c.resident[name] > 0 && !c.active[name] {
+				victim = name
+				break
+			}
+		}
+		if victim == "" && own {
+			for _, name := range c.ckpts {
+				if c.resident[name] > 0 {
+					victim = name
+					break
+				}
+			}
+		}
+		if victim == "" {
+			c.mu.Unlock()
+			return room, nil
+		}
+		n := min(c.resident[victim], want-room)
+		c.resident[victim] -= n
+		h := c.held
+		h.Models -= n
+		c.eventLocked(WeightsEvicted, "", fmt.Sprintf("%s: %d bytes", victim, n))
+		c.mu.Unlock()
+		_ = c.commit(h) // shrinking cannot fail
+	}
+}
+
+// stepTime is a sampler step's time with the fraction of the model's
+// weights that is not resident streamed from host RAM.
+func (c *Server) stepTime(ckpt string) time.Duration {
+	size := c.cfg.Models[ckpt]
+	if c.cfg.Mode == ModelPatcher || size == 0 {
+		return c.cfg.StepTime
+	}
+	c.mu.Lock()
+	paged := size - min(size, c.resident[ckpt])
+	c.mu.Unlock()
+	return c.cfg.StepTime + time.Duration(float64(c.cfg.StepTime)*pagedSlowdown*float64(paged)/float64(size))
+}
+
+func sub(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return 0
+}
+
 // unloadAllAfterOOM is execute()'s unload_all_models after an out of
-// memory error: every model leaves, and torch's cache with them.
+// memory error (ModelPatcher mode): every model leaves, and torch's cache
+// with them.
 func (c *Server) unloadAllAfterOOM() {
 	c.mu.Lock()
 	h := c.held
@@ -701,8 +983,10 @@ func (c *Server) unloadAllAfterOOM() {
 }
 
 // dropUnusedLocked is the node cache's clean_unused at a prompt's start:
-// entries the prompt has no node for go, and a checkpoint no remaining
-// entry loaded leaves the GPU for torch's cache.
+// entries the prompt has no node for go, and (ModelPatcher mode) a
+// checkpoint no remaining entry loaded leaves the GPU for torch's cache;
+// in DynamicVRAM mode its weights stay where they are. It also notes the
+// checkpoints the prompt loads (the active ones).
 func (c *Server) dropUnusedLocked(g *comfyGraph) {
 	keep := make(map[string]bool, len(g.order))
 	objects := make(map[string]bool, len(g.order))
@@ -719,6 +1003,15 @@ func (c *Server) dropUnusedLocked(g *comfyGraph) {
 		if !objects[k] {
 			delete(c.objects, k)
 		}
+	}
+	clear(c.active)
+	for _, id := range g.order {
+		if n := g.nodes[id]; n.class == "CheckpointLoaderSimple" {
+			c.active[pyStr(n.input("ckpt_name"))] = true
+		}
+	}
+	if c.cfg.Mode == DynamicVRAM {
+		return // an idle model's weights stay resident until room is needed or /free
 	}
 	used := make(map[string]bool)
 	for _, e := range c.cache {
@@ -1149,15 +1442,32 @@ func (r *comfyRun) node(id string) (f *comfyFailure, alive bool) {
 		}
 		c.mu.Lock()
 		need := c.cfg.WorkBytes - min(c.cfg.WorkBytes, c.held.Work)
+		grow := need - min(need, c.held.Cache) // what torch's cache cannot cover
 		c.mu.Unlock()
+		if need > 0 && c.cfg.Mode == DynamicVRAM && grow > 0 {
+			// Activations need real VRAM: weight pages go first, the
+			// prompt's own included; when even that is not enough,
+			// aimdo's "VRAM grow failed" (FIELD_NOTES §9).
+			room, err := c.makeRoom(grow, true)
+			if err != nil {
+				return fail(err)
+			}
+			if room < grow {
+				return fail(&vramguardtest.VRAMError{Owner: c.cfg.Command, Requested: grow, Free: room})
+			}
+		}
 		if need > 0 {
 			if err := c.take(need, func(m *Memory) *uint64 { return &m.Work }); err != nil {
 				return fail(err)
 			}
 		}
+		step := c.cfg.StepTime
+		if name, ok := g.ckptOf(n, "model", c.cfg.Models, map[string]bool{}); ok {
+			step = c.stepTime(name)
+		}
 		steps := n.intInput("steps")
 		for i := int64(1); i <= steps; i++ {
-			if !c.sleep(c.cfg.StepTime) {
+			if !c.sleep(step) {
 				return nil, false
 			}
 			if c.interrupted() { // the progress hook
@@ -1210,6 +1520,12 @@ func (r *comfyRun) allocFailure(id string, err error) *comfyFailure {
 	var ve *vramguardtest.VRAMError
 	if !errors.As(err, &ve) {
 		return &comfyFailure{node: id, typ: "RuntimeError", msg: "CUDA error: " + err.Error() + "\n", inputs: inputs}
+	}
+	if r.c.cfg.Mode == DynamicVRAM {
+		// aimdo's error, a RuntimeError, not torch's out of memory one;
+		// ComfyUI's retry path (which unloads every model after "out of
+		// memory") does not match it, so the models stay.
+		return &comfyFailure{node: id, typ: "RuntimeError", inputs: inputs, msg: fmt.Sprintf("VRAM grow failed: %d bytes", ve.Requested)}
 	}
 	msg := r.c.oomMessage(ve.Requested, ve)
 	r.c.unloadAllAfterOOM()
@@ -1409,4 +1725,10 @@ func waitChange(ctx context.Context, mu *sync.Mutex, changed *chan struct{}, don
 			return errors.New(closed)
 		}
 	}
+}
+
+// gbFlag is n bytes as a ComfyUI GB flag's value (GiB, as ComfyUI
+// multiplies by 1024³).
+func gbFlag(n uint64) string {
+	return strconv.FormatFloat(float64(n)/(1<<30), 'f', -1, 64)
 }

@@ -439,6 +439,7 @@ func TestComfySystemStatsCountsCacheAsFree(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 * gib})
 	t.Cleanup(s.Close)
 	c := startComfy(t, s, comfyuitest.Config{
+		Mode:      comfyuitest.ModelPatcher,
 		Models:    map[string]uint64{"a.safetensors": 4 * gib, "b.safetensors": 2 * gib},
 		WorkBytes: gib, Argv: []string{"main.py", "--listen"},
 	})
@@ -497,6 +498,7 @@ func TestComfySystemStatsSlowWhileFreeing(t *testing.T) {
 	t.Cleanup(s.Close)
 	const delay = 500 * time.Millisecond
 	c := startComfy(t, s, comfyuitest.Config{
+		Mode:   comfyuitest.ModelPatcher,
 		Models: map[string]uint64{sd15: 4 * gib}, SettleLag: 4 * time.Second, StatsDelay: delay,
 	})
 	if _, outcome := runPrompt(t, c, txt2img(sd15, 1, "x")); outcome != "success" {
@@ -789,16 +791,16 @@ func TestComfyInterrupt(t *testing.T) {
 	}
 }
 
-// On a PSGPU the fake shares the device with a Server's models: a
-// checkpoint that does not fit beside them fails with torch's out of
-// memory error, and loads once the Ollama model is gone.
+// On a PSGPU the fake shares the device with a Server's models: in
+// ModelPatcher mode a checkpoint that does not fit beside them fails with
+// torch's out of memory error, and loads once the Ollama model is gone.
 func TestComfyOnPSGPU(t *testing.T) {
 	s, api1 := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "big", Size: 6 * gib, SizeVRAM: 6 * gib, Chunks: 1}}})
 	if r := generate(t.Context(), api1, &api.GenerateRequest{Model: "big", Prompt: "hi", KeepAlive: keepAlive(time.Hour)}); r.err != nil {
 		t.Fatal(r.err)
 	}
 	g := &vramguardtest.PSGPU{Client: api1, Total: 8 * gib, Name: "NVIDIA GeForce RTX 4060"}
-	c := startComfy(t, g, comfyuitest.Config{Models: map[string]uint64{sd15: 4 * gib}, Command: "python3 ComfyUI/main.py"})
+	c := startComfy(t, g, comfyuitest.Config{Mode: comfyuitest.ModelPatcher, Models: map[string]uint64{sd15: 4 * gib}, Command: "python3 ComfyUI/main.py"})
 	id, outcome := runPrompt(t, c, txt2img(sd15, 2, "x"))
 	if outcome != "error" {
 		t.Fatalf("a 4 GiB checkpoint beside a 6 GiB model on 8 GiB ended %q; want error", outcome)
