@@ -1,0 +1,253 @@
+package comfyui_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
+)
+
+// busy is a pair whose ComfyUI runs a render of steps 10 ms steps, once
+// it samples (8.25 GiB held: context, checkpoint, activations).
+func busy(t *testing.T, cfg comfyuitest.Config, steps int) (*pair, *comfyui.Client, *comfyui.Queued) {
+	t.Helper()
+	p := newPair(t, cfg)
+	c := p.client(t, p.ollama.GPU())
+	q, err := c.Submit(t.Context(), workflow(steps, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.comfy.WaitFor(t.Context(), func() bool { return p.comfy.Held().Work > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	return p, c, q
+}
+
+// Defect 1 and 2 of issue #46: EnsureFree{Timeout: 1s} waited out a whole
+// 10 s render (the tenant's wait for the queue ignored the call's
+// timeout), and when such a wait did end the error was KindInternal or
+// canceled, without a *RoomError, a holder or DeadlineExceeded. Now the
+// wait ends with the call's bound: a *RoomError of KindTimeout naming
+// ComfyUI among the holders, errors.Is(err, context.DeadlineExceeded),
+// and the running prompt's id and queue length in a *comfyui.WaitError.
+func TestTenantWaitEndsWithTheCallsTimeout(t *testing.T) {
+	p, c, q := busy(t, comfyuitest.Config{}, 1000) // a 10 s render
+	oc := ollamaClient(t, p, c, 0, false)
+	if _, err := oc.RegisterTenant(c.Tenant(comfyui.TenantOptions{First: true})); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = time.Second
+	start := time.Now()
+	_, err := oc.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 12 * gib, Timeout: timeout})
+	took := time.Since(start)
+	if !p.eventTime(comfyuitest.PromptEnd).IsZero() {
+		t.Errorf("EnsureFree returned after the render ended (%v); want within its 1 s timeout", took)
+	}
+	var re *vramguard.RoomError
+	var we *comfyui.WaitError
+	switch {
+	case !errors.As(err, &re):
+		t.Fatalf("EnsureFree = %v (%T); want a *RoomError", err, err)
+	case vramguard.KindOf(err) != vramguard.KindTimeout || !errors.Is(err, vramguard.KindTimeout):
+		t.Errorf("kind %v; want timeout (%v)", vramguard.KindOf(err), err)
+	case !errors.Is(err, context.DeadlineExceeded):
+		t.Errorf("errors.Is(err, DeadlineExceeded) false: %v", err)
+	case !errors.As(err, &we) || we.PromptID != q.PromptID || we.Queued != 1:
+		t.Errorf("WaitError %+v; want prompt %s, 1 in the queue (%v)", we, q.PromptID, err)
+	}
+	if re != nil && !slices.ContainsFunc(re.Holders, func(h vramguard.MemoryHolder) bool { return h.Name == comfyui.HolderName }) {
+		t.Errorf("holders %+v; want ComfyUI named", re.Holders)
+	}
+	if !strings.Contains(err.Error(), q.PromptID) {
+		t.Errorf("error %q does not name the prompt", err)
+	}
+}
+
+// Defect 3 of issue #46: a free that settles slower than Settle reported
+// the memory still on its way back as pinned. Now a free whose readings
+// had not settled when its bound ended is pending, with what is still
+// held on its way; in both modes.
+func TestSlowSettleIsPendingNotPinned(t *testing.T) {
+	for _, mode := range []comfyuitest.Mode{comfyuitest.DynamicVRAM, comfyuitest.ModelPatcher} {
+		t.Run(mode.String(), func(t *testing.T) {
+			p := newPair(t, comfyuitest.Config{Mode: mode, SettleLag: 3 * time.Second})
+			c := p.client(t, p.ollama.GPU())
+			if _, err := c.Run(t.Context(), workflow(2, nil)); err != nil {
+				t.Fatal(err)
+			}
+			rc, err := c.Free(t.Context(), comfyui.FreeRequest{Settle: 300 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc.Outcome != comfyui.OutcomePending || rc.Settled || rc.Pinned > rc.Tolerance || strings.Contains(rc.String(), "B pinned") {
+				t.Errorf("receipt %s; want pending, nothing called pinned", rc)
+			}
+			if rc.Pending < 4*gib || rc.Pending > 6*gib+256*mib+rc.Tolerance {
+				t.Errorf("Pending %d; want the checkpoint's memory still on its way (%s)", rc.Pending, rc)
+			}
+		})
+	}
+}
+
+// Defect 4 of issue #46: a Free where nothing moves waited the whole
+// Settle (15 s by default) before saying so. Now it says so once the
+// readings have agreed with the first for FreeRequest.Quiet.
+func TestNothingMovedEndsEarly(t *testing.T) {
+	pin := comfyui.Workflow{"1": {ClassType: "PinLoader", Inputs: map[string]any{}}}
+	p := newPair(t, comfyuitest.Config{CustomNodes: map[string]comfyuitest.CustomNode{"PinLoader": {PinBytes: 2 * gib, Output: true}}})
+	c := p.client(t, p.ollama.GPU())
+	if _, err := c.Run(t.Context(), pin); err != nil {
+		t.Fatal(err)
+	}
+	const settle = 20 * time.Second
+	rc, err := c.Free(t.Context(), comfyui.FreeRequest{Settle: settle, Quiet: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.Elapsed > settle/4 {
+		t.Errorf("a free where nothing moved took %v; want it said well before Settle (%v)", rc.Elapsed, settle)
+	}
+	if rc.Outcome != comfyui.OutcomePartlyFreed || !rc.Settled || rc.Released() > rc.Tolerance || rc.Pinned < 2*gib-rc.Tolerance {
+		t.Errorf("receipt %s; want partly freed, settled, nothing back, 2 GiB pinned", rc)
+	}
+}
+
+// An idle DynamicVRAM ComfyUI holding a 6 GiB checkpoint reads about 0 in
+// torch's pool; the tenant's size comes from the device (its process), a
+// dry run plans it, a real EnsureFree that needs the room frees it, and
+// the receipt's figures are the fake GPU's per-process memory; the mode is
+// in the receipt.
+func TestDynamicVRAMTenantMeasuredFromTheDevice(t *testing.T) {
+	p, c := rendered(t, comfyuitest.Config{})
+	st, err := c.SystemStats(t.Context())
+	if err != nil || st.Devices[0].TorchVRAMTotal > 64*mib {
+		t.Fatalf("torch pool %+v, %v; want about 0 (weights outside it)", st, err)
+	}
+	if got := st.Mode(); got != comfyui.ModeDynamicVRAM {
+		t.Errorf("SystemStats.Mode() = %q; want DynamicVRAM", got)
+	}
+	held := p.comfy.Held().Total()
+	var receipts []*comfyui.Receipt
+	tenant := c.Tenant(comfyui.TenantOptions{First: true, OnFree: func(r *comfyui.Receipt) { receipts = append(receipts, r) }})
+	size, err := tenant.Size(t.Context())
+	if err != nil || size < 6*gib || size > held {
+		t.Errorf("tenant Size = %d, %v; want at least the 6 GiB checkpoint, at most the process's %d", size, err, held)
+	}
+	oc := ollamaClient(t, p, c, 0, false)
+	if _, err := oc.RegisterTenant(tenant); err != nil {
+		t.Fatal(err)
+	}
+	// 8.75 GiB free of 16: 12 needs ComfyUI's memory.
+	dry, err := oc.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 12 * gib, DryRun: true})
+	if err != nil || !slices.Contains(dry.Plan, comfyui.HolderName) {
+		t.Errorf("dry run = %+v, %v; want ComfyUI planned", dry, err)
+	}
+	rep, err := oc.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 12 * gib, Timeout: 10 * time.Second})
+	if err != nil || len(rep.Tenants) != 1 || !rep.Tenants[0].Verified {
+		t.Fatalf("EnsureFree = %+v, %v; want ComfyUI's release verified", rep, err)
+	}
+	if len(receipts) != 1 {
+		t.Fatalf("%d receipts; want 1", len(receipts))
+	}
+	rc := receipts[0]
+	after := p.comfy.Held().Total()
+	if rc.Outcome != comfyui.OutcomeFreed || rc.Mode != comfyui.ModeDynamicVRAM || !rc.Process.Known ||
+		rc.Process.Before != held || rc.Process.After != after || rc.Released() != held-after {
+		t.Errorf("receipt %s (mode %q); want freed, DynamicVRAM, the process %d → %d as the fake GPU lists it", rc, rc.Mode, held, after)
+	}
+}
+
+// Without a GPU reader the tenant's size is unknown (tried, not counted),
+// whatever torch's pool says.
+func TestTenantSizeUnknownWithoutAReader(t *testing.T) {
+	p := newPair(t, comfyuitest.Config{Mode: comfyuitest.ModelPatcher})
+	c := p.client(t, nil)
+	if _, err := c.Run(t.Context(), workflow(2, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.SystemStats(t.Context()); err != nil || st.Devices[0].TorchVRAMTotal < 6*gib {
+		t.Fatalf("stats %+v, %v; want the checkpoint in torch's pool", st, err)
+	}
+	if size, err := c.Tenant(comfyui.TenantOptions{}).Size(t.Context()); err == nil {
+		t.Errorf("tenant Size without a reader = %d; want unknown (an error)", size)
+	}
+}
+
+// A prompt that fails with aimdo's "VRAM grow failed" is KindOutOfMemory,
+// with the bytes.
+func TestVRAMGrowFailedIsOutOfMemory(t *testing.T) {
+	p := newPair(t, comfyuitest.Config{WorkBytes: 20 * gib})
+	c := p.client(t, p.ollama.GPU())
+	_, err := c.Run(t.Context(), workflow(2, nil))
+	var ee *comfyui.ExecutionError
+	if vramguard.KindOf(err) != vramguard.KindOutOfMemory || !errors.As(err, &ee) || ee.Bytes != 20*gib || ee.PromptID == "" {
+		t.Errorf("Run = %v (%+v); want KindOutOfMemory, an ExecutionError with 20 GiB and the prompt id", err, ee)
+	}
+}
+
+// Run whose ctx ends interrupts its own prompt: nothing is left running
+// or queued on ComfyUI, and the error names the prompt.
+func TestRunCancelledLeavesNothingRunning(t *testing.T) {
+	p := newPair(t, comfyuitest.Config{})
+	c := p.client(t, p.ollama.GPU())
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		_ = p.comfy.WaitFor(ctx, func() bool { return p.comfy.Held().Work > 0 })
+		cancel()
+	}()
+	_, err := c.Run(ctx, workflow(1000, nil)) // a 10 s render
+	var we *comfyui.WaitError
+	if !errors.Is(err, vramguard.KindCanceled) || !errors.As(err, &we) || we.PromptID == "" || !strings.Contains(err.Error(), we.PromptID) {
+		t.Fatalf("Run = %v; want KindCanceled with a *WaitError naming the prompt", err)
+	}
+	if err := p.comfy.WaitFor(t.Context(), func() bool { return !p.eventTime(comfyuitest.PromptEnd).IsZero() }); err != nil {
+		t.Fatal(err)
+	}
+	ev := p.comfy.Events()
+	i := slices.IndexFunc(ev, func(e comfyuitest.Event) bool { return e.Kind == comfyuitest.PromptEnd })
+	if ev[i].PromptID != we.PromptID || ev[i].Detail != "interrupted" {
+		t.Errorf("the prompt ended %+v; want %s interrupted", ev[i], we.PromptID)
+	}
+	q, err := c.Queue(t.Context())
+	if err != nil || q.Busy() {
+		t.Errorf("queue %+v, %v; want nothing running or waiting", q, err)
+	}
+}
+
+// ComfyUI's 400 and 409 for a prompt are *PromptError values of
+// KindInvalidInput with the status.
+func TestPromptIDRefusals(t *testing.T) {
+	for _, tt := range []struct {
+		code int
+		body string
+		typ  string
+	}{
+		{http.StatusBadRequest, `{"error": {"type": "invalid_prompt_id", "message": "Invalid prompt_id", "details": "", "extra_info": {}}, "node_errors": {}}`, "invalid_prompt_id"},
+		{http.StatusConflict, `{"error": {"type": "prompt_id_exists", "message": "prompt_id already exists", "details": "", "extra_info": {}}, "node_errors": {}}`, "prompt_id_exists"},
+		{http.StatusConflict, `prompt_id already exists`, ""},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(tt.code)
+			_, _ = w.Write([]byte(tt.body))
+		}))
+		c, err := comfyui.New(comfyui.Options{URL: srv.URL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Submit(t.Context(), workflow(1, nil))
+		var pe *comfyui.PromptError
+		if vramguard.KindOf(err) != vramguard.KindInvalidInput || !errors.As(err, &pe) || pe.Status != tt.code || pe.Type != tt.typ {
+			t.Errorf("%d %s: Submit = %v (%+v); want KindInvalidInput, a *PromptError with the status and type %q", tt.code, tt.body, err, pe, tt.typ)
+		}
+		c.Close()
+		srv.Close()
+	}
+}
