@@ -251,3 +251,87 @@ func TestPromptIDRefusals(t *testing.T) {
 		srv.Close()
 	}
 }
+
+// SystemStats.Mode from what ComfyUI reports, and GBFlag on the argv
+// forms ComfyUI takes (and what it does not).
+func TestModeAndFlagsFromStats(t *testing.T) {
+	stats := func(version, typ string, argv ...string) *comfyui.SystemStats {
+		st := &comfyui.SystemStats{Devices: []comfyui.StatsDevice{{Type: typ}}}
+		st.System.ComfyUIVersion, st.System.Argv = version, argv
+		return st
+	}
+	for _, tt := range []struct {
+		st   *comfyui.SystemStats
+		want comfyui.Mode
+	}{
+		{stats("0.25.0", "cuda", "main.py"), comfyui.ModeDynamicVRAM},
+		{stats("0.18.0", "cuda"), comfyui.ModeDynamicVRAM},
+		{stats("1.2.3", "cuda"), comfyui.ModeDynamicVRAM},
+		{stats("0.17.9", "cuda"), comfyui.ModeModelPatcher},
+		{stats("0.3.64", "cuda"), comfyui.ModeModelPatcher},
+		{stats("0.25.0", "cuda", "main.py", "--disable-dynamic-vram"), comfyui.ModeModelPatcher},
+		{stats("0.25.0", "cuda", "main.py", "--highvram"), comfyui.ModeModelPatcher},
+		{stats("0.25.0", "mps"), comfyui.ModeModelPatcher},
+		{stats("", "cuda"), comfyui.ModeUnknown},
+		{stats("nightly", "cuda"), comfyui.ModeUnknown},
+	} {
+		if got := tt.st.Mode(); got != tt.want {
+			t.Errorf("Mode(%q, %q, %q) = %q; want %q", tt.st.System.ComfyUIVersion, tt.st.Devices[0].Type, tt.st.System.Argv, got, tt.want)
+		}
+	}
+	for _, tt := range []struct {
+		argv []string
+		want uint64
+		ok   bool
+	}{
+		{[]string{"main.py", "--reserve-vram", "4"}, 4 * gib, true},
+		{[]string{"main.py", "--reserve-vram=0.5"}, gib / 2, true},
+		{[]string{"main.py", "--reserve-vram"}, 0, false},
+		{[]string{"main.py", "--reserve-vram", "-1"}, 0, false},
+		{[]string{"main.py", "--reserve-vram", "lots"}, 0, false},
+		{[]string{"main.py", "--reserve-vram", "1e300"}, 0, false},
+		{[]string{"main.py", "--vram-headroom", "2"}, 0, false},
+		{nil, 0, false},
+	} {
+		got, ok := stats("0.25.0", "cuda", tt.argv...).GBFlag("--reserve-vram")
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("GBFlag(--reserve-vram) in %q = %d, %v; want %d, %v", tt.argv, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+// Where the reader lists processes but not ComfyUI's (a container, a PID
+// not found), the tenant's size is the device's used memory less every
+// listed process's.
+func TestTenantSizeWithoutItsProcess(t *testing.T) {
+	p, _ := rendered(t, comfyuitest.Config{})
+	c, err := comfyui.New(comfyui.Options{URL: p.comfy.URL().String(), VRAM: hide{p.ollama.GPU(), p.comfy.PID()}, PID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	size, err := c.Tenant(comfyui.TenantOptions{}).Size(t.Context())
+	if held := p.comfy.Held().Total(); err != nil || size != held {
+		t.Errorf("Size = %d, %v; want the memory no listed process accounts for, ComfyUI's %d", size, err, held)
+	}
+}
+
+// hide is a reader whose snapshots do not list one process (its memory
+// still counted as used).
+type hide struct {
+	inner vramguard.VRAMReader
+	pid   uint32
+}
+
+func (h hide) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	snap, err := h.inner.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := *snap
+	out.Devices = slices.Clone(snap.Devices)
+	for i := range out.Devices {
+		out.Devices[i].Processes = slices.DeleteFunc(slices.Clone(out.Devices[i].Processes), func(p vramguard.GPUProcess) bool { return p.PID == h.pid })
+	}
+	return &out, nil
+}
