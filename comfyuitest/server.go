@@ -62,10 +62,12 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", uint8(m))
 }
 
-// aimdoHeadroom is what DynamicVRAM keeps free device-wide, besides
-// --vram-headroom, when ComfyUI allocates (FIELD_NOTES §9:
-// "about 256 MiB plus --vram-headroom GB", comfy/model_management.py).
-const aimdoHeadroom = 256 << 20
+// DynamicVRAMHeadroom is what a fake ComfyUI in DynamicVRAM mode keeps
+// free on the device, besides Config.VRAMHeadroom, when it allocates for
+// its own prompt (FIELD_NOTES §9: "about 256 MiB plus --vram-headroom
+// GB", comfy/model_management.py): a test that sizes a fake device for a
+// render counts it.
+const DynamicVRAMHeadroom = 256 << 20
 
 // pagedSlowdown is how much slower a sampler step runs with all of its
 // model's weights streamed from host RAM instead of resident (a step
@@ -890,7 +892,7 @@ func (c *Server) room() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	room := sub(free, aimdoHeadroom+c.cfg.VRAMHeadroom)
+	room := sub(free, DynamicVRAMHeadroom+c.cfg.VRAMHeadroom)
 	if c.cfg.ReserveVRAM > 0 {
 		room = min(room, sub(sub(total, c.cfg.ReserveVRAM), c.Held().Total()))
 	}
