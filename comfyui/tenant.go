@@ -27,8 +27,12 @@ const HolderName = "ComfyUI"
 type WhileBusy uint8
 
 const (
-	// Wait waits, under the room-making call's ctx (for a budget's load,
-	// the generation's timeouts), for the queue to drain, then frees.
+	// Wait waits for the queue to drain, then frees, within the
+	// room-making call's own bound (EnsureRequest.Timeout, else
+	// Options.UnloadTimeout; for a budget's load the generation's
+	// timeouts; a phase's timeout; ctx). When the bound ends first the
+	// room is refused with a *RoomError of KindTimeout holding a
+	// *WaitError that names the running prompt.
 	Wait WhileBusy = iota
 	// Refuse refuses at once with a *BusyError (KindRefused): the load is
 	// refused with a *RoomError whose RetryAfter is at least
@@ -60,8 +64,8 @@ type TenantOptions struct {
 	// RetryAfter is what a Refuse advertises; zero means
 	// DefaultRetryAfter (ComfyUI does not say how long a prompt will take).
 	RetryAfter time.Duration
-	// Free measures each release (its Tolerance, Settle and Interval;
-	// DropCache and Wait are the tenant's own).
+	// Free measures each release (its Tolerance, Settle, Quiet and
+	// Interval; DropCache and Wait are the tenant's own).
 	Free FreeRequest
 	// OnFree, when set, receives each release's receipt.
 	OnFree func(*Receipt)
