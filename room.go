@@ -776,6 +776,9 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 			if !group[0].tier.isTenant() {
 				return errors.Join(errs...) // an unload not verified: the room is not known
 			}
+			if ctx.Err() != nil && tenantRefusal(errs) != nil {
+				break // the call's bound ended in a tenant's release: refused below
+			}
 		}
 		if last {
 			break // the final wait, after ReleaseVRAM, shows the room

@@ -197,7 +197,7 @@ func (c *Client) Submit(ctx context.Context, wf Workflow) (*Queued, error) {
 	if err := c.do(ctx, op, http.MethodPost, "/prompt", body, &q, c.opts.Timeout); err != nil {
 		if ctx.Err() != nil {
 			c.cancelPrompt(ctx, id)
-			return nil, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: id, Err: context.Cause(ctx)}}
+			return nil, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: id, Err: ctxCause(ctx)}}
 		}
 		return nil, err
 	}
@@ -227,6 +227,17 @@ func (c *Client) cancelPrompt(ctx context.Context, promptID string) {
 	_ = c.do(cctx, "comfyui: cancel", http.MethodPost, "/queue", map[string]any{"delete": []string{promptID}}, nil, c.opts.Timeout)
 	_ = c.Interrupt(cctx, promptID)
 	c.log.Debug("comfyui: prompt cancelled after its ctx ended", "prompt_id", promptID, "jobs_api", err == nil)
+}
+
+// ctxCause is why ctx ended: its cause, with ctx.Err() kept beside a
+// cause of the caller's own (a generation's first-chunk timeout, say), so
+// that errors.Is finds both.
+func ctxCause(ctx context.Context) error {
+	cause, err := context.Cause(ctx), ctx.Err()
+	if err != nil && cause != nil && !errors.Is(cause, err) {
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
+	return cause
 }
 
 // ctxKind is the kind of an error for a ctx that ended: KindTimeout when

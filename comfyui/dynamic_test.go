@@ -13,6 +13,7 @@ import (
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
 	"github.com/vramguard/vramguard/comfyuitest"
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // busy is a pair whose ComfyUI runs a render of steps 10 ms steps, once
@@ -334,4 +335,32 @@ func (h hide) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
 		out.Devices[i].Processes = slices.DeleteFunc(slices.Clone(out.Devices[i].Processes), func(p vramguard.GPUProcess) bool { return p.PID == h.pid })
 	}
 	return &out, nil
+}
+
+// A budget's load that needs a busy ComfyUI's memory waits for the render
+// within the generation's first-chunk timeout, not the render's length:
+// the refusal is the *RoomError naming ComfyUI, with the first-chunk
+// timeout, context.DeadlineExceeded and KindTimeout in its chain, and the
+// *WaitError naming the running prompt. (Its KindOf is the budget's
+// refusal, KindOutOfMemory.)
+func TestBudgetWaitEndsWithTheFirstChunkTimeout(t *testing.T) {
+	p, c, q := busy(t, comfyuitest.Config{}, 1000) // a 10 s render
+	oc := vramguardtest.NewClient(t, p.ollama, vramguard.Options{VRAM: c.Reader(p.ollama.GPU()), VRAMPollInterval: 10 * time.Millisecond,
+		Budget: &vramguard.Budget{Headroom: 2 * gib, MakeRoom: true}, Timeouts: vramguard.Timeouts{FirstChunk: time.Second}})
+	if _, err := oc.RegisterTenant(c.Tenant(comfyui.TenantOptions{})); err != nil {
+		t.Fatal(err)
+	}
+	_, err := oc.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "llm", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
+	if !p.eventTime(comfyuitest.PromptEnd).IsZero() {
+		t.Error("the load was refused only after the render ended; want at its first-chunk timeout")
+	}
+	var re *vramguard.RoomError
+	var we *comfyui.WaitError
+	if !errors.As(err, &re) || !errors.Is(err, vramguard.ErrFirstChunkTimeout) || !errors.Is(err, context.DeadlineExceeded) ||
+		!errors.Is(err, vramguard.KindTimeout) || !errors.As(err, &we) || we.PromptID != q.PromptID {
+		t.Fatalf("GenerateStreaming = %v; want a *RoomError with the first-chunk timeout, DeadlineExceeded, KindTimeout and the *WaitError of %s", err, q.PromptID)
+	}
+	if !slices.ContainsFunc(re.Holders, func(h vramguard.MemoryHolder) bool { return h.Name == comfyui.HolderName }) {
+		t.Errorf("holders %+v; want ComfyUI named", re.Holders)
+	}
 }

@@ -274,7 +274,7 @@ func (c *Client) Free(ctx context.Context, fr FreeRequest) (*Receipt, error) {
 		rc.Mode = modeOf(before, last)
 		judge(rc, before, last, c.opts.VRAM != nil, c.floorOf(floor, floorKnown, last, rc.Mode))
 		rc.Elapsed = time.Since(start)
-		return rc, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: rc.PromptID, Queued: rc.Queued, Waited: rc.Elapsed, Receipt: rc, Err: context.Cause(ctx)}}
+		return rc, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: rc.PromptID, Queued: rc.Queued, Waited: rc.Elapsed, Receipt: rc, Err: ctxCause(ctx)}}
 	}
 	if len(q.Running) > 0 {
 		rc.PromptID, rc.Queued = q.Running[0].PromptID, len(q.Pending)

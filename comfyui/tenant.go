@@ -133,7 +133,7 @@ func (c *Client) Tenant(o TenantOptions) vramguard.Tenant {
 					if ctx.Err() == nil {
 						return err
 					}
-					return &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: id, Queued: n, Waited: time.Since(start), Err: context.Cause(ctx)}}
+					return &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: id, Queued: n, Waited: time.Since(start), Err: ctxCause(ctx)}}
 				}
 			}
 			fr := o.Free

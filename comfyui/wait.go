@@ -90,7 +90,7 @@ func (c *Client) wait(ctx context.Context, promptID string, cancelOwn bool) (*Re
 			if cancelOwn && c.own.drop(promptID) {
 				c.cancelPrompt(ctx, promptID)
 			}
-			return nil, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: promptID, Waited: time.Since(start), Err: context.Cause(ctx)}}
+			return nil, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: promptID, Waited: time.Since(start), Err: ctxCause(ctx)}}
 		case <-c.closed:
 			return nil, &vramguard.Error{Op: op, Kind: vramguard.KindCanceled, Err: &WaitError{PromptID: promptID, Waited: time.Since(start), Err: vramguard.ErrClosed}}
 		case <-ended:
