@@ -1,12 +1,15 @@
 package comfyui_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -195,33 +198,100 @@ func TestVRAMGrowFailedIsOutOfMemory(t *testing.T) {
 }
 
 // Run whose ctx ends interrupts its own prompt: nothing is left running
-// or queued on ComfyUI, and the error names the prompt.
+// or queued on ComfyUI, and the error names the prompt; today through
+// /api/jobs/{id}/cancel, on 0.3.64 (no /api/jobs) through /interrupt.
 func TestRunCancelledLeavesNothingRunning(t *testing.T) {
-	p := newPair(t, comfyuitest.Config{})
-	c := p.client(t, p.ollama.GPU())
-	ctx, cancel := context.WithCancel(t.Context())
-	go func() {
-		_ = p.comfy.WaitFor(ctx, func() bool { return p.comfy.Held().Work > 0 })
-		cancel()
-	}()
-	_, err := c.Run(ctx, workflow(1000, nil)) // a 10 s render
-	var we *comfyui.WaitError
-	if !errors.Is(err, vramguard.KindCanceled) || !errors.As(err, &we) || we.PromptID == "" || !strings.Contains(err.Error(), we.PromptID) {
-		t.Fatalf("Run = %v; want KindCanceled with a *WaitError naming the prompt", err)
-	}
-	if err := p.comfy.WaitFor(t.Context(), func() bool { return !p.eventTime(comfyuitest.PromptEnd).IsZero() }); err != nil {
-		t.Fatal(err)
-	}
-	ev := p.comfy.Events()
-	i := slices.IndexFunc(ev, func(e comfyuitest.Event) bool { return e.Kind == comfyuitest.PromptEnd })
-	if ev[i].PromptID != we.PromptID || ev[i].Detail != "interrupted" {
-		t.Errorf("the prompt ended %+v; want %s interrupted", ev[i], we.PromptID)
-	}
-	q, err := c.Queue(t.Context())
-	if err != nil || q.Busy() {
-		t.Errorf("queue %+v, %v; want nothing running or waiting", q, err)
+	for _, mode := range []comfyuitest.Mode{comfyuitest.DynamicVRAM, comfyuitest.ModelPatcher} {
+		t.Run(mode.String(), func(t *testing.T) {
+			p := newPair(t, comfyuitest.Config{Mode: mode})
+			c := p.client(t, p.ollama.GPU())
+			ctx, cancel := context.WithCancel(t.Context())
+			go func() {
+				_ = p.comfy.WaitFor(ctx, func() bool { return p.comfy.Held().Work > 0 })
+				cancel()
+			}()
+			_, err := c.Run(ctx, workflow(1000, nil)) // a 10 s render
+			var we *comfyui.WaitError
+			if !errors.Is(err, vramguard.KindCanceled) || !errors.As(err, &we) || we.PromptID == "" || !strings.Contains(err.Error(), we.PromptID) {
+				t.Fatalf("Run = %v; want KindCanceled with a *WaitError naming the prompt", err)
+			}
+			if err := p.comfy.WaitFor(t.Context(), func() bool { return !p.eventTime(comfyuitest.PromptEnd).IsZero() }); err != nil {
+				t.Fatal(err)
+			}
+			ev := p.comfy.Events()
+			i := slices.IndexFunc(ev, func(e comfyuitest.Event) bool { return e.Kind == comfyuitest.PromptEnd })
+			if ev[i].PromptID != we.PromptID || ev[i].Detail != "interrupted" {
+				t.Errorf("the prompt ended %+v; want %s interrupted", ev[i], we.PromptID)
+			}
+			q, err := c.Queue(t.Context())
+			if err != nil || q.Busy() {
+				t.Errorf("queue %+v, %v; want nothing running or waiting", q, err)
+			}
+		})
 	}
 }
+
+// A ComfyUI whose version says nothing is judged by how it behaves: a
+// process holding far more than torch's pool holds DynamicVRAM's weights.
+func TestModeFromBehaviour(t *testing.T) {
+	p := newPair(t, comfyuitest.Config{Version: "nightly"})
+	c := p.client(t, p.ollama.GPU())
+	if _, err := c.Run(t.Context(), workflow(2, nil)); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.SystemStats(t.Context())
+	if err != nil || st.Mode() != comfyui.ModeUnknown {
+		t.Fatalf("SystemStats.Mode() = %v, %v; want unknown for version nightly", st, err)
+	}
+	rc, err := c.Free(t.Context(), comfyui.FreeRequest{})
+	if err != nil || rc.Mode != comfyui.ModeDynamicVRAM || rc.Outcome != comfyui.OutcomeFreed {
+		t.Errorf("Free = %s, %v; want freed, mode DynamicVRAM from the readings", rc, err)
+	}
+}
+
+// The tenant's debug log line, while it waits for the queue, names
+// ComfyUI's mode, reserve and headroom.
+func TestTenantLogsTheLaunch(t *testing.T) {
+	p := newPair(t, comfyuitest.Config{ReserveVRAM: 4 * gib, VRAMHeadroom: gib})
+	var logs safeBuffer
+	c, err := comfyui.New(comfyui.Options{URL: p.comfy.URL().String(), VRAM: p.ollama.GPU(), PID: p.comfy.PID(), PollInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Submit(t.Context(), workflow(1000, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.comfy.WaitFor(t.Context(), func() bool { return p.comfy.Held().Work > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	err = c.Tenant(comfyui.TenantOptions{}).Release(ctx)
+	if !errors.Is(err, vramguard.KindTimeout) {
+		t.Errorf("Release = %v; want KindTimeout", err)
+	}
+	out := logs.String()
+	for _, want := range []string{"waits for the queue to drain", "mode=DynamicVRAM", `reserve_vram="4.0 GiB"`, `vram_headroom="1.0 GiB"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log %q lacks %q", out, want)
+		}
+	}
+}
+
+// safeBuffer is a bytes.Buffer safe for concurrent use.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *safeBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // ComfyUI's 400 and 409 for a prompt are *PromptError values of
 // KindInvalidInput with the status.
