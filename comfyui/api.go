@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -121,7 +120,7 @@ func (s *SystemStats) GBFlag(name string) (uint64, bool) {
 			continue
 		}
 		gb, err := strconv.ParseFloat(val, 64)
-		if err != nil || gb < 0 || math.IsInf(gb, 0) || gb > 1<<20 {
+		if err != nil || !(gb >= 0 && gb <= 1<<20) { // NaN, negative, or past 1 PiB
 			return 0, false
 		}
 		return uint64(gb * (1 << 30)), true

@@ -361,6 +361,7 @@ func TestModeAndFlagsFromStats(t *testing.T) {
 		{[]string{"main.py", "--reserve-vram", "-1"}, 0, false},
 		{[]string{"main.py", "--reserve-vram", "lots"}, 0, false},
 		{[]string{"main.py", "--reserve-vram", "1e300"}, 0, false},
+		{[]string{"main.py", "--reserve-vram", "NaN"}, 0, false},
 		{[]string{"main.py", "--vram-headroom", "2"}, 0, false},
 		{nil, 0, false},
 	} {
@@ -372,8 +373,8 @@ func TestModeAndFlagsFromStats(t *testing.T) {
 }
 
 // Where the reader lists processes but not ComfyUI's (a container, a PID
-// not found), the tenant's size is the device's used memory less every
-// listed process's.
+// not found), the tenant's size is the device's used memory less what
+// Ollama's processes hold.
 func TestTenantSizeWithoutItsProcess(t *testing.T) {
 	p, _ := rendered(t, comfyuitest.Config{})
 	c, err := comfyui.New(comfyui.Options{URL: p.comfy.URL().String(), VRAM: hide{p.ollama.GPU(), p.comfy.PID()}, PID: 1})
@@ -383,7 +384,21 @@ func TestTenantSizeWithoutItsProcess(t *testing.T) {
 	defer c.Close()
 	size, err := c.Tenant(comfyui.TenantOptions{}).Size(t.Context())
 	if held := p.comfy.Held().Total(); err != nil || size != held {
-		t.Errorf("Size = %d, %v; want the memory no listed process accounts for, ComfyUI's %d", size, err, held)
+		t.Errorf("Size = %d, %v; want the memory Ollama's runner (small) does not account for, ComfyUI's %d", size, err, held)
+	}
+	// Listed but not found (no PID): another program's memory counts as
+	// ComfyUI's too, never less than ComfyUI holds.
+	if err := p.ollama.Reserve("other program", gib); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := comfyui.New(comfyui.Options{URL: p.comfy.URL().String(), VRAM: p.ollama.GPU(), PID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	size, err = c2.Tenant(comfyui.TenantOptions{}).Size(t.Context())
+	if held := p.comfy.Held().Total(); err != nil || size != held+gib {
+		t.Errorf("Size = %d, %v; want ComfyUI's %d and the other program's 1 GiB", size, err, held)
 	}
 }
 

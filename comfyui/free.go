@@ -420,29 +420,33 @@ func (c *Client) read(ctx context.Context, pid uint32) reading {
 }
 
 // heldOn is what ComfyUI (pid) holds on d: its process's memory where the
-// reader lists it (proc), else, where the reader lists processes, the
-// device's used memory less every listed process's (ComfyUI in a
-// container, or not found), else unknown.
+// reader lists it (proc); else, where the reader lists processes, the
+// device's used memory less what Ollama's processes hold (ComfyUI in a
+// container, or its process not found: another program's memory then
+// counts as ComfyUI's, an overstatement room-making verifies on the
+// device, never an understatement that would refuse a load by
+// arithmetic); else unknown.
 func heldOn(d *vramguard.DeviceMemory, pid uint32) (proc uint64, procKnown bool, held uint64, heldKnown bool) {
 	if !d.ProcessesKnown {
 		return 0, false, 0, false
 	}
-	var others uint64
+	var ollama uint64
 	for _, p := range d.Processes {
 		switch {
 		case pid != 0 && p.PID == pid && p.UsedKnown:
 			proc += p.UsedBytes
 			procKnown = true
-		case p.UsedKnown:
-			others += p.UsedBytes
-		default:
-			return proc, procKnown, proc, procKnown // another's use unknown: no remainder to count
+		case p.Role == vramguard.RoleOllamaRunner || p.Role == vramguard.RoleOllamaServer || p.Role == vramguard.RoleOllamaDiscovery:
+			if !p.UsedKnown {
+				return proc, procKnown, proc, procKnown // Ollama's use unknown: no remainder to count
+			}
+			ollama += p.UsedBytes
 		}
 	}
 	if procKnown {
 		return proc, true, proc, true
 	}
-	return 0, false, sub(sub(d.Total, d.Free), others), true
+	return 0, false, sub(sub(d.Total, d.Free), ollama), true
 }
 
 // agree says whether two readings agree within tol on every figure both

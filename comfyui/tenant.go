@@ -80,7 +80,9 @@ type TenantOptions struct {
 // Its Size is measured on the device, in both of ComfyUI's modes: what
 // the GPU reader lists for ComfyUI's process (Options.PID or
 // Client.Process), else, where the reader lists processes, the device's
-// used memory less every listed process's; less what the last settled
+// used memory less what Ollama's processes hold (other programs' memory
+// then counts as ComfyUI's: tried, and verified on the device, rather
+// than a load refused by arithmetic); less what the last settled
 // free left (its context, pinned memory), or before any free, less
 // torch's allocated memory in /system_stats (custom nodes'). /system_stats'
 // torch pool is never the size: with DynamicVRAM it reads about 0 while
