@@ -69,7 +69,7 @@ func TestDynamicVRAMPagesUnderPressure(t *testing.T) {
 	t.Cleanup(s.Close)
 	const steps = 40
 	c := startComfy(t, s, comfyuitest.Config{
-		Models:   map[string]uint64{"a.safetensors": 2 * gib, "b.safetensors": 15 * gib},
+		Models:   map[string]uint64{"a.safetensors": 2 * gib, "b.safetensors": 30 * gib},
 		StepTime: 5 * time.Millisecond,
 	})
 	timed := func(ckpt, text string) time.Duration {
@@ -82,8 +82,9 @@ func TestDynamicVRAMPagesUnderPressure(t *testing.T) {
 		return end.Time.Sub(start.Time)
 	}
 	resident := timed("a.safetensors", "x") // 2 GiB of 8: all of it
-	// b (15 GiB) on 8: a's pages go, then half of b streams: 8 GiB less
-	// the 256 MiB context and the 256 MiB headroom is resident.
+	// b (30 GiB) on 8: a's pages go, then three quarters of b stream: 8
+	// GiB less the 256 MiB context and the 256 MiB headroom is resident
+	// (steps about 3.25 times as long).
 	paged := timed("b.safetensors", "y")
 	e, ok := event(c, comfyuitest.WeightsEvicted, "", 0)
 	if !ok || e.Detail != fmt.Sprintf("a.safetensors: %d bytes", 2*gib) {
@@ -96,7 +97,7 @@ func TestDynamicVRAMPagesUnderPressure(t *testing.T) {
 		t.Errorf("device free %d; want the 256 MiB headroom kept", free)
 	}
 	if paged < resident*3/2 {
-		t.Errorf("a prompt with half its weights paged took %v, fully resident %v; want it slower", paged, resident)
+		t.Errorf("a prompt with most of its weights paged took %v, fully resident %v; want it slower", paged, resident)
 	}
 }
 
