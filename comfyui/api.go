@@ -183,8 +183,9 @@ type Queued struct {
 // KindInvalidInput with a *PromptError naming the nodes (node_errors);
 // ComfyUI's 400 for a prompt_id it does not take and its 409 for one it
 // has already are *PromptError values too, with their Status. When ctx
-// ends before the answer, the prompt may have been queued: the error is
-// a *WaitError naming the id, and Submit asks ComfyUI to cancel it.
+// ends before the answer, or the answer is later than Options.Timeout
+// (ErrBusy), the prompt may have been queued: the error is a *WaitError
+// naming the id, and Submit asks ComfyUI to cancel it.
 func (c *Client) Submit(ctx context.Context, wf Workflow) (*Queued, error) {
 	const op = "comfyui: submit"
 	if len(wf) == 0 {
@@ -194,9 +195,13 @@ func (c *Client) Submit(ctx context.Context, wf Workflow) (*Queued, error) {
 	id := newID()
 	body := map[string]any{"prompt": wf, "client_id": c.id, "prompt_id": id}
 	if err := c.do(ctx, op, http.MethodPost, "/prompt", body, &q, c.opts.Timeout); err != nil {
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			c.cancelPrompt(ctx, id)
 			return nil, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: id, Err: ctxCause(ctx)}}
+		case errors.Is(err, ErrBusy): // no answer in time: it may be queued all the same
+			c.cancelPrompt(ctx, id)
+			return nil, &vramguard.Error{Op: op, Kind: vramguard.KindOf(err), Err: &WaitError{PromptID: id, Err: err}}
 		}
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -29,9 +30,7 @@ func busy(t *testing.T, cfg comfyuitest.Config, steps int) (*pair, *comfyui.Clie
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.comfy.WaitFor(t.Context(), func() bool { return p.comfy.Held().Work > 0 }); err != nil {
-		t.Fatal(err)
-	}
+	waitFake(t, p, func() bool { return p.comfy.Held().Work > 0 })
 	return p, c, q
 }
 
@@ -215,9 +214,7 @@ func TestRunCancelledLeavesNothingRunning(t *testing.T) {
 			if !errors.Is(err, vramguard.KindCanceled) || !errors.As(err, &we) || we.PromptID == "" || !strings.Contains(err.Error(), we.PromptID) {
 				t.Fatalf("Run = %v; want KindCanceled with a *WaitError naming the prompt", err)
 			}
-			if err := p.comfy.WaitFor(t.Context(), func() bool { return !p.eventTime(comfyuitest.PromptEnd).IsZero() }); err != nil {
-				t.Fatal(err)
-			}
+			waitFake(t, p, func() bool { return !p.eventTime(comfyuitest.PromptEnd).IsZero() })
 			ev := p.comfy.Events()
 			i := slices.IndexFunc(ev, func(e comfyuitest.Event) bool { return e.Kind == comfyuitest.PromptEnd })
 			if ev[i].PromptID != we.PromptID || ev[i].Detail != "interrupted" {
@@ -263,9 +260,7 @@ func TestTenantLogsTheLaunch(t *testing.T) {
 	if _, err := c.Submit(t.Context(), workflow(1000, nil)); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.comfy.WaitFor(t.Context(), func() bool { return p.comfy.Held().Work > 0 }); err != nil {
-		t.Fatal(err)
-	}
+	waitFake(t, p, func() bool { return p.comfy.Held().Work > 0 })
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	err = c.Tenant(comfyui.TenantOptions{}).Release(ctx)
@@ -447,5 +442,73 @@ func TestBudgetWaitEndsWithTheFirstChunkTimeout(t *testing.T) {
 	}
 	if !slices.ContainsFunc(re.Holders, func(h vramguard.MemoryHolder) bool { return h.Name == comfyui.HolderName }) {
 		t.Errorf("holders %+v; want ComfyUI named", re.Holders)
+	}
+}
+
+// A Submit whose answer comes later than Options.Timeout may have queued
+// its prompt: the error (ErrBusy) names the id, and the prompt is
+// cancelled, so that nothing runs that no one waits for.
+func TestSubmitBusyCancelsItsPrompt(t *testing.T) {
+	p := newPair(t, comfyuitest.Config{})
+	target := p.comfy.URL()
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := p.comfy.Client().Do(mustProxy(t, r, target.String()))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		if r.URL.Path == "/prompt" {
+			<-r.Context().Done() // the answer never comes in time
+			return
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	defer slow.Close()
+	c, err := comfyui.New(comfyui.Options{URL: slow.URL, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Submit(t.Context(), workflow(1000, nil))
+	var we *comfyui.WaitError
+	if !errors.Is(err, comfyui.ErrBusy) || !errors.As(err, &we) || we.PromptID == "" {
+		t.Fatalf("Submit = %v; want ErrBusy with a *WaitError naming the prompt", err)
+	}
+	gone := func() bool {
+		for _, e := range p.comfy.Events() {
+			if e.PromptID == we.PromptID && (e.Kind == comfyuitest.PromptCancelled || e.Kind == comfyuitest.PromptEnd) {
+				return true
+			}
+		}
+		return false
+	}
+	waitFake(t, p, gone)
+	if q, err := p.client(t, nil).Queue(t.Context()); err != nil || q.Busy() {
+		t.Errorf("queue %+v, %v; want the prompt gone (events %+v)", q, err, p.comfy.Events())
+	}
+}
+
+// mustProxy is r sent on to target.
+func mustProxy(t *testing.T, r *http.Request, target string) *http.Request {
+	t.Helper()
+	out, err := http.NewRequestWithContext(context.WithoutCancel(r.Context()), r.Method, target+r.URL.RequestURI(), r.Body)
+	if err != nil {
+		t.Error(err)
+		return r
+	}
+	out.Header = r.Header.Clone()
+	return out
+}
+
+// waitFake waits for cond on p's fake ComfyUI, failing the test after 30 s
+// (a bound far above what the fake takes, for a hang, not a timing).
+func waitFake(t *testing.T, p *pair, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := p.comfy.WaitFor(ctx, cond); err != nil {
+		t.Fatalf("waiting on the fake ComfyUI: %v", err)
 	}
 }
