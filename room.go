@@ -1070,9 +1070,9 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 }
 
 // releaseTenant asks one tenant for its memory, its Release bounded by
-// rq.timeout (but for a budget's load, by ctx alone), and waits, within rq.timeout, for the device to show it:
-// s.bytes more than before or the room, whichever is less; for a tenant
-// of unknown size the room itself.
+// rq.timeout (for a budget's load by ctx alone), and waits, within
+// rq.timeout, for the device to show it: s.bytes more than before or the
+// room, whichever is less; for a tenant of unknown size the room itself.
 func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s roomCand, before uint64) TenantRelease {
 	start := time.Now()
 	tr := TenantRelease{Name: s.name, FreeBefore: before, FreeAfter: before}
