@@ -284,8 +284,12 @@ type Tenant struct {
 	// when the rest of the plan does not make it, room-making ends at
 	// once with the *RoomError (its RetryAfter raised to the error's
 	// RetryAfter() time.Duration, when it has one) instead of waiting for
-	// memory the tenant keeps. It must honour ctx; a panic is recovered
-	// and reported.
+	// memory the tenant keeps. Its ctx is bounded by the call's own bound
+	// (EnsureRequest.Timeout, else Options.UnloadTimeout, and the caller's
+	// ctx; for a budget's load the generation's timeouts); one that ends
+	// with KindTimeout or context.DeadlineExceeded in its error ends
+	// room-making the same way, with a *RoomError of KindTimeout. It must
+	// honour ctx; a panic is recovered and reported.
 	Release ReleaseFunc
 }
 
