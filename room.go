@@ -301,8 +301,12 @@ type Tenant struct {
 	// when the rest of the plan does not make it, room-making ends at
 	// once with the *RoomError (its RetryAfter raised to the error's
 	// RetryAfter() time.Duration, when it has one) instead of waiting for
-	// memory the tenant keeps. It must honour ctx; a panic is recovered
-	// and reported.
+	// memory the tenant keeps. Its ctx is bounded by the call's own bound
+	// (EnsureRequest.Timeout, else Options.UnloadTimeout, and the caller's
+	// ctx; for a budget's load the generation's timeouts); one that ends
+	// with KindTimeout or context.DeadlineExceeded in its error ends
+	// room-making the same way, with a *RoomError of KindTimeout. It must
+	// honour ctx; a panic is recovered and reported.
 	Release func(ctx context.Context) error
 }
 
@@ -796,6 +800,9 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 			if !group[0].tier.isTenant() {
 				return errors.Join(errs...) // an unload not verified: the room is not known
 			}
+			if ctx.Err() != nil && tenantRefusal(errs) != nil {
+				break // the call's bound ended in a tenant's release: refused below
+			}
 		}
 		if last {
 			break // the final wait, after ReleaseVRAM, shows the room
@@ -828,23 +835,48 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 }
 
 // tenantRefusal is the first of errs by which a tenant refused its
-// memory (Tenant.Release failing with KindRefused); nil when none did.
+// memory (Tenant.Release failing with KindRefused) or kept it past the
+// call's bound (a Release that ended with KindTimeout or a deadline);
+// nil when none did.
 func tenantRefusal(errs []error) error {
 	for _, err := range errs {
-		if errors.Is(err, KindRefused) {
+		if errors.Is(err, KindRefused) || errors.Is(err, KindTimeout) {
 			return err
 		}
 	}
 	return nil
 }
 
-// refusedRoom is the end of a plan in which a tenant refused: one reading
-// of the device, and when it lacks the room, the *RoomError of
-// KindOutOfMemory at once (no wait for memory the tenant keeps), its
-// RetryAfter raised to the refusal's.
+// tenantTimedOut says whether a tenant's Release ended because a deadline
+// passed: its own KindTimeout, or context.DeadlineExceeded in its chain.
+func tenantTimedOut(err error) bool {
+	return errors.Is(err, KindTimeout) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// refusedRoom is the end of a plan in which a tenant refused or timed
+// out: one reading of the device, and when it lacks the room, the
+// *RoomError at once (no wait for memory the tenant keeps), its
+// RetryAfter raised to the refusal's: of KindOutOfMemory for a refusal,
+// of KindTimeout for a tenant whose release the call's bound ended (the
+// reading then taken under context.WithoutCancel(ctx), for at most
+// rq.timeout, when ctx itself is done).
 func (c *OllamaClient) refusedRoom(ctx context.Context, rq roomRequest, v roomView, rep *EnsureReport, refused error) error {
+	kind := KindOutOfMemory
+	if !errors.Is(refused, KindRefused) {
+		kind = KindTimeout
+		if ctx.Err() != nil {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), rq.timeout)
+			defer cancel()
+		}
+	}
 	snap, d, err := c.readDevice(ctx, rq)
 	if err != nil {
+		if kind == KindTimeout {
+			re := v.refusal(rq)
+			re.Err, re.LastErr = refused, err
+			return newError(rq.op, rq.model, kind, re)
+		}
 		return err
 	}
 	rep.Snapshot, rep.Source, rep.FreeAfter = snap, snap.Source, d.Free
@@ -860,7 +892,7 @@ func (c *OllamaClient) refusedRoom(ctx context.Context, rq roomRequest, v roomVi
 	if errors.As(refused, &ra) {
 		re.RetryAfter = max(re.RetryAfter, ra.RetryAfter())
 	}
-	return newError(rq.op, rq.model, KindOutOfMemory, re)
+	return newError(rq.op, rq.model, kind, re)
 }
 
 // firstPlan takes the first view and plan, fills in what the report says
@@ -1046,8 +1078,13 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 		rep.Tenants = append(rep.Tenants, tr)
 		if tr.Err != nil {
 			kind := KindInternal
-			if errors.Is(tr.Err, KindRefused) {
+			switch {
+			case errors.Is(tr.Err, KindRefused):
 				kind = KindRefused
+			case tenantTimedOut(tr.Err):
+				kind = KindTimeout
+			case KindOf(tr.Err) != KindUnknown:
+				kind = KindOf(tr.Err)
 			}
 			errs = append(errs, newError(rq.op, "", kind, fmt.Errorf("tenant %s: %w", s.name, tr.Err)))
 		}
@@ -1056,14 +1093,25 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 	return 0, errors.Join(errs...)
 }
 
-// releaseTenant asks one tenant for its memory and waits, within
+// releaseTenant asks one tenant for its memory, its Release bounded by
+// rq.timeout (for a budget's load by ctx alone), and waits, within
 // rq.timeout, for the device to show it: s.bytes more than before or the
 // room, whichever is less; for a tenant of unknown size the room itself.
 func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s roomCand, before uint64) TenantRelease {
 	start := time.Now()
 	tr := TenantRelease{Name: s.name, FreeBefore: before, FreeAfter: before}
 	c.log.Debug("asking a tenant for memory", "tenant", s.name, "device", rq.device, "bytes", s.bytes)
-	tr.Err = runRelease(ctx, s.release)
+	// The release (a tenant that waits for its own work, say) is bounded
+	// like every wait of the call: by rq.timeout as well as ctx; for a
+	// budget's load (rq.forLoad) by ctx alone, which carries the
+	// generation's own timeouts.
+	rctx, cancel := ctx, context.CancelFunc(func() {})
+	if rq.forLoad == "" {
+		rctx, cancel = context.WithTimeoutCause(ctx, rq.timeout,
+			fmt.Errorf("tenant %s did not release within %v (EnsureRequest.Timeout, else Options.UnloadTimeout): %w", s.name, rq.timeout, context.DeadlineExceeded))
+	}
+	tr.Err = runRelease(rctx, s.release)
+	cancel()
 	if tr.Err != nil { // no wait for a release that failed: one reading says what it left
 		if snap, err := c.view(ctx); err == nil {
 			if d := snap.Device(rq.device); d != nil {

@@ -416,6 +416,39 @@ func TestTenantReleaseFails(t *testing.T) {
 	}
 }
 
+// busyErr is a tenant's own error around its ctx's cause.
+type busyErr struct{ err error }
+
+func (e busyErr) Error() string { return "busy: " + e.err.Error() }
+func (e busyErr) Unwrap() error { return e.err }
+
+// TestTenantReleaseBoundedByTimeout: a tenant whose Release waits (for
+// its own work, say) is bounded by EnsureRequest.Timeout, not only by the
+// caller's ctx; when the bound ends the room it could not make is the
+// *RoomError of KindTimeout, with context.DeadlineExceeded in its chain
+// and the release's own error kept (issue #46: it was KindInternal after
+// the caller's whole ctx).
+func TestTenantReleaseBoundedByTimeout(t *testing.T) {
+	s := tenantSim(t)
+	c := newTestClient(t, s, vramguard.Options{VRAM: s.GPU(), VRAMPollInterval: 10 * time.Millisecond})
+	if _, err := c.RegisterTenant(vramguard.Tenant{Name: "render", Bytes: 6 * gib, First: true, Release: func(ctx context.Context) error {
+		<-ctx.Done()
+		return &vramguard.Error{Op: "render", Kind: vramguard.KindTimeout, Err: busyErr{context.Cause(ctx)}}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 300 * time.Millisecond
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib, Timeout: timeout})
+	var re *vramguard.RoomError
+	var be busyErr
+	if !errors.As(err, &re) || vramguard.KindOf(err) != vramguard.KindTimeout || !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &be) {
+		t.Errorf("EnsureFree = %v (kind %v); want a *RoomError of KindTimeout, DeadlineExceeded and the release's error in its chain", err, vramguard.KindOf(err))
+	}
+	if len(rep.Tenants) != 1 || rep.Tenants[0].Elapsed < timeout || rep.Tenants[0].Elapsed > 20*timeout {
+		t.Errorf("tenants %+v; want the release ended by the %v timeout", rep.Tenants, timeout)
+	}
+}
+
 // TestTenantSize: a tenant's Size, asked at each plan, overrides Bytes
 // for the arithmetic; one that fails, panics or says more than MaxBytes
 // leaves the size unknown (tried, not refused) and breaks nothing.

@@ -3,9 +3,13 @@ package comfyui
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/vramguard/vramguard"
 )
@@ -51,6 +55,77 @@ func (c *Client) SystemStats(ctx context.Context) (*SystemStats, error) {
 		return nil, err
 	}
 	return &st, nil
+}
+
+// Mode is the memory management a ComfyUI runs with.
+type Mode string
+
+const (
+	// ModeUnknown: what ComfyUI reports and how it behaves do not say.
+	ModeUnknown Mode = ""
+	// ModeDynamicVRAM: ComfyUI 0.18 (March 2026) and later on NVIDIA,
+	// unless a flag turns it off: weights held by comfy-aimdo outside
+	// torch's allocator, so /system_stats' torch figures do not count
+	// them, and resident while idle until /free.
+	ModeDynamicVRAM Mode = "DynamicVRAM"
+	// ModeModelPatcher: ComfyUI before 0.18, or started with
+	// --disable-dynamic-vram, --highvram, --gpu-only, --novram or --cpu,
+	// or on a device other than CUDA: models in torch's pool.
+	ModeModelPatcher Mode = "ModelPatcher"
+)
+
+// dynamicVRAMOff are the flags that turn DynamicVRAM off
+// (enables_dynamic_vram in ComfyUI's 2026 comfy/model_management.py).
+var dynamicVRAMOff = []string{"--disable-dynamic-vram", "--highvram", "--gpu-only", "--novram", "--cpu"}
+
+// Mode says which memory management ComfyUI reports: ModeModelPatcher
+// when argv has a flag that turns DynamicVRAM off, the torch device is
+// not CUDA, or the version is before 0.18; ModeDynamicVRAM for 0.18 and
+// later on CUDA; ModeUnknown when the version cannot be read. A Free's
+// receipt also judges by behaviour (see Receipt.Mode).
+func (s *SystemStats) Mode() Mode {
+	for _, a := range s.System.Argv {
+		if slices.Contains(dynamicVRAMOff, strings.SplitN(a, "=", 2)[0]) {
+			return ModeModelPatcher
+		}
+	}
+	if len(s.Devices) > 0 && s.Devices[0].Type != "cuda" {
+		return ModeModelPatcher
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(s.System.ComfyUIVersion, "%d.%d", &major, &minor); err != nil {
+		return ModeUnknown
+	}
+	if major > 0 || minor >= 18 {
+		return ModeDynamicVRAM
+	}
+	return ModeModelPatcher
+}
+
+// GBFlag reads a ComfyUI flag that takes gigabytes (--reserve-vram,
+// --vram-headroom) from system.argv, as "--flag 4" or "--flag=4": its
+// value in bytes (ComfyUI multiplies by 1024³), and whether argv gives it
+// a value. Newer ComfyUI may redact parts of argv.
+func (s *SystemStats) GBFlag(name string) (uint64, bool) {
+	argv := s.System.Argv
+	for i, a := range argv {
+		val, ok := "", false
+		switch {
+		case a == name && i+1 < len(argv):
+			val, ok = argv[i+1], true
+		case strings.HasPrefix(a, name+"="):
+			val, ok = strings.TrimPrefix(a, name+"="), true
+		}
+		if !ok {
+			continue
+		}
+		gb, err := strconv.ParseFloat(val, 64)
+		if err != nil || !(gb >= 0 && gb <= 1<<20) { // NaN, negative, or past 1 PiB
+			return 0, false
+		}
+		return uint64(gb * (1 << 30)), true
+	}
+	return 0, false
 }
 
 // QueueItem is one prompt in ComfyUI's queue.
@@ -101,23 +176,81 @@ type Queued struct {
 	NodeErrors map[string]NodeError `json:"node_errors"`
 }
 
-// Submit queues wf (POST /prompt) under the client's ClientID. A graph
-// ComfyUI refuses is KindInvalidInput with a *PromptError naming the
-// nodes (node_errors).
+// Submit queues wf (POST /prompt) under the client's ClientID, with a
+// prompt_id of its own making (a random UUID in the canonical lowercase
+// form today's ComfyUI requires; 0.3.64 takes any), so that a prompt
+// whose answer is lost can still be named. A graph ComfyUI refuses is
+// KindInvalidInput with a *PromptError naming the nodes (node_errors);
+// ComfyUI's 400 for a prompt_id it does not take and its 409 for one it
+// has already are *PromptError values too, with their Status. When ctx
+// ends before the answer, or the answer is later than Options.Timeout
+// (ErrBusy), the prompt may have been queued: the error is a *WaitError
+// naming the id, and Submit asks ComfyUI to cancel it.
 func (c *Client) Submit(ctx context.Context, wf Workflow) (*Queued, error) {
 	const op = "comfyui: submit"
 	if len(wf) == 0 {
 		return nil, invalidf(op, "an empty workflow")
 	}
 	var q Queued
-	body := map[string]any{"prompt": wf, "client_id": c.id}
+	id := newID()
+	body := map[string]any{"prompt": wf, "client_id": c.id, "prompt_id": id}
 	if err := c.do(ctx, op, http.MethodPost, "/prompt", body, &q, c.opts.Timeout); err != nil {
+		switch {
+		case ctx.Err() != nil:
+			c.cancelPrompt(ctx, id)
+			return nil, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: id, Err: ctxCause(ctx)}}
+		case errors.Is(err, ErrBusy): // no answer in time: it may be queued all the same
+			c.cancelPrompt(ctx, id)
+			return nil, &vramguard.Error{Op: op, Kind: vramguard.KindOf(err), Err: &WaitError{PromptID: id, Err: err}}
+		}
 		return nil, err
 	}
 	if q.PromptID == "" {
 		return nil, serverf(op, "POST /prompt answered no prompt_id")
 	}
+	c.own.add(q.PromptID)
 	return &q, nil
+}
+
+// cancelPrompt takes promptID out of ComfyUI's queue, or interrupts it
+// when it runs, after the caller's ctx ended: the one wait that
+// deliberately outlives it, under context.WithoutCancel(ctx) and the
+// client's Timeout. ComfyUI 0.3.64 has no /api/jobs: POST /queue
+// {"delete"} and POST /interrupt {"prompt_id"} do the same there, and
+// are sent too (each does nothing for a prompt it does not hold).
+func (c *Client) cancelPrompt(ctx context.Context, promptID string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.Timeout)
+	defer cancel()
+	var out struct {
+		Cancelled bool `json:"cancelled"`
+	}
+	err := c.do(cctx, "comfyui: cancel", http.MethodPost, "/api/jobs/"+url.PathEscape(promptID)+"/cancel", map[string]any{}, &out, c.opts.Timeout)
+	if err == nil && out.Cancelled {
+		return
+	}
+	_ = c.do(cctx, "comfyui: cancel", http.MethodPost, "/queue", map[string]any{"delete": []string{promptID}}, nil, c.opts.Timeout)
+	_ = c.Interrupt(cctx, promptID)
+	c.log.Debug("comfyui: prompt cancelled after its ctx ended", "prompt_id", promptID, "jobs_api", err == nil)
+}
+
+// ctxCause is why ctx ended: its cause, with ctx.Err() kept beside a
+// cause of the caller's own (a generation's first-chunk timeout, say), so
+// that errors.Is finds both.
+func ctxCause(ctx context.Context) error {
+	cause, err := context.Cause(ctx), ctx.Err()
+	if err != nil && cause != nil && !errors.Is(cause, err) {
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
+	return cause
+}
+
+// ctxKind is the kind of an error for a ctx that ended: KindTimeout when
+// a deadline passed, else KindCanceled.
+func ctxKind(ctx context.Context) vramguard.Kind {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		return vramguard.KindTimeout
+	}
+	return vramguard.KindCanceled
 }
 
 // Interrupt asks ComfyUI to stop promptID (POST /interrupt); "" stops

@@ -14,13 +14,13 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
-	"github.com/vramguard/vramguard/vramguardtest"
+	"github.com/vramguard/vramguard/comfyuitest"
 )
 
 // TestInvalidGraph: a graph ComfyUI refuses is KindInvalidInput with its
 // error type and node_errors; an empty one is refused before sending.
 func TestInvalidGraph(t *testing.T) {
-	p := newPair(t, vramguardtest.ComfyConfig{})
+	p := newPair(t, comfyuitest.Config{})
 	c := p.client(t, nil)
 	tests := []struct {
 		name     string
@@ -52,7 +52,7 @@ func TestInvalidGraph(t *testing.T) {
 // TestWaitWithAndWithoutWebSocket: Run returns the images once the prompt
 // ends, through the WebSocket or, where /ws is refused, through /history.
 func TestWaitWithAndWithoutWebSocket(t *testing.T) {
-	p := newPair(t, vramguardtest.ComfyConfig{})
+	p := newPair(t, comfyuitest.Config{})
 	rp := httputil.NewSingleHostReverseProxy(p.comfy.URL())
 	var wsTried int
 	noWS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -86,7 +86,7 @@ func TestWaitWithAndWithoutWebSocket(t *testing.T) {
 // TestInterrupt: an interrupted prompt ends Wait with an *ExecutionError
 // marked Interrupted, KindCanceled.
 func TestInterrupt(t *testing.T) {
-	p := newPair(t, vramguardtest.ComfyConfig{})
+	p := newPair(t, comfyuitest.Config{})
 	c := p.client(t, nil)
 	q, err := c.Submit(t.Context(), workflow(500, nil)) // 5 s
 	if err != nil {
@@ -115,7 +115,7 @@ func TestInterrupt(t *testing.T) {
 // the port, or a host that is not loopback, is not taken for it.
 func TestProcess(t *testing.T) {
 	argv := []string{"main.py", "--port", "8189"}
-	p := newPair(t, vramguardtest.ComfyConfig{Argv: argv})
+	p := newPair(t, comfyuitest.Config{Argv: argv})
 	port := p.comfy.URL().Port()
 	for _, tt := range []struct {
 		name string

@@ -84,6 +84,8 @@ type Client struct {
 	ws     socket
 	pids   pidCache
 	pinned pinnedSeen
+	floor  floorSeen
+	own    ownPrompts
 
 	procRoot string // the process table ("" is /proc); set by tests
 
@@ -235,8 +237,20 @@ func (c *Client) sendError(ctx, rctx context.Context, op string, timeout time.Du
 
 // statusError is the error of a reply that is not 200.
 func statusError(op, method, path string, code int, body []byte) error {
+	if code == http.StatusConflict && path == "/prompt" { // today's "prompt_id already exists"
+		pe := PromptError{Status: code}
+		var wire struct {
+			Error PromptError `json:"error"`
+		}
+		if json.Unmarshal(body, &wire) == nil && wire.Error.Message != "" {
+			pe.Type, pe.Message, pe.Details = wire.Error.Type, wire.Error.Message, wire.Error.Details
+		} else {
+			pe.Message = clip(body)
+		}
+		return &vramguard.Error{Op: op, Kind: vramguard.KindInvalidInput, Err: &pe}
+	}
 	if code == http.StatusBadRequest {
-		var pe PromptError
+		pe := PromptError{Status: code}
 		var wire struct {
 			Error      json.RawMessage      `json:"error"`
 			NodeErrors map[string]NodeError `json:"node_errors"`

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -20,7 +21,7 @@ func Example() {
 	ollama := vramguardtest.New(vramguardtest.Config{TotalVRAM: 16 << 30, StrictVRAM: true,
 		Models: []vramguardtest.ModelConfig{{Name: "qwen3:8b", SizeVRAM: 6 << 30}}})
 	defer ollama.Close()
-	fake, err := vramguardtest.NewComfyUI(ollama, vramguardtest.ComfyConfig{
+	fake, err := comfyuitest.NewServer(ollama, comfyuitest.Config{
 		Models: map[string]uint64{"sdxl.safetensors": 6 << 30}, WorkBytes: 3 << 30})
 	if err != nil {
 		log.Fatal(err)
@@ -78,4 +79,31 @@ func exampleWorkflow() comfyui.Workflow {
 		"8": {ClassType: "VAEDecode", Inputs: map[string]any{"samples": []any{"3", 0}, "vae": []any{"4", 2}}},
 		"9": {ClassType: "SaveImage", Inputs: map[string]any{"images": []any{"8", 0}, "filename_prefix": "vramguard"}},
 	}
+}
+
+// ExampleSystemStats_GBFlag reads how ComfyUI was started: its mode and
+// the partition its flags make (here the fake, started as "python main.py
+// --reserve-vram 10 --vram-headroom 1").
+func ExampleSystemStats_GBFlag() {
+	ollama := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 << 30})
+	defer ollama.Close()
+	fake, err := comfyuitest.NewServer(ollama, comfyuitest.Config{ReserveVRAM: 10 << 30, VRAMHeadroom: 1 << 30})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer fake.Close()
+	comfy, err := comfyui.New(comfyui.Options{URL: fake.URL().String()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer comfy.Close()
+
+	st, err := comfy.SystemStats(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	reserve, ok := st.GBFlag("--reserve-vram")
+	headroom, _ := st.GBFlag("--vram-headroom")
+	fmt.Printf("%s; --reserve-vram %d GiB (%v), --vram-headroom %d GiB\n", st.Mode(), reserve>>30, ok, headroom>>30)
+	// Output: DynamicVRAM; --reserve-vram 10 GiB (true), --vram-headroom 1 GiB
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -18,13 +19,13 @@ const (
 // pair is a fake Ollama and a fake ComfyUI sharing one 16 GiB fake GPU.
 type pair struct {
 	ollama *vramguardtest.Server
-	comfy  *vramguardtest.ComfyUI
+	comfy  *comfyuitest.Server
 }
 
 // newPair starts the two fakes: ComfyUI with a 6 GiB checkpoint, 2 GiB of
 // working memory, 10 ms sampler steps (KSampler "steps"), plus cfg's
 // settings; Ollama with "llm" (6 GiB) and "small" (1 GiB).
-func newPair(t *testing.T, cfg vramguardtest.ComfyConfig, models ...vramguardtest.ModelConfig) *pair {
+func newPair(t *testing.T, cfg comfyuitest.Config, models ...vramguardtest.ModelConfig) *pair {
 	t.Helper()
 	if len(models) == 0 {
 		models = []vramguardtest.ModelConfig{{Name: "llm", SizeVRAM: 6 * gib}, {Name: "small", SizeVRAM: gib}}
@@ -40,7 +41,7 @@ func newPair(t *testing.T, cfg vramguardtest.ComfyConfig, models ...vramguardtes
 	if cfg.StepTime == 0 {
 		cfg.StepTime = 10 * time.Millisecond
 	}
-	f, err := vramguardtest.NewComfyUI(s, cfg)
+	f, err := comfyuitest.NewServer(s, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func workflow(steps int, extra comfyui.Workflow) comfyui.Workflow {
 }
 
 // eventTime is when the fake last logged an event of kind, zero if never.
-func (p *pair) eventTime(kind vramguardtest.ComfyEventKind) time.Time {
+func (p *pair) eventTime(kind comfyuitest.EventKind) time.Time {
 	var at time.Time
 	for _, e := range p.comfy.Events() {
 		if e.Kind == kind {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"slices"
@@ -26,8 +27,12 @@ const HolderName = "ComfyUI"
 type WhileBusy uint8
 
 const (
-	// Wait waits, under the room-making call's ctx (for a budget's load,
-	// the generation's timeouts), for the queue to drain, then frees.
+	// Wait waits for the queue to drain, then frees, within the
+	// room-making call's own bound (EnsureRequest.Timeout, else
+	// Options.UnloadTimeout; for a budget's load the generation's
+	// timeouts; a phase's timeout; ctx). When the bound ends first the
+	// room is refused with a *RoomError of KindTimeout holding a
+	// *WaitError that names the running prompt.
 	Wait WhileBusy = iota
 	// Refuse refuses at once with a *BusyError (KindRefused): the load is
 	// refused with a *RoomError whose RetryAfter is at least
@@ -59,8 +64,8 @@ type TenantOptions struct {
 	// RetryAfter is what a Refuse advertises; zero means
 	// DefaultRetryAfter (ComfyUI does not say how long a prompt will take).
 	RetryAfter time.Duration
-	// Free measures each release (its Tolerance, Settle and Interval;
-	// DropCache and Wait are the tenant's own).
+	// Free measures each release (its Tolerance, Settle, Quiet and
+	// Interval; DropCache and Wait are the tenant's own).
 	Free FreeRequest
 	// OnFree, when set, receives each release's receipt.
 	OnFree func(*Receipt)
@@ -72,14 +77,34 @@ type TenantOptions struct {
 // memory, in the order TenantOptions.First says, and verifies on its own
 // reader that the device shows it back.
 //
-// Its Size is what /system_stats says torch has reserved, less what the
-// last receipt found pinned (unknown when /system_stats does not answer).
-// Its Release is Free with Wait: while the queue is busy it waits for it
-// to drain or refuses (TenantOptions.WhileBusy); a receipt that shows
-// memory pinned or not given back is a *FreeError, so that room-making
-// goes on at once with what it has instead of waiting for memory that is
-// not coming; a pending or unmeasured receipt is left to room-making's
-// own reading of the device.
+// Its Size is measured on the device, in both of ComfyUI's modes: what
+// the GPU reader lists for ComfyUI's process (Options.PID or
+// Client.Process), else, where the reader lists processes, the device's
+// used memory less what Ollama's processes hold (other programs' memory
+// then counts as ComfyUI's: tried, and verified on the device, rather
+// than a load refused by arithmetic); less what the last settled
+// free left (its context, pinned memory), or before any free, less
+// torch's allocated memory in /system_stats (custom nodes'). /system_stats'
+// torch pool is never the size: with DynamicVRAM it reads about 0 while
+// ComfyUI holds its weights. Without a reader, or one that lists no
+// processes, the size is unknown (an error): the tenant is tried, not
+// counted.
+//
+// Its Release is Free with Wait, under the ctx room-making passes it
+// (bounded by the call's own timeout: EnsureRequest.Timeout, a budget's
+// FirstChunk or Total, a phase's timeout, the caller's ctx). While the
+// queue is busy it waits for it to drain or refuses
+// (TenantOptions.WhileBusy). A wait the bound ends (the queue, or a free
+// still settling) is an error of KindTimeout where a deadline passed
+// (KindCanceled otherwise) holding a *WaitError with the running prompt's
+// id, the queue's length and, for a free, its receipt: room-making then
+// ends with a *RoomError of that kind naming ComfyUI among the holders. A
+// receipt that shows memory pinned (settled, not coming back) is a
+// *FreeError, so that room-making goes on at once with what it has
+// instead of waiting for memory that is not coming; a pending or
+// unmeasured receipt is left to room-making's own reading of the device.
+// Its debug log line names the mode and the --reserve-vram and
+// --vram-headroom ComfyUI was started with, when /system_stats shows them.
 func (c *Client) Tenant(o TenantOptions) vramguard.Tenant {
 	o.Name = cmp.Or(o.Name, HolderName)
 	o.RetryAfter = cmp.Or(o.RetryAfter, DefaultRetryAfter)
@@ -87,50 +112,88 @@ func (c *Client) Tenant(o TenantOptions) vramguard.Tenant {
 		Name:   o.Name,
 		Device: c.opts.Device,
 		First:  o.First,
-		Size: func(ctx context.Context) (uint64, error) {
-			st, err := c.SystemStats(ctx)
-			if err != nil {
-				return 0, err
-			}
-			if len(st.Devices) == 0 || st.Devices[0].Type != "cuda" {
-				return 0, errors.New("/system_stats lists no CUDA device")
-			}
-			return sub(st.Devices[0].TorchVRAMTotal, c.pinned.get()), nil
-		},
+		Size:   c.size,
 		Release: func(ctx context.Context) error {
+			const op = "comfyui: release"
+			start := time.Now()
 			q, err := c.Queue(ctx)
 			if err != nil {
 				return err
 			}
 			if q.Busy() {
-				if o.WhileBusy == Refuse {
-					id := ""
-					if len(q.Running) > 0 {
-						id = q.Running[0].PromptID
-					}
-					return &vramguard.Error{Op: "comfyui: release", Kind: vramguard.KindRefused,
-						Err: &BusyError{PromptID: id, Queued: len(q.Running) + len(q.Pending), After: o.RetryAfter}}
+				id := ""
+				if len(q.Running) > 0 {
+					id = q.Running[0].PromptID
 				}
-				c.log.Debug("comfyui: room-making waits for the queue to drain", "running", len(q.Running), "pending", len(q.Pending))
+				n := len(q.Running) + len(q.Pending)
+				if o.WhileBusy == Refuse {
+					return &vramguard.Error{Op: op, Kind: vramguard.KindRefused,
+						Err: &BusyError{PromptID: id, Queued: n, After: o.RetryAfter}}
+				}
+				c.logLaunch(ctx, "comfyui: room-making waits for the queue to drain", "running", len(q.Running), "pending", len(q.Pending), "prompt_id", id)
 				if err := c.WaitIdle(ctx); err != nil {
-					return err
+					if ctx.Err() == nil {
+						return err
+					}
+					return &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: id, Queued: n, Waited: time.Since(start), Err: ctxCause(ctx)}}
 				}
 			}
 			fr := o.Free
 			fr.DropCache, fr.Wait = o.DropCache, true
 			rc, err := c.Free(ctx, fr)
-			if err != nil {
-				return err
-			}
-			if o.OnFree != nil {
+			if rc != nil && o.OnFree != nil {
 				o.OnFree(rc)
 			}
+			if err != nil {
+				var we *WaitError
+				if errors.As(err, &we) {
+					we.Waited = time.Since(start)
+					return &vramguard.Error{Op: op, Kind: vramguard.KindOf(err), Err: we}
+				}
+				return err
+			}
+			c.log.Debug("comfyui: released", "receipt", rc.String())
 			if rc.Outcome == OutcomePartlyFreed {
 				return &FreeError{Receipt: rc}
 			}
 			return nil
 		},
 	}
+}
+
+// size is the tenant's Size (see Tenant).
+func (c *Client) size(ctx context.Context) (uint64, error) {
+	if c.opts.VRAM == nil {
+		return 0, errors.New("no GPU reader (Options.VRAM): ComfyUI's size is unknown")
+	}
+	r := c.read(ctx, c.pid(ctx))
+	switch {
+	case r.readerErr != nil:
+		return 0, r.readerErr
+	case !r.heldKnown:
+		return 0, errors.New("the GPU reader lists no processes: ComfyUI's size is unknown")
+	}
+	floor, known := c.floor.get()
+	return sub(r.held, c.floorOf(floor, known, r, modeOf(r))), nil
+}
+
+// logLaunch logs msg at debug level with ComfyUI's mode and the
+// --reserve-vram and --vram-headroom it was started with, where
+// /system_stats shows them.
+func (c *Client) logLaunch(ctx context.Context, msg string, args ...any) {
+	if !c.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	if st, err := c.SystemStats(ctx); err == nil {
+		args = append(args, "mode", string(st.Mode()))
+		if n, ok := st.GBFlag("--reserve-vram"); ok {
+			args = append(args, "reserve_vram", formatBytes(n))
+		}
+		if n, ok := st.GBFlag("--vram-headroom"); ok {
+			args = append(args, "vram_headroom", formatBytes(n))
+		}
+	}
+	c.log.Debug(msg, args...)
 }
 
 // Reader returns inner with ComfyUI's process named: where a snapshot

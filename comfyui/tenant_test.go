@@ -11,6 +11,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -18,7 +19,7 @@ import (
 // checkpoint (6.25 GiB with its context; torch's cache was emptied after
 // the first prompt, as ComfyUI's worker does), another program's "small"
 // (1 GiB) stays loaded: 8.75 GiB free of 16.
-func rendered(t *testing.T, cfg vramguardtest.ComfyConfig) (*pair, *comfyui.Client) {
+func rendered(t *testing.T, cfg comfyuitest.Config) (*pair, *comfyui.Client) {
 	t.Helper()
 	p := newPair(t, cfg)
 	c := p.client(t, p.ollama.GPU())
@@ -49,7 +50,7 @@ func ollamaClient(t *testing.T, p *pair, c *comfyui.Client, headroom uint64, mak
 func TestTenantMakesRoomInOrder(t *testing.T) {
 	for _, first := range []bool{false, true} {
 		t.Run(fmt.Sprintf("First=%v", first), func(t *testing.T) {
-			p, c := rendered(t, vramguardtest.ComfyConfig{SettleLag: 100 * time.Millisecond})
+			p, c := rendered(t, comfyuitest.Config{SettleLag: 100 * time.Millisecond})
 			oc := ollamaClient(t, p, c, 3*gib, true) // llm needs 9 GiB: 8.75 free
 			var receipts []*comfyui.Receipt
 			if _, err := oc.RegisterTenant(c.Tenant(comfyui.TenantOptions{First: first, OnFree: func(r *comfyui.Receipt) { receipts = append(receipts, r) }})); err != nil {
@@ -69,7 +70,7 @@ func TestTenantMakesRoomInOrder(t *testing.T) {
 		})
 	}
 	t.Run("EnsureFree", func(t *testing.T) {
-		p, c := rendered(t, vramguardtest.ComfyConfig{})
+		p, c := rendered(t, comfyuitest.Config{})
 		oc := ollamaClient(t, p, c, 0, false)
 		if _, err := oc.RegisterTenant(c.Tenant(comfyui.TenantOptions{First: true})); err != nil {
 			t.Fatal(err)
@@ -84,7 +85,7 @@ func TestTenantMakesRoomInOrder(t *testing.T) {
 // TestRefusalNamesComfyUI: a budget's refusal names ComfyUI's process by
 // name among the holders (through Reader), not as "python main.py".
 func TestRefusalNamesComfyUI(t *testing.T) {
-	p, c := rendered(t, vramguardtest.ComfyConfig{})
+	p, c := rendered(t, comfyuitest.Config{})
 	oc := ollamaClient(t, p, c, 3*gib, false)
 	_, err := oc.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "llm", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
 	var re *vramguard.RoomError
@@ -108,7 +109,7 @@ func TestRefusalNamesComfyUI(t *testing.T) {
 func TestArbitration(t *testing.T) {
 	const steps = 40 // 400 ms of render
 	start := func(t *testing.T, mode comfyui.WhileBusy) (*pair, *comfyui.Client, *vramguard.OllamaClient, *comfyui.Queued) {
-		p := newPair(t, vramguardtest.ComfyConfig{SettleLag: 50 * time.Millisecond})
+		p := newPair(t, comfyuitest.Config{SettleLag: 50 * time.Millisecond})
 		c := p.client(t, p.ollama.GPU())
 		oc := ollamaClient(t, p, c, 2*gib, true) // llm needs 8 GiB, small 3: 7.75 free while sampling
 		if _, err := oc.RegisterTenant(c.Tenant(comfyui.TenantOptions{WhileBusy: mode, RetryAfter: 3 * time.Second})); err != nil {
@@ -127,15 +128,15 @@ func TestArbitration(t *testing.T) {
 	t.Run("Wait", func(t *testing.T) {
 		p, c, oc, q := start(t, comfyui.Wait)
 		_, err := oc.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
-		if err != nil || !p.eventTime(vramguardtest.ComfyPromptEnd).IsZero() {
-			t.Errorf("small (fits beside the render) = %v, render ended %v; want it run during the render", err, !p.eventTime(vramguardtest.ComfyPromptEnd).IsZero())
+		if err != nil || !p.eventTime(comfyuitest.PromptEnd).IsZero() {
+			t.Errorf("small (fits beside the render) = %v, render ended %v; want it run during the render", err, !p.eventTime(comfyuitest.PromptEnd).IsZero())
 		}
 		gen, err := oc.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "llm", Prompt: "x"}, vramguard.KeepAliveUnload, nil)
 		done := time.Now()
 		if err != nil || !gen.Loaded {
 			t.Fatalf("llm during the render = %v; want it admitted once the queue drained", err)
 		}
-		ended := p.eventTime(vramguardtest.ComfyPromptEnd)
+		ended := p.eventTime(comfyuitest.PromptEnd)
 		loadReq := lastEvent(p.ollama, vramguardtest.EventLoaded, "llm:latest")
 		if ended.IsZero() || loadReq.Before(ended) {
 			t.Errorf("llm loaded at %v, the render ended at %v: the load did not wait", loadReq, ended)
@@ -158,15 +159,15 @@ func TestArbitration(t *testing.T) {
 		if !errors.As(err, &re) || !errors.As(err, &be) || be.PromptID != q.PromptID || re.RetryAfter < 3*time.Second {
 			t.Fatalf("llm during the render = %v; want a *RoomError with RetryAfter >= 3s and the *BusyError naming %s", err, q.PromptID)
 		}
-		if !p.eventTime(vramguardtest.ComfyPromptEnd).IsZero() {
+		if !p.eventTime(comfyuitest.PromptEnd).IsZero() {
 			t.Error("refused only after the render ended; want at once")
 		}
 		if p.ollama.Listed("llm") {
 			t.Error("llm was loaded anyway")
 		}
 		res, err := c.Wait(t.Context(), q.PromptID)
-		if err != nil || res.Status != "success" || !p.eventTime(vramguardtest.ComfyFreeRequested).IsZero() {
-			t.Errorf("the render = %+v, %v, free sent %v; want it untouched", res, err, !p.eventTime(vramguardtest.ComfyFreeRequested).IsZero())
+		if err != nil || res.Status != "success" || !p.eventTime(comfyuitest.FreeRequested).IsZero() {
+			t.Errorf("the render = %+v, %v, free sent %v; want it untouched", res, err, !p.eventTime(comfyuitest.FreeRequested).IsZero())
 		}
 	})
 }

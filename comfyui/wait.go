@@ -33,7 +33,10 @@ type Image struct {
 	Type      string `json:"type"`
 }
 
-// Run submits wf and waits for it to end (Submit, then Wait).
+// Run submits wf and waits for it to end (Submit, then Wait). When ctx
+// ends first, Run cancels its prompt on ComfyUI (see Wait), so that no
+// render of a caller that gave up keeps the GPU; every error after the
+// prompt was sent names its id (a *WaitError or an *ExecutionError).
 func (c *Client) Run(ctx context.Context, wf Workflow) (*Result, error) {
 	q, err := c.Submit(ctx, wf)
 	if err != nil {
@@ -49,13 +52,26 @@ func (c *Client) Run(ctx context.Context, wf Workflow) (*Result, error) {
 // with, so a prompt of this client's ends at once) and reads /history
 // every Options.PollInterval besides (the only way for another client's
 // prompt, or where no WebSocket is possible). Wait is bounded by ctx
-// only: a render takes what it takes. A ComfyUI that stops answering
-// ends it with KindUnavailable; one that answers slowly is waited for.
+// only: a render takes what it takes. When ctx ends first, a prompt this
+// client submitted is cancelled on ComfyUI (POST /api/jobs/{id}/cancel,
+// else /queue's delete and /interrupt, under context.WithoutCancel(ctx)
+// and Options.Timeout), another client's is left alone; the error, of
+// KindTimeout for a deadline and KindCanceled otherwise, holds a
+// *WaitError naming the prompt. A ComfyUI that stops answering ends it
+// with KindUnavailable (inside a *WaitError too); one that answers
+// slowly is waited for.
 func (c *Client) Wait(ctx context.Context, promptID string) (*Result, error) {
+	return c.wait(ctx, promptID, true)
+}
+
+// wait is Wait; cancelOwn says whether a prompt of this client's is
+// cancelled when ctx ends (not for a free's wait for the running prompt).
+func (c *Client) wait(ctx context.Context, promptID string, cancelOwn bool) (*Result, error) {
 	const op = "comfyui: wait"
 	if promptID == "" {
 		return nil, invalidf(op, "no prompt id")
 	}
+	start := time.Now()
 	ended, unsub := c.ws.subscribe(ctx, promptID)
 	defer unsub()
 	t := time.NewTicker(c.opts.PollInterval)
@@ -64,19 +80,48 @@ func (c *Client) Wait(ctx context.Context, promptID string) (*Result, error) {
 		h, err := c.history(ctx, promptID)
 		switch {
 		case err == nil && h != nil:
+			c.own.drop(promptID)
 			return result(promptID, h)
-		case err != nil && vramguard.KindOf(err) != vramguard.KindTransient:
-			return nil, err
+		case err != nil && ctx.Err() == nil && vramguard.KindOf(err) != vramguard.KindTransient:
+			return nil, &vramguard.Error{Op: op, Kind: vramguard.KindOf(err), Err: &WaitError{PromptID: promptID, Waited: time.Since(start), Err: err}}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, &vramguard.Error{Op: op, Kind: vramguard.KindCanceled, Err: context.Cause(ctx)}
+			if cancelOwn && c.own.drop(promptID) {
+				c.cancelPrompt(ctx, promptID)
+			}
+			return nil, &vramguard.Error{Op: op, Kind: ctxKind(ctx), Err: &WaitError{PromptID: promptID, Waited: time.Since(start), Err: ctxCause(ctx)}}
 		case <-c.closed:
-			return nil, &vramguard.Error{Op: op, Kind: vramguard.KindCanceled, Err: vramguard.ErrClosed}
+			return nil, &vramguard.Error{Op: op, Kind: vramguard.KindCanceled, Err: &WaitError{PromptID: promptID, Waited: time.Since(start), Err: vramguard.ErrClosed}}
 		case <-ended:
 		case <-t.C:
 		}
 	}
+}
+
+// ownPrompts are the prompts this client submitted that have not been
+// seen to end.
+type ownPrompts struct {
+	mu  sync.Mutex
+	ids map[string]struct{}
+}
+
+func (o *ownPrompts) add(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ids == nil {
+		o.ids = map[string]struct{}{}
+	}
+	o.ids[id] = struct{}{}
+}
+
+// drop forgets id and says whether it was this client's.
+func (o *ownPrompts) drop(id string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, ok := o.ids[id]
+	delete(o.ids, id)
+	return ok
 }
 
 // WaitIdle waits until ComfyUI's queue is empty: nothing running, nothing
@@ -143,6 +188,9 @@ func result(id string, h *historyEntry) (*Result, error) {
 			_ = json.Unmarshal(m[1], &d)
 			ee.Interrupted = event == "execution_interrupted"
 			ee.NodeID, ee.NodeType, ee.ExceptionType, ee.Message = d.NodeID, d.NodeType, d.ExceptionType, d.Message
+			if event == "execution_error" && ee.outOfMemory() {
+				ee.Bytes = oomBytes(d.Message)
+			}
 		}
 	}
 	kind := vramguard.KindServer

@@ -122,15 +122,10 @@
 //
 // # Fake ComfyUI
 //
-// [NewComfyUI] starts a fake ComfyUI that allocates on the same fake GPU
-// (a [Server]'s ledger or a [PSGPU]): two tenants, one device. It
-// follows ComfyUI's source (server.py, main.py, execution.py,
-// comfy/model_management.py at commit a125cd84, 0.3.64) and has never run
-// against a real ComfyUI: /free that only sets flags, applied after the
-// running prompt, a settle lag, memory a custom node pins, a slow
-// /system_stats while freeing, workflows that take a set time and hold
-// set memory, an invalid graph's 400 with node_errors, and the /ws
-// messages. See [ComfyUI] for what it reproduces and what it does not.
+// The fake ComfyUI lives beside package comfyui, in package comfyuitest;
+// it allocates on this package's fake GPU (a [Server]'s ledger or a
+// [PSGPU], through [Server.SetHeld] and [PSGPU.SetHeld]): two tenants, one
+// device.
 //
 // Every goroutine and timer the Server starts is stopped and joined by
 // [Server.Close].

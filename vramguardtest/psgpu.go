@@ -43,7 +43,7 @@ type PSGPU struct {
 
 	mu       sync.Mutex
 	reserved map[string]uint64
-	commands map[string]string // the command an owner is listed with, where not the owner itself (setHeld)
+	commands map[string]string // the command an owner is listed with, where not the owner itself (SetHeld)
 }
 
 var _ vramguard.VRAMReader = (*PSGPU)(nil)
@@ -148,13 +148,14 @@ func fakePID(name string) uint32 {
 	return 1<<22 + h.Sum32()%(1<<22)
 }
 
-// setHeld sets what owner holds to bytes (it does not add), listed with
-// command, as a process whose use grows and shrinks (a fake ComfyUI).
+// SetHeld sets what owner holds to bytes (it does not add), listed with
+// command, as a process whose use grows and shrinks (a fake ComfyUI of
+// package comfyuitest).
 // Growth is checked against a fresh listing, as Reserve is, and fails with
 // a [*VRAMError] (or the listing's error) changing nothing; shrinking
 // always succeeds without a listing; zero releases the owner. The owner's
 // PID, fakePID("owner "+owner), is stable.
-func (g *PSGPU) setHeld(ctx context.Context, owner, command string, bytes uint64) error {
+func (g *PSGPU) SetHeld(ctx context.Context, owner, command string, bytes uint64) error {
 	g.mu.Lock()
 	cur := g.reserved[owner]
 	g.mu.Unlock()
@@ -193,8 +194,12 @@ func (g *PSGPU) setHeld(ctx context.Context, owner, command string, bytes uint64
 	return nil
 }
 
-// free is the device's total and free bytes at a fresh listing.
-func (g *PSGPU) free(ctx context.Context) (total, free uint64, err error) {
+// HeldPID is the PID owner ([PSGPU.Reserve], [PSGPU.SetHeld]) is listed
+// under: fakePID("owner "+owner), stable whether or not it holds anything.
+func (g *PSGPU) HeldPID(owner string) uint32 { return fakePID("owner " + owner) }
+
+// DeviceMemory is the device's total and free bytes at a fresh listing.
+func (g *PSGPU) DeviceMemory(ctx context.Context) (total, free uint64, err error) {
 	snap, err := g.Snapshot(ctx)
 	if err != nil {
 		return 0, 0, err

@@ -437,7 +437,7 @@ func (s *Server) WaitFor(ctx context.Context, cond func() bool) error {
 	return waitChange(ctx, &s.mu, &s.changed, s.done, "sim: server closed", cond)
 }
 
-// waitChange is WaitFor of the fake Ollama and the fake ComfyUI: cond is
+// waitChange is WaitFor of the fake Ollama: cond is
 // called at once and after every close of *changed (read under mu, which
 // notifyLocked closes and replaces), until it holds, ctx ends or done is
 // closed (an error saying closed).

@@ -2,6 +2,7 @@ package vramguardtest
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 )
@@ -143,13 +144,15 @@ func (s *Server) freeHoldingLocked(r *runner, now bool) {
 	s.afterLocked(s.cfg.ReleaseLag, func() { delete(s.holdings, h.pid) })
 }
 
-// setHeld sets what owner holds on the ledger to bytes (it does not add),
+// SetHeld sets what owner holds on the ledger to bytes (it does not add),
 // listed under name, as a process whose use grows and shrinks (a fake
-// ComfyUI: its CUDA context, models and cache). Growth that does not fit in
-// the free memory fails with a [*VRAMError] and changes nothing, whatever
-// [Config.StrictVRAM] says; shrinking always succeeds; zero releases the
-// owner. The owner keeps one PID while it holds anything.
-func (s *Server) setHeld(owner, name string, bytes uint64) error {
+// ComfyUI of package comfyuitest: its CUDA context, models and cache).
+// Growth that does not fit in the free memory fails with a [*VRAMError]
+// and changes nothing, whatever [Config.StrictVRAM] says; shrinking always
+// succeeds; zero releases the owner. The owner keeps one PID while it
+// holds anything. ctx is not used (the ledger answers at once). It is safe
+// for concurrent use.
+func (s *Server) SetHeld(_ context.Context, owner, name string, bytes uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.external[owner]
@@ -179,12 +182,21 @@ func (s *Server) setHeld(owner, name string, bytes uint64) error {
 	return nil
 }
 
-// heldPID is the PID owner's memory is listed under, 0 when it holds none.
-func (s *Server) heldPID(owner string) uint32 {
+// HeldPID is the PID owner's memory ([Server.SetHeld], [Server.Reserve])
+// is listed under, 0 when it holds none. It is safe for concurrent use.
+func (s *Server) HeldPID(owner string) uint32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if h, ok := s.external[owner]; ok {
 		return h.pid
 	}
 	return 0
+}
+
+// DeviceMemory is the simulated GPU's total and free bytes, as
+// [Server.Memory] reports them; it never fails. It is safe for concurrent
+// use.
+func (s *Server) DeviceMemory(context.Context) (total, free uint64, err error) {
+	total, _, free = s.Memory()
+	return total, free, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/pool"
 	"github.com/vramguard/vramguard/vramguardtest"
 	"github.com/vramguard/vramguard/vramprom"
@@ -715,7 +716,7 @@ func TestUnloadAlreadyGone(t *testing.T) {
 // on the fake GPU) is the holder "ComfyUI" in the device's series.
 func TestGaugesNameComfyUI(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{TotalVRAM: 16 * gib})
-	fake, err := vramguardtest.NewComfyUI(s, vramguardtest.ComfyConfig{ContextBytes: gib})
+	fake, err := comfyuitest.NewServer(s, comfyuitest.Config{ContextBytes: gib})
 	if err != nil {
 		t.Fatal(err)
 	}

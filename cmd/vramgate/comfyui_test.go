@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 // With -comfyui, a load that needs ComfyUI's memory is refused (503, a
 // Retry-After) while ComfyUI renders, and admitted once the render ended:
 // the gate frees ComfyUI's checkpoint, verified on the device, first.
-// ComfyUI is the test double's fake (vramguardtest.NewComfyUI), which
+// ComfyUI is the test double's fake (comfyuitest.NewServer), which
 // follows ComfyUI 0.3.64's source: no ComfyUI can run here.
 func TestComfyUIRender(t *testing.T) {
 	const ckpt = "sdxl.safetensors"
@@ -22,7 +23,7 @@ func TestComfyUIRender(t *testing.T) {
 	sim := newSim(t, vramguardtest.Config{TotalVRAM: 16 * gib, StrictVRAM: true, Models: []vramguardtest.ModelConfig{
 		{Name: "llm", SizeVRAM: 6 * gib, Chunks: 2},
 	}})
-	fake, err := vramguardtest.NewComfyUI(sim, vramguardtest.ComfyConfig{Models: map[string]uint64{ckpt: 6 * gib},
+	fake, err := comfyuitest.NewServer(sim, comfyuitest.Config{Models: map[string]uint64{ckpt: 6 * gib},
 		WorkBytes: 2 * gib, StepTime: 10 * time.Millisecond, SettleLag: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +71,7 @@ func TestComfyUIRender(t *testing.T) {
 		t.Fatalf("the render was disturbed: %+v, %v", res, err)
 	}
 	for _, e := range fake.Events() {
-		if e.Kind == vramguardtest.ComfyFreeRequested {
+		if e.Kind == comfyuitest.FreeRequested {
 			t.Fatal("the gate asked ComfyUI to free during its render")
 		}
 	}

@@ -126,7 +126,7 @@ func (c *cmd) parse(args []string) (*config, error) {
 	fs.BoolVar(&cfg.json, "json", false, "print JSON: one object per refresh, one per line")
 	fs.StringVar(&cfg.listen, "listen", "", "serve GET /metrics and GET /ready?model=NAME&free=BYTES&device=N on `ADDR` (host:port) until SIGINT/SIGTERM, instead of printing tables")
 	fs.BoolVar(&cfg.gpu, "gpu", true, "read the GPU (NVML, else nvidia-smi); -gpu=false: no GPU reader")
-	fs.StringVar(&cfg.comfyui, "comfyui", "", "ComfyUI's `URL`: its process is named \"ComfyUI\" among the holders (found by the port it listens on and its argv)")
+	fs.StringVar(&cfg.comfyui, "comfyui", "", "ComfyUI's `URL`: its process is named \"ComfyUI\" among the holders (found by the port it listens on and its argv), and its mode, --reserve-vram and --vram-headroom are shown")
 	fs.UintVar(&cfg.comfyPID, "comfyui-pid", 0, "ComfyUI's `PID`, where -comfyui cannot find it (a container)")
 	fs.Usage = func() {} // Parse calls it on every error; only -h prints the usage
 	if err := fs.Parse(args); err != nil {
@@ -202,6 +202,7 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 			return err
 		}
 		defer cc.Close()
+		w.comfy = cc
 		if w.gpu != nil {
 			w.gpu = cc.Reader(w.gpu)
 		}

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -827,5 +828,52 @@ func TestComfyUINamed(t *testing.T) {
 	}
 	if code, _, errOut := invoke(t.Context(), t, s, gpuSim, nil, false, "-once", "-comfyui-pid", "7"); code != 2 || !strings.Contains(errOut, "-comfyui too") {
 		t.Errorf("-comfyui-pid alone: exit %d, %q; want a usage error", code, errOut)
+	}
+}
+
+// TestComfyUILaunchShown: with -comfyui, vramwatch shows how ComfyUI runs
+// from its /system_stats: the mode and the --reserve-vram and
+// --vram-headroom its argv gives, in the table and in the JSON; a
+// ComfyUI started without --reserve-vram is said to have no partition.
+func TestComfyUILaunchShown(t *testing.T) {
+	s := newSim(t)
+	for _, tt := range []struct {
+		name string
+		cfg  comfyuitest.Config
+		want []string
+	}{
+		{"flags", comfyuitest.Config{ReserveVRAM: 10 * gib, VRAMHeadroom: gib / 2},
+			[]string{"0.25.0, DynamicVRAM, --reserve-vram 10.0 GiB, --vram-headroom 512.0 MiB (kept free only while ComfyUI allocates)"}},
+		{"none", comfyuitest.Config{Mode: comfyuitest.ModelPatcher}, []string{"0.3.64, ModelPatcher, no --reserve-vram (ComfyUI may take the whole card)"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := comfyuitest.NewServer(s, tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			args := []string{"-once", "-comfyui", f.URL().String(), "-comfyui-pid", fmt.Sprint(f.PID())}
+			code, out, errOut := invoke(t.Context(), t, s, gpuSim, nil, false, args...)
+			want := "ComfyUI at " + f.URL().String() + ": " + tt.want[0] + "\n"
+			if code != 0 || !strings.Contains(out, want) {
+				t.Errorf("exit %d, stderr %q, output\n%s\nwant the line %q", code, errOut, out, want)
+			}
+			code, out, _ = invoke(t.Context(), t, s, gpuSim, nil, false, append(args, "-json")...)
+			var rep struct {
+				ComfyUI struct {
+					Mode         string  `json:"mode"`
+					ReserveVRAM  *uint64 `json:"reserve_vram"`
+					VRAMHeadroom *uint64 `json:"vram_headroom"`
+				} `json:"comfyui"`
+			}
+			if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
+				t.Fatalf("-json: exit %d, %v: %s", code, err, out)
+			}
+			if rep.ComfyUI.Mode != tt.cfg.Mode.String() || (rep.ComfyUI.ReserveVRAM != nil) != (tt.cfg.ReserveVRAM > 0) ||
+				(rep.ComfyUI.ReserveVRAM != nil && *rep.ComfyUI.ReserveVRAM != tt.cfg.ReserveVRAM) ||
+				(rep.ComfyUI.VRAMHeadroom != nil && *rep.ComfyUI.VRAMHeadroom != tt.cfg.VRAMHeadroom) {
+				t.Errorf("-json comfyui %+v; want mode %v, reserve %d, headroom %d", rep.ComfyUI, tt.cfg.Mode, tt.cfg.ReserveVRAM, tt.cfg.VRAMHeadroom)
+			}
+		})
 	}
 }

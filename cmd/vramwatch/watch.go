@@ -15,6 +15,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyui"
 	"github.com/vramguard/vramguard/gpu"
 )
 
@@ -28,6 +29,8 @@ type watcher struct {
 	// procRoot is where the runners are read from when there is no GPU
 	// snapshot: a procfs root, "" meaning /proc.
 	procRoot string
+	// comfy is ComfyUI's client (-comfyui); nil when not watched.
+	comfy *comfyui.Client
 }
 
 // report is one look at the GPU and at Ollama; it is also the JSON output.
@@ -49,10 +52,42 @@ type report struct {
 	// discovery". Without a GPU snapshot they are the runners /proc lists,
 	// their memory not known.
 	Runners []runner `json:"runners"`
+	// ComfyUI is how ComfyUI (-comfyui) runs, from its /system_stats:
+	// its mode and the --reserve-vram and --vram-headroom it was started
+	// with; nil when not watched or it did not answer (ComfyUIError).
+	ComfyUI      *comfyReport `json:"comfyui,omitempty"`
+	ComfyUIError string       `json:"comfyui_error,omitempty"`
 
 	// noReader: no GPU reader could be opened, for the whole run;
 	// GPUError says why.
 	noReader bool
+}
+
+// comfyReport is ComfyUI's launch as /system_stats shows it.
+type comfyReport struct {
+	URL     string `json:"url"`
+	Version string `json:"version"`
+	Mode    string `json:"mode"` // "DynamicVRAM", "ModelPatcher" or "" (unknown)
+	// ReserveVRAM and VRAMHeadroom are the flags' bytes; nil when argv
+	// does not give them.
+	ReserveVRAM  *uint64 `json:"reserve_vram,omitempty"`
+	VRAMHeadroom *uint64 `json:"vram_headroom,omitempty"`
+}
+
+// comfyOf reads ComfyUI's launch from its /system_stats.
+func comfyOf(ctx context.Context, c *comfyui.Client) (*comfyReport, error) {
+	st, err := c.SystemStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := &comfyReport{URL: c.URL(), Version: st.System.ComfyUIVersion, Mode: string(st.Mode())}
+	if n, ok := st.GBFlag("--reserve-vram"); ok {
+		r.ReserveVRAM = &n
+	}
+	if n, ok := st.GBFlag("--vram-headroom"); ok {
+		r.VRAMHeadroom = &n
+	}
+	return r, nil
 }
 
 type gpuReport struct {
@@ -163,6 +198,14 @@ func (w *watcher) collect(ctx context.Context) *report {
 	for _, o := range gpu.FindOrphans(runners, loaded) {
 		if i := slices.IndexFunc(rep.Runners, func(r runner) bool { return r.PID == o.PID }); i >= 0 {
 			rep.Runners[i].Orphan = true
+		}
+	}
+	if w.comfy != nil {
+		cr, err := comfyOf(octx, w.comfy)
+		if err != nil {
+			rep.ComfyUIError = fmt.Sprintf("ComfyUI at %s does not answer: %s", w.comfy.URL(), trim(err))
+		} else {
+			rep.ComfyUI = cr
 		}
 	}
 	return rep
@@ -392,7 +435,28 @@ func writeTable(w io.Writer, rep *report, sayNoReader bool) {
 		}
 		fmt.Fprintf(tw, "ORPHAN: %s holds %s %s; only killing it (kill %d) frees the memory\n", what, held, why, r.PID)
 	}
+	switch {
+	case rep.ComfyUIError != "":
+		fmt.Fprintln(tw, rep.ComfyUIError)
+	case rep.ComfyUI != nil:
+		fmt.Fprintln(tw, comfyLine(rep.ComfyUI))
+	}
 	tw.Flush()
+}
+
+// comfyLine says how ComfyUI runs: version, mode, and the partition its
+// flags make (or that none does).
+func comfyLine(c *comfyReport) string {
+	parts := []string{cmp.Or(c.Version, "version unknown"), cmp.Or(c.Mode, "mode unknown")}
+	if c.ReserveVRAM != nil {
+		parts = append(parts, "--reserve-vram "+human(*c.ReserveVRAM, true))
+	} else {
+		parts = append(parts, "no --reserve-vram (ComfyUI may take the whole card)")
+	}
+	if c.VRAMHeadroom != nil {
+		parts = append(parts, "--vram-headroom "+human(*c.VRAMHeadroom, true)+" (kept free only while ComfyUI allocates)")
+	}
+	return fmt.Sprintf("ComfyUI at %s: %s", c.URL, strings.Join(parts, ", "))
 }
 
 // servesOf is the SERVES cell of a runner.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
@@ -27,7 +28,7 @@ const (
 // double is the running test double.
 type double struct {
 	ollama *vramguardtest.Server
-	comfy  *vramguardtest.ComfyUI
+	comfy  *comfyuitest.Server
 }
 
 func startDouble() (*double, error) {
@@ -43,7 +44,7 @@ func startDouble() (*double, error) {
 				return cs
 			}}},
 	})
-	comfy, err := vramguardtest.NewComfyUI(srv, vramguardtest.ComfyConfig{
+	comfy, err := comfyuitest.NewServer(srv, comfyuitest.Config{
 		Models:    map[string]uint64{simCheckpoint: simCkptBytes},
 		WorkBytes: simWork,
 		StepTime:  10 * time.Millisecond,

@@ -299,6 +299,12 @@ func receiptLine(rc *comfyui.Receipt) string {
 	if rc.PinnedKnown && rc.Pinned > rc.Tolerance {
 		parts = append(parts, formatBytes(rc.Pinned)+" pinned")
 	}
+	if rc.Pending > 0 {
+		parts = append(parts, formatBytes(rc.Pending)+" on its way")
+	}
+	if rc.Mode != comfyui.ModeUnknown {
+		parts = append(parts, string(rc.Mode))
+	}
 	if len(parts) > 0 {
 		s += ": " + strings.Join(parts, ", ")
 	}

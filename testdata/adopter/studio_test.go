@@ -15,6 +15,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 
 	"example.com/adopter"
@@ -364,7 +365,7 @@ func TestAlternateWithComfyUI(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 16 << 30, StrictVRAM: true,
 		Models: []vramguardtest.ModelConfig{{Name: "llama3.2", SizeVRAM: 7 << 30}}})
 	defer s.Close()
-	fake, err := vramguardtest.NewComfyUI(s, vramguardtest.ComfyConfig{Models: map[string]uint64{"sd.safetensors": 6 << 30},
+	fake, err := comfyuitest.NewServer(s, comfyuitest.Config{Models: map[string]uint64{"sd.safetensors": 6 << 30},
 		WorkBytes: 3 << 30, StepTime: 5 * time.Millisecond, SettleLag: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

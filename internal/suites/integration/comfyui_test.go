@@ -7,6 +7,7 @@ import (
 
 	"github.com/vramguard/vramguard"
 	"github.com/vramguard/vramguard/comfyui"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/internal/testkit/ollamatest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
@@ -47,11 +48,15 @@ func TestAlternatingPipelineWithComfyUI(t *testing.T) {
 			t.Fatal(err)
 		}
 		size = max(size, uint64(est.Total))
-		// ComfyUI: a checkpoint the LLM's size, working memory half of it,
-		// a 4 KiB context. The device holds either side, not both.
+		// ComfyUI (DynamicVRAM, the fake's default): a checkpoint the LLM's
+		// size, working memory half of it, a 4 KiB context, and the
+		// headroom it keeps free while it allocates. The device holds
+		// either side, not both: a render's room is the checkpoint, the
+		// working memory and that headroom.
 		ckptBytes, work, ctxBytes := size, size/2, uint64(4<<10)
-		dev := &vramguardtest.PSGPU{Client: s.Client(), Total: size + ctxBytes + ckptBytes + work - 16<<10}
-		fake, err := vramguardtest.NewComfyUI(dev, vramguardtest.ComfyConfig{
+		room := ckptBytes + work + comfyuitest.DynamicVRAMHeadroom
+		dev := &vramguardtest.PSGPU{Client: s.Client(), Total: size + ctxBytes + room - 16<<10}
+		fake, err := comfyuitest.NewServer(dev, comfyuitest.Config{
 			Models: map[string]uint64{"ckpt.safetensors": ckptBytes}, WorkBytes: work, ContextBytes: ctxBytes,
 			StepTime: 5 * time.Millisecond, SettleLag: 50 * time.Millisecond,
 		})
@@ -80,7 +85,7 @@ func TestAlternatingPipelineWithComfyUI(t *testing.T) {
 		}
 		const rounds = 5
 		for r := 1; r <= rounds; r++ {
-			phase, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: ckptBytes + work})
+			phase, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: room})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +126,7 @@ func TestAlternatingPipelineWithComfyUI(t *testing.T) {
 				prompt = gen.Text
 			}
 			rep, err := phase.End(t.Context())
-			if err != nil || rep.Handover == nil || rep.Handover.FreeAfter < ckptBytes+work {
+			if err != nil || rep.Handover == nil || rep.Handover.FreeAfter < room {
 				t.Fatalf("round %d: hand-over %+v, %v; want the render's room, verified", r, rep, err)
 			}
 			wf["6"].Inputs["text"] = prompt
@@ -132,8 +137,11 @@ func TestAlternatingPipelineWithComfyUI(t *testing.T) {
 			fr := free
 			fr.Wait = true
 			rc, err := cc.Free(t.Context(), fr)
-			if err != nil || rc.Outcome != comfyui.OutcomeFreed || !rc.Process.Known || !rc.Torch.Known {
-				t.Fatalf("round %d: free %v, %v; want a measured freed receipt", r, rc, err)
+			if err != nil || rc.Outcome != comfyui.OutcomeFreed || !rc.Process.Known || !rc.Torch.Known || rc.Mode != comfyui.ModeDynamicVRAM {
+				t.Fatalf("round %d: free %v, %v; want a measured freed receipt, DynamicVRAM", r, rc, err)
+			}
+			if fake.Held().Models != 0 {
+				t.Errorf("round %d: receipt %s, but the fake still holds %+v", r, rc, fake.Held())
 			}
 			if loads != 1 {
 				t.Errorf("round %d: %d loads; want 1 (the phase keeps the model warm between its calls)", r, loads)

@@ -1,4 +1,4 @@
-package vramguardtest
+package comfyuitest
 
 import (
 	"crypto/rand"
@@ -34,7 +34,7 @@ func (s *comfySocket) push(msg []byte) {
 // sendLocked is PromptServer.send_sync: {"type": event, "data": data} to
 // the socket of sid, or to every socket when sid is nil. A sid no socket
 // has drops the message.
-func (c *ComfyUI) sendLocked(event string, data any, sid *string) {
+func (c *Server) sendLocked(event string, data any, sid *string) {
 	msg, err := json.Marshal(jsonObj{{"type", event}, {"data", data}})
 	if err != nil {
 		return
@@ -53,7 +53,7 @@ func (c *ComfyUI) sendLocked(event string, data any, sid *string) {
 // handleWS is websocket_handler: the socket takes clientId's place (or a
 // new sid), gets a status with its sid, and, when its client's prompt is
 // running a node, that node.
-func (c *ComfyUI) handleWS(w http.ResponseWriter, r *http.Request) {
+func (c *Server) handleWS(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -126,7 +126,7 @@ func (c *ComfyUI) handleWS(w http.ResponseWriter, r *http.Request) {
 
 // writeLoop sends s's queued messages in order until the handler ends,
 // the ComfyUI closes or a write fails.
-func (c *ComfyUI) writeLoop(s *comfySocket, written chan<- struct{}) {
+func (c *Server) writeLoop(s *comfySocket, written chan<- struct{}) {
 	defer c.wg.Done()
 	defer close(written)
 	for {

@@ -1,4 +1,4 @@
-package vramguardtest
+package comfyuitest
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ const comfyMaxBody = 100 << 20
 
 // serveHTTP routes a request as ComfyUI's aiohttp app does: every route
 // also under /api.
-func (c *ComfyUI) serveHTTP(w http.ResponseWriter, r *http.Request) {
+func (c *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	if p, ok := strings.CutPrefix(path, "/api"); ok && strings.HasPrefix(p, "/") {
 		path = p
@@ -57,6 +57,11 @@ func (c *ComfyUI) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		if id, ok := strings.CutPrefix(path, "/history/"); ok && id != "" && !strings.Contains(id, "/") {
 			routes = []route{{"GET", func(w http.ResponseWriter, r *http.Request) { c.handleGetHistoryID(w, id) }}}
+		}
+		if rest, ok := strings.CutPrefix(path, "/jobs/"); ok && c.cfg.Mode == DynamicVRAM {
+			if id, ok := strings.CutSuffix(rest, "/cancel"); ok && id != "" && !strings.Contains(id, "/") {
+				routes = []route{{"POST", func(w http.ResponseWriter, r *http.Request) { c.handleCancelJob(w, id) }}}
+			}
 		}
 	}
 	if len(routes) == 0 {
@@ -125,7 +130,7 @@ func readJSON(w http.ResponseWriter, r *http.Request) (v any, ok bool, err error
 	return v, err == nil, err
 }
 
-func (c *ComfyUI) handleGetPrompt(w http.ResponseWriter, _ *http.Request) {
+func (c *Server) handleGetPrompt(w http.ResponseWriter, _ *http.Request) {
 	c.mu.Lock()
 	info := c.queueInfoLocked()
 	c.mu.Unlock()
@@ -133,7 +138,7 @@ func (c *ComfyUI) handleGetPrompt(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handlePostPrompt is server.py's post_prompt.
-func (c *ComfyUI) handlePostPrompt(w http.ResponseWriter, r *http.Request) {
+func (c *Server) handlePostPrompt(w http.ResponseWriter, r *http.Request) {
 	body, ok, err := readJSON(w, r)
 	if err != nil {
 		comfyCrash(w)
@@ -184,6 +189,24 @@ func (c *ComfyUI) handlePostPrompt(w http.ResponseWriter, r *http.Request) {
 	id := ""
 	if v, ok := obj.get("prompt_id"); ok {
 		id = pyStr(v)
+		if c.cfg.Mode == DynamicVRAM { // today's server.py (FIELD_NOTES §9)
+			if s, isStr := v.(string); !isStr || !canonicalUUID(s) {
+				comfyJSON(w, http.StatusBadRequest, jsonObj{
+					{"error", jsonObj{{"type", "invalid_prompt_id"}, {"message", "Invalid prompt_id"},
+						{"details", "prompt_id must be a lowercase UUID"}, {"extra_info", jsonObj{}}}},
+					{"node_errors", jsonObj{}},
+				})
+				return
+			}
+			if c.knownID(id) {
+				comfyJSON(w, http.StatusConflict, jsonObj{
+					{"error", jsonObj{{"type", "prompt_id_exists"}, {"message", "prompt_id already exists"},
+						{"details", id}, {"extra_info", jsonObj{}}}},
+					{"node_errors", jsonObj{}},
+				})
+				return
+			}
+		}
 	} else {
 		id = newUUID()
 	}
@@ -219,11 +242,66 @@ func (c *ComfyUI) handlePostPrompt(w http.ResponseWriter, r *http.Request) {
 	it := &comfyItem{number: number, id: id, prompt: prompt.(jsonObj), extra: extra, outputs: res.outputs, to: to, graph: res.graph}
 	c.mu.Lock()
 	c.pushLocked(it)
-	c.eventLocked(ComfyPromptQueued, id, number.String())
+	c.eventLocked(PromptQueued, id, number.String())
 	c.queueUpdatedLocked()
 	c.mu.Unlock()
 	c.signal()
 	comfyJSON(w, http.StatusOK, jsonObj{{"prompt_id", id}, {"number", number}, {"node_errors", res.nodeErrors}})
+}
+
+// canonicalUUID says whether s is a UUID in canonical lowercase form
+// (8-4-4-4-12 hex digits), the only client prompt_id today's ComfyUI takes.
+func canonicalUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, r := range s {
+		switch i {
+		case 8, 13, 18, 23:
+			if r != '-' {
+				return false
+			}
+		default:
+			if !('0' <= r && r <= '9' || 'a' <= r && r <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// knownID says whether a prompt with id is queued, running or in the
+// history.
+func (c *Server) knownID(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running != nil && c.running.id == id {
+		return true
+	}
+	return slices.ContainsFunc(c.queue, func(it *comfyItem) bool { return it.id == id }) ||
+		slices.ContainsFunc(c.history, func(h *comfyHistory) bool { return h.item.id == id })
+}
+
+// handleCancelJob is POST /api/jobs/{id}/cancel (today's server.py,
+// FIELD_NOTES §9): a queued prompt leaves the queue, the running one is
+// interrupted; {"cancelled": false} for a prompt that is neither.
+func (c *Server) handleCancelJob(w http.ResponseWriter, id string) {
+	c.mu.Lock()
+	cancelled := false
+	switch {
+	case c.running != nil && c.running.id == id:
+		c.stop, cancelled = true, true
+	default:
+		if i := slices.IndexFunc(c.queue, func(it *comfyItem) bool { return it.id == id }); i >= 0 {
+			c.queue = slices.Delete(c.queue, i, i+1)
+			comfyHeapify(c.queue)
+			c.eventLocked(PromptCancelled, id, "")
+			c.queueUpdatedLocked()
+			cancelled = true
+		}
+	}
+	c.mu.Unlock()
+	comfyJSON(w, http.StatusOK, jsonObj{{"cancelled", cancelled}})
 }
 
 // newUUID is str(uuid.uuid4()).
@@ -236,7 +314,7 @@ func newUUID() string {
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-func (c *ComfyUI) handleGetQueue(w http.ResponseWriter, _ *http.Request) {
+func (c *Server) handleGetQueue(w http.ResponseWriter, _ *http.Request) {
 	c.mu.Lock()
 	running := []any{}
 	if c.running != nil {
@@ -251,7 +329,7 @@ func (c *ComfyUI) handleGetQueue(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handlePostQueue is post_queue: {"clear": true} and {"delete": [ids]}.
-func (c *ComfyUI) handlePostQueue(w http.ResponseWriter, r *http.Request) {
+func (c *Server) handlePostQueue(w http.ResponseWriter, r *http.Request) {
 	body, ok, err := readJSON(w, r)
 	if err != nil {
 		comfyCrash(w)
@@ -293,14 +371,14 @@ func (c *ComfyUI) handlePostQueue(w http.ResponseWriter, r *http.Request) {
 	comfyOK(w)
 }
 
-func (c *ComfyUI) wipeQueueLocked() {
+func (c *Server) wipeQueueLocked() {
 	clear(c.queue)
 	c.queue = nil
 	c.queueUpdatedLocked()
 }
 
 // handleGetHistory is get_history with max_items and offset.
-func (c *ComfyUI) handleGetHistory(w http.ResponseWriter, r *http.Request) {
+func (c *Server) handleGetHistory(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	maxItems, offset := int64(-1), int64(-1)
 	hasMax := q.Has("max_items")
@@ -337,7 +415,7 @@ func (c *ComfyUI) handleGetHistory(w http.ResponseWriter, r *http.Request) {
 	comfyJSON(w, http.StatusOK, out)
 }
 
-func (c *ComfyUI) handleGetHistoryID(w http.ResponseWriter, id string) {
+func (c *Server) handleGetHistoryID(w http.ResponseWriter, id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, h := range c.history {
@@ -350,7 +428,7 @@ func (c *ComfyUI) handleGetHistoryID(w http.ResponseWriter, id string) {
 }
 
 // handlePostHistory is post_history: {"clear": true} and {"delete": [ids]}.
-func (c *ComfyUI) handlePostHistory(w http.ResponseWriter, r *http.Request) {
+func (c *Server) handlePostHistory(w http.ResponseWriter, r *http.Request) {
 	body, ok, err := readJSON(w, r)
 	if err != nil {
 		comfyCrash(w)
@@ -384,7 +462,7 @@ func (c *ComfyUI) handlePostHistory(w http.ResponseWriter, r *http.Request) {
 
 // handleInterrupt is post_interrupt: an optional {"prompt_id"} interrupts
 // only that prompt, when it is the running one.
-func (c *ComfyUI) handleInterrupt(w http.ResponseWriter, r *http.Request) {
+func (c *Server) handleInterrupt(w http.ResponseWriter, r *http.Request) {
 	body, ok, err := readJSON(w, r)
 	if !ok && err == nil {
 		return
@@ -410,7 +488,7 @@ func (c *ComfyUI) handleInterrupt(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleFree is post_free: it sets the flags and answers at once.
-func (c *ComfyUI) handleFree(w http.ResponseWriter, r *http.Request) {
+func (c *Server) handleFree(w http.ResponseWriter, r *http.Request) {
 	body, ok, err := readJSON(w, r)
 	if err != nil {
 		comfyCrash(w)
@@ -433,7 +511,7 @@ func (c *ComfyUI) handleFree(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	c.flags.unload = c.flags.unload || f.unload
 	c.flags.free = c.flags.free || f.free
-	c.eventLocked(ComfyFreeRequested, "", f.String())
+	c.eventLocked(FreeRequested, "", f.String())
 	c.mu.Unlock()
 	if f.set() {
 		c.signal()
@@ -443,7 +521,7 @@ func (c *ComfyUI) handleFree(w http.ResponseWriter, r *http.Request) {
 
 // handleSystemStats is system_stats, with model_management's CUDA
 // figures. It answers StatsDelay late while a free is being applied.
-func (c *ComfyUI) handleSystemStats(w http.ResponseWriter, r *http.Request) {
+func (c *Server) handleSystemStats(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	slow := c.applying
 	c.mu.Unlock()
@@ -460,12 +538,19 @@ func (c *ComfyUI) handleSystemStats(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	total, free, err := c.dev.comfyMemory(r.Context())
+	total, free, err := c.dev.DeviceMemory(r.Context())
 	if err != nil {
 		comfyCrash(w)
 		return
 	}
 	h := c.Held()
+	// torch's pool: in DynamicVRAM mode the weights are mapped outside it
+	// (aimdo's VBARs) and it holds activations, its cache and what custom
+	// nodes allocated (FIELD_NOTES §9); in ModelPatcher mode the models too.
+	torchTotal := h.Cache + h.Work + h.Pinned
+	if c.cfg.Mode == ModelPatcher {
+		torchTotal += h.Models
+	}
 	argv := make([]any, len(c.cfg.Argv))
 	for i, a := range c.cfg.Argv {
 		argv[i] = a
@@ -485,12 +570,12 @@ func (c *ComfyUI) handleSystemStats(w http.ResponseWriter, r *http.Request) {
 			{"argv", argv},
 		}},
 		{"devices", []any{jsonObj{
-			{"name", "cuda:0 " + c.dev.comfyName() + " : cudaMallocAsync"},
+			{"name", "cuda:0 " + deviceName(c.dev) + " : cudaMallocAsync"},
 			{"type", "cuda"},
 			{"index", 0},
 			{"vram_total", total},
 			{"vram_free", free + h.Cache},
-			{"torch_vram_total", h.Models + h.Cache + h.Work + h.Pinned},
+			{"torch_vram_total", torchTotal},
 			{"torch_vram_free", h.Cache},
 		}}},
 	})
@@ -630,7 +715,7 @@ type comfyGraph struct {
 	order  []string
 	nodes  map[string]*comfyNode
 	sigs   map[string]string // node id → input signature (the cache key)
-	custom map[string]ComfyCustomNode
+	custom map[string]CustomNode
 }
 
 // output reports whether a node is an output node.
@@ -768,7 +853,7 @@ type comfyValidated struct {
 
 // comfyValidator holds one validate_prompt's state.
 type comfyValidator struct {
-	c         *ComfyUI
+	c         *Server
 	prompt    jsonObj
 	validated map[string]comfyValidated
 	order     []string // validated's insertion order
@@ -797,7 +882,7 @@ func comfyPromptError(typ, msg, details string) jsonObj {
 }
 
 // validate is validate_prompt. exc is an exception that escapes it.
-func (c *ComfyUI) validate(prompt any) (res comfyValidation, exc *pyErr) {
+func (c *Server) validate(prompt any) (res comfyValidation, exc *pyErr) {
 	res.nodeErrors = jsonObj{}
 	var p jsonObj
 	switch t := prompt.(type) {
@@ -919,7 +1004,7 @@ func (c *ComfyUI) validate(prompt any) (res comfyValidation, exc *pyErr) {
 var comfyTraceback = []any{"  File \"execution.py\", in validate_inputs\n    (the fake ComfyUI has no Python traceback)\n"}
 
 // graph builds the execution graph of a validated prompt.
-func (c *ComfyUI) graph(p jsonObj) *comfyGraph {
+func (c *Server) graph(p jsonObj) *comfyGraph {
 	g := &comfyGraph{nodes: map[string]*comfyNode{}, sigs: map[string]string{}, custom: c.cfg.CustomNodes}
 	for _, kv := range p {
 		node := kv.V.(jsonObj)

@@ -1,4 +1,4 @@
-package vramguardtest_test
+package comfyuitest_test
 
 import (
 	"bytes"
@@ -19,19 +19,20 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/comfyuitest"
 	"github.com/vramguard/vramguard/vramguardtest"
 )
 
 const (
 	mib             = 1 << 20
-	comfyCtx uint64 = vramguardtest.DefaultComfyContextBytes
+	comfyCtx uint64 = comfyuitest.DefaultContextBytes
 	sd15            = "sd15.safetensors"
 )
 
 // startComfy returns a fake ComfyUI on dev, closed when the test ends.
-func startComfy(t *testing.T, dev vramguardtest.ComfyDevice, cfg vramguardtest.ComfyConfig) *vramguardtest.ComfyUI {
+func startComfy(t *testing.T, dev comfyuitest.Device, cfg comfyuitest.Config) *comfyuitest.Server {
 	t.Helper()
-	c, err := vramguardtest.NewComfyUI(dev, cfg)
+	c, err := comfyuitest.NewServer(dev, cfg)
 	if err != nil {
 		t.Fatalf("NewComfyUI: %v", err)
 	}
@@ -41,7 +42,7 @@ func startComfy(t *testing.T, dev vramguardtest.ComfyDevice, cfg vramguardtest.C
 
 // comfyDo sends a request; body is sent as is when a string, as JSON
 // otherwise, and not at all when nil.
-func comfyDo(t *testing.T, c *vramguardtest.ComfyUI, method, path string, body any) (int, []byte) {
+func comfyDo(t *testing.T, c *comfyuitest.Server, method, path string, body any) (int, []byte) {
 	t.Helper()
 	var r io.Reader
 	switch b := body.(type) {
@@ -72,7 +73,7 @@ func comfyDo(t *testing.T, c *vramguardtest.ComfyUI, method, path string, body a
 }
 
 // comfyGet decodes a 200 JSON answer.
-func comfyGet(t *testing.T, c *vramguardtest.ComfyUI, path string) map[string]any {
+func comfyGet(t *testing.T, c *comfyuitest.Server, path string) map[string]any {
 	t.Helper()
 	code, body := comfyDo(t, c, http.MethodGet, path, nil)
 	if code != http.StatusOK {
@@ -113,7 +114,7 @@ func setInput(g map[string]any, node, input string, v any) map[string]any {
 }
 
 // queuePrompt posts a graph and returns its prompt_id.
-func queuePrompt(t *testing.T, c *vramguardtest.ComfyUI, graph map[string]any, clientID string) string {
+func queuePrompt(t *testing.T, c *comfyuitest.Server, graph map[string]any, clientID string) string {
 	t.Helper()
 	req := map[string]any{"prompt": graph}
 	if clientID != "" {
@@ -131,7 +132,7 @@ func queuePrompt(t *testing.T, c *vramguardtest.ComfyUI, graph map[string]any, c
 }
 
 // comfyWait waits up to 10 s for cond.
-func comfyWait(t *testing.T, c *vramguardtest.ComfyUI, what string, cond func() bool) {
+func comfyWait(t *testing.T, c *comfyuitest.Server, what string, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -142,7 +143,7 @@ func comfyWait(t *testing.T, c *vramguardtest.ComfyUI, what string, cond func() 
 
 // event returns the n-th (0-based) event of kind, for prompt id when id
 // is not empty.
-func event(c *vramguardtest.ComfyUI, kind vramguardtest.ComfyEventKind, id string, n int) (vramguardtest.ComfyEvent, bool) {
+func event(c *comfyuitest.Server, kind comfyuitest.EventKind, id string, n int) (comfyuitest.Event, bool) {
 	for _, e := range c.Events() {
 		if e.Kind == kind && (id == "" || e.PromptID == id) {
 			if n == 0 {
@@ -151,13 +152,13 @@ func event(c *vramguardtest.ComfyUI, kind vramguardtest.ComfyEventKind, id strin
 			n--
 		}
 	}
-	return vramguardtest.ComfyEvent{}, false
+	return comfyuitest.Event{}, false
 }
 
 // waitEvent waits for the n-th event of kind (for prompt id, if set).
-func waitEvent(t *testing.T, c *vramguardtest.ComfyUI, kind vramguardtest.ComfyEventKind, id string, n int) vramguardtest.ComfyEvent {
+func waitEvent(t *testing.T, c *comfyuitest.Server, kind comfyuitest.EventKind, id string, n int) comfyuitest.Event {
 	t.Helper()
-	var e vramguardtest.ComfyEvent
+	var e comfyuitest.Event
 	comfyWait(t, c, fmt.Sprintf("%s #%d %s", kind, n, id), func() bool {
 		var ok bool
 		e, ok = event(c, kind, id, n)
@@ -167,14 +168,14 @@ func waitEvent(t *testing.T, c *vramguardtest.ComfyUI, kind vramguardtest.ComfyE
 }
 
 // runPrompt queues a graph, waits for its end and returns how it ended.
-func runPrompt(t *testing.T, c *vramguardtest.ComfyUI, graph map[string]any) (id, outcome string) {
+func runPrompt(t *testing.T, c *comfyuitest.Server, graph map[string]any) (id, outcome string) {
 	t.Helper()
 	id = queuePrompt(t, c, graph, "")
-	return id, waitEvent(t, c, vramguardtest.ComfyPromptEnd, id, 0).Detail
+	return id, waitEvent(t, c, comfyuitest.PromptEnd, id, 0).Detail
 }
 
 // history returns the prompt's history entry.
-func history(t *testing.T, c *vramguardtest.ComfyUI, id string) map[string]any {
+func history(t *testing.T, c *comfyuitest.Server, id string) map[string]any {
 	t.Helper()
 	h, _ := comfyGet(t, c, "/history/"+id)[id].(map[string]any)
 	if h == nil {
@@ -220,7 +221,7 @@ type wsMsg struct {
 	Data map[string]any `json:"data"`
 }
 
-func dialWS(t *testing.T, c *vramguardtest.ComfyUI, clientID string) *websocket.Conn {
+func dialWS(t *testing.T, c *comfyuitest.Server, clientID string) *websocket.Conn {
 	t.Helper()
 	u := "ws" + strings.TrimPrefix(c.URL().String(), "http") + "/ws"
 	if clientID != "" {
@@ -285,11 +286,11 @@ func TestComfyFreeWaitsForPromptAndSettleLag(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 * gib})
 	t.Cleanup(s.Close)
 	const steps, step, lag = 40, 25 * time.Millisecond, 400 * time.Millisecond
-	c := startComfy(t, s, vramguardtest.ComfyConfig{
+	c := startComfy(t, s, comfyuitest.Config{
 		Models: map[string]uint64{sd15: 4 * gib}, WorkBytes: gib, StepTime: step, SettleLag: lag,
 	})
 	gpu := s.GPU()
-	if p, ok := process(t, gpu, c.PID()); !ok || p.UsedBytes != comfyCtx || p.Command != vramguardtest.DefaultComfyCommand || p.Role != vramguard.RoleOther {
+	if p, ok := process(t, gpu, c.PID()); !ok || p.UsedBytes != comfyCtx || p.Command != comfyuitest.DefaultCommand || p.Role != vramguard.RoleOther {
 		t.Fatalf("idle process %+v (listed %v); want python main.py holding its CUDA context", p, ok)
 	}
 	id := queuePrompt(t, c, txt2img(sd15, steps, "a lighthouse"), "")
@@ -303,16 +304,16 @@ func TestComfyFreeWaitsForPromptAndSettleLag(t *testing.T) {
 	if got := processBytes(t, gpu, c.PID()); got != busy {
 		t.Errorf("right after /free answered, the GPU lists %d bytes for ComfyUI; want %d (nothing freed yet)", got, busy)
 	}
-	applied := waitEvent(t, c, vramguardtest.ComfyFreeApplied, "", 0)
+	applied := waitEvent(t, c, comfyuitest.FreeApplied, "", 0)
 	if got := processBytes(t, gpu, c.PID()); got != busy {
-		if _, settled := event(c, vramguardtest.ComfyFreeSettled, "", 0); !settled {
+		if _, settled := event(c, comfyuitest.FreeSettled, "", 0); !settled {
 			t.Errorf("free applied, not settled: the GPU lists %d bytes; want %d still", got, busy)
 		}
 	}
-	settled := waitEvent(t, c, vramguardtest.ComfyFreeSettled, "", 0)
+	settled := waitEvent(t, c, comfyuitest.FreeSettled, "", 0)
 
-	requested, _ := event(c, vramguardtest.ComfyFreeRequested, "", 0)
-	end, _ := event(c, vramguardtest.ComfyPromptEnd, id, 0)
+	requested, _ := event(c, comfyuitest.FreeRequested, "", 0)
+	end, _ := event(c, comfyuitest.PromptEnd, id, 0)
 	if end.Detail != "success" {
 		t.Fatalf("the prompt ended %q; want success", end.Detail)
 	}
@@ -329,7 +330,7 @@ func TestComfyFreeWaitsForPromptAndSettleLag(t *testing.T) {
 	if got := processBytes(t, gpu, c.PID()); got != comfyCtx {
 		t.Errorf("after the free settled the GPU lists %d bytes; want the context alone (%d)", got, comfyCtx)
 	}
-	if h := c.Held(); h != (vramguardtest.ComfyMemory{Context: comfyCtx}) {
+	if h := c.Held(); h != (comfyuitest.Memory{Context: comfyCtx}) {
 		t.Errorf("Held() = %+v; want the context alone", h)
 	}
 }
@@ -339,9 +340,9 @@ func TestComfyFreeWaitsForPromptAndSettleLag(t *testing.T) {
 func TestComfyPinnedMemorySurvivesFree(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 * gib})
 	t.Cleanup(s.Close)
-	c := startComfy(t, s, vramguardtest.ComfyConfig{
+	c := startComfy(t, s, comfyuitest.Config{
 		Models:      map[string]uint64{sd15: 4 * gib},
-		CustomNodes: map[string]vramguardtest.ComfyCustomNode{"IPAdapterCache": {PinBytes: 512 * mib}},
+		CustomNodes: map[string]comfyuitest.CustomNode{"IPAdapterCache": {PinBytes: 512 * mib}},
 	})
 	g := txt2img(sd15, 2, "a fox")
 	g["10"] = map[string]any{"class_type": "IPAdapterCache", "inputs": map[string]any{"model": []any{"4", 0}, "weight": 0.8}}
@@ -353,8 +354,8 @@ func TestComfyPinnedMemorySurvivesFree(t *testing.T) {
 		t.Fatalf("Held() = %+v; want 512 MiB pinned and the model", h)
 	}
 	comfyDo(t, c, http.MethodPost, "/free", map[string]bool{"unload_models": true, "free_memory": true})
-	waitEvent(t, c, vramguardtest.ComfyFreeSettled, "", 0)
-	want := vramguardtest.ComfyMemory{Context: comfyCtx, Pinned: 512 * mib}
+	waitEvent(t, c, comfyuitest.FreeSettled, "", 0)
+	want := comfyuitest.Memory{Context: comfyCtx, Pinned: 512 * mib}
 	if h := c.Held(); h != want {
 		t.Errorf("after free_memory Held() = %+v; want %+v", h, want)
 	}
@@ -376,11 +377,11 @@ func TestComfyPinnedMemorySurvivesFree(t *testing.T) {
 func TestComfyUnloadModelsVersusFreeMemory(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 * gib})
 	t.Cleanup(s.Close)
-	c := startComfy(t, s, vramguardtest.ComfyConfig{Models: map[string]uint64{sd15: 4 * gib}})
+	c := startComfy(t, s, comfyuitest.Config{Models: map[string]uint64{sd15: 4 * gib}})
 	free := func(n int, flags map[string]bool) {
 		t.Helper()
 		comfyDo(t, c, http.MethodPost, "/free", flags)
-		waitEvent(t, c, vramguardtest.ComfyFreeSettled, "", n)
+		waitEvent(t, c, comfyuitest.FreeSettled, "", n)
 	}
 	cached := func(id string) []string {
 		t.Helper()
@@ -427,7 +428,7 @@ func TestComfyUnloadModelsVersusFreeMemory(t *testing.T) {
 	if id, outcome = runPrompt(t, c, g2); outcome != "success" || len(cached(id)) != 0 {
 		t.Errorf("after free_memory: %q, execution_cached %v; want success, nothing cached", outcome, cached(id))
 	}
-	if ev, _ := event(c, vramguardtest.ComfyFreeApplied, "", 1); ev.Detail != "unload_models free_memory" {
+	if ev, _ := event(c, comfyuitest.FreeApplied, "", 1); ev.Detail != "unload_models free_memory" {
 		t.Errorf("free_memory applied as %q; want unload_models free_memory", ev.Detail)
 	}
 }
@@ -437,7 +438,8 @@ func TestComfyUnloadModelsVersusFreeMemory(t *testing.T) {
 func TestComfySystemStatsCountsCacheAsFree(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 * gib})
 	t.Cleanup(s.Close)
-	c := startComfy(t, s, vramguardtest.ComfyConfig{
+	c := startComfy(t, s, comfyuitest.Config{
+		Mode:      comfyuitest.ModelPatcher,
 		Models:    map[string]uint64{"a.safetensors": 4 * gib, "b.safetensors": 2 * gib},
 		WorkBytes: gib, Argv: []string{"main.py", "--listen"},
 	})
@@ -445,18 +447,18 @@ func TestComfySystemStatsCountsCacheAsFree(t *testing.T) {
 		t.Fatal(outcome)
 	}
 	// The first prompt's cache goes back to the driver at once (no gc yet).
-	if e := waitEvent(t, c, vramguardtest.ComfyCacheEmptied, "", 0); e.Detail != fmt.Sprintf("released %d bytes", gib) {
+	if e := waitEvent(t, c, comfyuitest.CacheEmptied, "", 0); e.Detail != fmt.Sprintf("released %d bytes", gib) {
 		t.Errorf("cache_emptied %q; want the activations' 1 GiB", e.Detail)
 	}
 	if _, outcome := runPrompt(t, c, txt2img("b.safetensors", 2, "y")); outcome != "success" {
 		t.Fatal(outcome)
 	}
 	// a (4 GiB) went to the cache, b (2) and the activations (1) reused it.
-	want := vramguardtest.ComfyMemory{Context: comfyCtx, Models: 2 * gib, Cache: 2 * gib}
+	want := comfyuitest.Memory{Context: comfyCtx, Models: 2 * gib, Cache: 2 * gib}
 	if h := c.Held(); h != want {
 		t.Fatalf("Held() = %+v; want %+v", h, want)
 	}
-	if _, again := event(c, vramguardtest.ComfyCacheEmptied, "", 1); again {
+	if _, again := event(c, comfyuitest.CacheEmptied, "", 1); again {
 		t.Errorf("the cache was emptied again within 10 s of the last gc")
 	}
 	st := comfyGet(t, c, "/system_stats")
@@ -495,7 +497,8 @@ func TestComfySystemStatsSlowWhileFreeing(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 * gib})
 	t.Cleanup(s.Close)
 	const delay = 500 * time.Millisecond
-	c := startComfy(t, s, vramguardtest.ComfyConfig{
+	c := startComfy(t, s, comfyuitest.Config{
+		Mode:   comfyuitest.ModelPatcher,
 		Models: map[string]uint64{sd15: 4 * gib}, SettleLag: 4 * time.Second, StatsDelay: delay,
 	})
 	if _, outcome := runPrompt(t, c, txt2img(sd15, 1, "x")); outcome != "success" {
@@ -510,7 +513,7 @@ func TestComfySystemStatsSlowWhileFreeing(t *testing.T) {
 		t.Errorf("idle, /system_stats took %v; want well under StatsDelay %v", d, delay)
 	}
 	comfyDo(t, c, http.MethodPost, "/free", map[string]bool{"unload_models": true})
-	waitEvent(t, c, vramguardtest.ComfyFreeApplied, "", 0)
+	waitEvent(t, c, comfyuitest.FreeApplied, "", 0)
 	d, dev := stats()
 	if d < delay || d > delay+5*time.Second {
 		t.Errorf("while freeing, /system_stats took %v; want StatsDelay %v (and not seconds more)", d, delay)
@@ -525,7 +528,7 @@ func TestComfySystemStatsSlowWhileFreeing(t *testing.T) {
 func TestComfyPromptValidationErrors(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{})
 	t.Cleanup(s.Close)
-	c := startComfy(t, s, vramguardtest.ComfyConfig{Models: map[string]uint64{sd15: gib}})
+	c := startComfy(t, s, comfyuitest.Config{Models: map[string]uint64{sd15: gib}})
 	noNodeErrors := map[string]any{}
 	for _, tc := range []struct {
 		name       string
@@ -646,7 +649,7 @@ func TestComfyPromptValidationErrors(t *testing.T) {
 func TestComfyWebSocketOrder(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{})
 	t.Cleanup(s.Close)
-	c := startComfy(t, s, vramguardtest.ComfyConfig{Models: map[string]uint64{sd15: gib}})
+	c := startComfy(t, s, comfyuitest.Config{Models: map[string]uint64{sd15: gib}})
 	mine, other := dialWS(t, c, "tester"), dialWS(t, c, "")
 	if m := readWS(t, mine); m.Type != "status" || m.Data["sid"] != "tester" || queueRemaining(m) != 0 {
 		t.Fatalf("first message %+v; want status with sid tester, nothing queued", m)
@@ -741,7 +744,7 @@ func TestComfyInterrupt(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{})
 	t.Cleanup(s.Close)
 	const steps = 200
-	c := startComfy(t, s, vramguardtest.ComfyConfig{Models: map[string]uint64{sd15: gib}, WorkBytes: gib, StepTime: 10 * time.Millisecond})
+	c := startComfy(t, s, comfyuitest.Config{Models: map[string]uint64{sd15: gib}, WorkBytes: gib, StepTime: 10 * time.Millisecond})
 	ws := dialWS(t, c, "cli")
 	readWS(t, ws)
 	id := queuePrompt(t, c, txt2img(sd15, steps, "a storm"), "cli")
@@ -775,7 +778,7 @@ func TestComfyInterrupt(t *testing.T) {
 	if st["status_str"] != "error" || st["completed"] != false || msgs[len(msgs)-1].([]any)[0] != "execution_interrupted" {
 		t.Errorf("history status %v; want error, not completed, ending with execution_interrupted", st)
 	}
-	if e, _ := event(c, vramguardtest.ComfyPromptEnd, id, 0); e.Detail != "interrupted" {
+	if e, _ := event(c, comfyuitest.PromptEnd, id, 0); e.Detail != "interrupted" {
 		t.Errorf("prompt_end %q; want interrupted", e.Detail)
 	}
 	if h := c.Held(); h.Work != 0 {
@@ -788,16 +791,16 @@ func TestComfyInterrupt(t *testing.T) {
 	}
 }
 
-// On a PSGPU the fake shares the device with a Server's models: a
-// checkpoint that does not fit beside them fails with torch's out of
-// memory error, and loads once the Ollama model is gone.
+// On a PSGPU the fake shares the device with a Server's models: in
+// ModelPatcher mode a checkpoint that does not fit beside them fails with
+// torch's out of memory error, and loads once the Ollama model is gone.
 func TestComfyOnPSGPU(t *testing.T) {
 	s, api1 := start(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{{Name: "big", Size: 6 * gib, SizeVRAM: 6 * gib, Chunks: 1}}})
 	if r := generate(t.Context(), api1, &api.GenerateRequest{Model: "big", Prompt: "hi", KeepAlive: keepAlive(time.Hour)}); r.err != nil {
 		t.Fatal(r.err)
 	}
 	g := &vramguardtest.PSGPU{Client: api1, Total: 8 * gib, Name: "NVIDIA GeForce RTX 4060"}
-	c := startComfy(t, g, vramguardtest.ComfyConfig{Models: map[string]uint64{sd15: 4 * gib}, Command: "python3 ComfyUI/main.py"})
+	c := startComfy(t, g, comfyuitest.Config{Mode: comfyuitest.ModelPatcher, Models: map[string]uint64{sd15: 4 * gib}, Command: "python3 ComfyUI/main.py"})
 	id, outcome := runPrompt(t, c, txt2img(sd15, 2, "x"))
 	if outcome != "error" {
 		t.Fatalf("a 4 GiB checkpoint beside a 6 GiB model on 8 GiB ended %q; want error", outcome)
@@ -832,9 +835,9 @@ func TestComfyCloseReleasesEverything(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 * gib})
 	t.Cleanup(s.Close)
-	c, err := vramguardtest.NewComfyUI(s, vramguardtest.ComfyConfig{
+	c, err := comfyuitest.NewServer(s, comfyuitest.Config{
 		Models: map[string]uint64{sd15: 4 * gib}, WorkBytes: gib, StepTime: 50 * time.Millisecond,
-		CustomNodes: map[string]vramguardtest.ComfyCustomNode{"Pin": {PinBytes: mib, Output: true}},
+		CustomNodes: map[string]comfyuitest.CustomNode{"Pin": {PinBytes: mib, Output: true}},
 		SettleLag:   time.Hour, StatsDelay: time.Hour,
 	})
 	if err != nil {
@@ -850,7 +853,7 @@ func TestComfyCloseReleasesEverything(t *testing.T) {
 	pid := c.PID()
 	c.Close()
 	c.Close()
-	if h := c.Held(); h != (vramguardtest.ComfyMemory{}) {
+	if h := c.Held(); h != (comfyuitest.Memory{}) {
 		t.Errorf("Held() after Close = %+v; want nothing", h)
 	}
 	if _, used, _ := s.Memory(); used != 0 {
@@ -879,7 +882,7 @@ func TestComfyCloseReleasesEverything(t *testing.T) {
 func TestComfyQueueOrder(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{})
 	t.Cleanup(s.Close)
-	c := startComfy(t, s, vramguardtest.ComfyConfig{Models: map[string]uint64{sd15: gib}, StepTime: 20 * time.Millisecond})
+	c := startComfy(t, s, comfyuitest.Config{Models: map[string]uint64{sd15: gib}, StepTime: 20 * time.Millisecond})
 	post := func(seed int, front bool) (string, float64) {
 		t.Helper()
 		req := map[string]any{"prompt": setInput(txt2img(sd15, 10, "x"), "3", "seed", seed)}
@@ -894,7 +897,7 @@ func TestComfyQueueOrder(t *testing.T) {
 		return m["prompt_id"].(string), m["number"].(float64)
 	}
 	a, na := post(1, false)
-	waitEvent(t, c, vramguardtest.ComfyPromptStart, a, 0)
+	waitEvent(t, c, comfyuitest.PromptStart, a, 0)
 	b, nb := post(2, false)
 	d, nd := post(3, false)
 	f, nf := post(4, true)
@@ -910,10 +913,10 @@ func TestComfyQueueOrder(t *testing.T) {
 		t.Errorf("queue_remaining %v; want 4, the running prompt included", n)
 	}
 	comfyDo(t, c, http.MethodPost, "/queue", map[string]any{"delete": []string{d}})
-	waitEvent(t, c, vramguardtest.ComfyPromptEnd, b, 0)
+	waitEvent(t, c, comfyuitest.PromptEnd, b, 0)
 	var order []string
 	for _, e := range c.Events() {
-		if e.Kind == vramguardtest.ComfyPromptStart {
+		if e.Kind == comfyuitest.PromptStart {
 			order = append(order, e.PromptID)
 		}
 	}
@@ -933,16 +936,16 @@ func TestComfyQueueOrder(t *testing.T) {
 func TestComfyTwoOnOneDevice(t *testing.T) {
 	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: gib})
 	t.Cleanup(s.Close)
-	a := startComfy(t, s, vramguardtest.ComfyConfig{})
-	b := startComfy(t, s, vramguardtest.ComfyConfig{ContextBytes: 512 * mib})
+	a := startComfy(t, s, comfyuitest.Config{})
+	b := startComfy(t, s, comfyuitest.Config{ContextBytes: 512 * mib})
 	if a.PID() == b.PID() || a.PID() == 0 {
 		t.Fatalf("PIDs %d and %d; want two", a.PID(), b.PID())
 	}
 	hs := s.Holders()
-	if len(hs) != 2 || hs[0].Name != vramguardtest.DefaultComfyCommand || hs[1].Name != vramguardtest.DefaultComfyCommand {
+	if len(hs) != 2 || hs[0].Name != comfyuitest.DefaultCommand || hs[1].Name != comfyuitest.DefaultCommand {
 		t.Errorf("holders %+v; want two python main.py", hs)
 	}
-	_, err := vramguardtest.NewComfyUI(s, vramguardtest.ComfyConfig{ContextBytes: 512 * mib})
+	_, err := comfyuitest.NewServer(s, comfyuitest.Config{ContextBytes: 512 * mib})
 	var ve *vramguardtest.VRAMError
 	if !errors.As(err, &ve) {
 		t.Errorf("a third context on a full GPU: %v; want a *VRAMError", err)
@@ -951,69 +954,17 @@ func TestComfyTwoOnOneDevice(t *testing.T) {
 	if hs := s.Holders(); len(hs) != 1 || hs[0].PID != a.PID() {
 		t.Errorf("after one Close, holders %+v; want the other alone", hs)
 	}
-	for _, cfg := range []vramguardtest.ComfyConfig{
+	for _, cfg := range []comfyuitest.Config{
 		{StepTime: -1},
-		{CustomNodes: map[string]vramguardtest.ComfyCustomNode{"KSampler": {}}},
+		{CustomNodes: map[string]comfyuitest.CustomNode{"KSampler": {}}},
 		{Models: map[string]uint64{"": 1}},
 	} {
-		if c, err := vramguardtest.NewComfyUI(s, cfg); err == nil {
+		if c, err := comfyuitest.NewServer(s, cfg); err == nil {
 			c.Close()
 			t.Errorf("NewComfyUI(%+v) succeeded; want an invalid config", cfg)
 		}
 	}
-	if _, err := vramguardtest.NewComfyUI(nil, vramguardtest.ComfyConfig{}); err == nil {
+	if _, err := comfyuitest.NewServer(nil, comfyuitest.Config{}); err == nil {
 		t.Errorf("NewComfyUI without a device succeeded")
 	}
-}
-
-// A fake ComfyUI on the simulator's GPU: a render loads its checkpoint,
-// and /free answers before the memory has left.
-func ExampleNewComfyUI() {
-	s := vramguardtest.New(vramguardtest.Config{TotalVRAM: 24 << 30})
-	defer s.Close()
-	c, err := vramguardtest.NewComfyUI(s, vramguardtest.ComfyConfig{
-		Models:    map[string]uint64{"sd15.safetensors": 4 << 30},
-		SettleLag: 50 * time.Millisecond,
-	})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer c.Close()
-	post := func(path, body string) int {
-		resp, err := c.Client().Post(c.URL().String()+path, "application/json", strings.NewReader(body))
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	ended := func(kind vramguardtest.ComfyEventKind) func() bool {
-		return func() bool {
-			return slices.ContainsFunc(c.Events(), func(e vramguardtest.ComfyEvent) bool { return e.Kind == kind })
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-
-	fmt.Println("POST /prompt:", post("/prompt", `{"prompt": {
-		"4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd15.safetensors"}},
-		"5": {"class_type": "EmptyLatentImage", "inputs": {"width": 512, "height": 512, "batch_size": 1}},
-		"6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse", "clip": ["4", 1]}},
-		"3": {"class_type": "KSampler", "inputs": {"model": ["4", 0], "positive": ["6", 0], "negative": ["6", 0],
-			"latent_image": ["5", 0], "seed": 1, "steps": 4, "cfg": 7, "sampler_name": "euler", "scheduler": "normal", "denoise": 1}},
-		"8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
-		"9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "ComfyUI"}}}}`))
-	_ = c.WaitFor(ctx, ended(vramguardtest.ComfyPromptEnd))
-	fmt.Println("models held:", c.Held().Models>>30, "GiB")
-
-	fmt.Println("POST /free:", post("/free", `{"unload_models": true}`))
-	_ = c.WaitFor(ctx, ended(vramguardtest.ComfyFreeSettled))
-	_, used, _ := s.Memory()
-	fmt.Println("GPU used after the free settled:", used>>20, "MiB (the CUDA context)")
-	// Output:
-	// POST /prompt: 200
-	// models held: 4 GiB
-	// POST /free: 200
-	// GPU used after the free settled: 256 MiB (the CUDA context)
 }

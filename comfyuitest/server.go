@@ -1,4 +1,4 @@
-package vramguardtest
+package comfyuitest
 
 import (
 	"cmp"
@@ -11,23 +11,69 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vramguard/vramguard/vramguardtest"
 )
 
-// Defaults used where a [ComfyConfig] field is zero.
+// Defaults used where a [Config] field is zero.
 const (
-	// DefaultComfyUIVersion is the ComfyUI release the fake follows and
-	// reports as system.comfyui_version.
-	DefaultComfyUIVersion = "0.3.64"
-	// DefaultComfyStepTime is the time a fake sampler step takes.
-	DefaultComfyStepTime = 10 * time.Millisecond
-	// DefaultComfyContextBytes is the fake process's CUDA context.
-	DefaultComfyContextBytes = 256 << 20
-	// DefaultComfyCommand is the command the fake GPU lists the process with.
-	DefaultComfyCommand = "python main.py"
+	// DefaultVersion is the ComfyUI release the fake reports as
+	// system.comfyui_version in DynamicVRAM mode: the release of the log
+	// that started this project (FIELD_NOTES §9).
+	DefaultVersion = "0.25.0"
+	// ModelPatcherVersion is the release it reports in ModelPatcher
+	// mode: the source §8 of FIELD_NOTES was read in.
+	ModelPatcherVersion = "0.3.64"
+	// DefaultStepTime is the time a fake sampler step takes.
+	DefaultStepTime = 10 * time.Millisecond
+	// DefaultContextBytes is the fake process's CUDA context.
+	DefaultContextBytes = 256 << 20
+	// DefaultCommand is the command the fake GPU lists the process with.
+	DefaultCommand = "python main.py"
 )
+
+// Mode is the memory management a fake ComfyUI follows.
+type Mode uint8
+
+const (
+	// DynamicVRAM is ComfyUI as it runs today on NVIDIA (0.18 and later,
+	// March 2026; comfy-aimdo): weights outside torch's allocator, kept
+	// resident until /free or until its own prompt needs the room. See
+	// [Server] for what the fake copies, and from where.
+	DynamicVRAM Mode = iota
+	// ModelPatcher is ComfyUI 0.3.64 (October 2025), and today's ComfyUI
+	// started with --disable-dynamic-vram, --highvram, --gpu-only,
+	// --novram or --cpu: models in torch's pool, torch's cache emptied
+	// after prompts.
+	ModelPatcher
+)
+
+func (m Mode) String() string {
+	switch m {
+	case DynamicVRAM:
+		return "DynamicVRAM"
+	case ModelPatcher:
+		return "ModelPatcher"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// DynamicVRAMHeadroom is what a fake ComfyUI in DynamicVRAM mode keeps
+// free on the device, besides Config.VRAMHeadroom, when it allocates for
+// its own prompt (FIELD_NOTES §9: "about 256 MiB plus --vram-headroom
+// GB", comfy/model_management.py): a test that sizes a fake device for a
+// render counts it.
+const DynamicVRAMHeadroom = 256 << 20
+
+// pagedSlowdown is how much slower a sampler step runs with all of its
+// model's weights streamed from host RAM instead of resident (a step
+// with a fraction f paged takes StepTime × (1 + pagedSlowdown × f)). The
+// figure is made up: FIELD_NOTES §9 says only "slower steps".
+const pagedSlowdown = 3
 
 // comfyGCInterval is the prompt worker's gc_collect_interval (main.py):
 // after a prompt, torch's cache is handed back to the driver at most this
@@ -37,63 +83,53 @@ const comfyGCInterval = 10 * time.Second
 // comfyMaxEvents bounds a fake ComfyUI's event log.
 const comfyMaxEvents = 4096
 
-// ComfyDevice is the fake GPU a fake ComfyUI allocates on: a [*Server]'s
-// ledger (the memory [Server.GPU] and [Server.Memory] report) or a
-// [*PSGPU]. It is sealed: only those two implement it.
-type ComfyDevice interface {
-	// comfySet sets what owner holds to bytes, listed with command;
-	// growth that does not fit fails with a *VRAMError.
-	comfySet(ctx context.Context, owner, command string, bytes uint64) error
-	// comfyRelease frees everything owner holds.
-	comfyRelease(owner string)
-	// comfyPID is the PID owner is listed under.
-	comfyPID(owner string) uint32
-	// comfyMemory is the device's total and free bytes.
-	comfyMemory(ctx context.Context) (total, free uint64, err error)
-	// comfyName is the device's name.
-	comfyName() string
+// Device is the fake GPU a fake ComfyUI allocates on: a
+// [*vramguardtest.Server]'s ledger (the memory its GPU and Memory report)
+// or a [*vramguardtest.PSGPU], so that the fake Ollama and the fake
+// ComfyUI share one device.
+type Device interface {
+	// SetHeld sets what owner holds to bytes, listed with command;
+	// growth that does not fit fails with a *vramguardtest.VRAMError and
+	// changes nothing; zero releases the owner.
+	SetHeld(ctx context.Context, owner, command string, bytes uint64) error
+	// HeldPID is the PID owner is listed under.
+	HeldPID(owner string) uint32
+	// DeviceMemory is the device's total and free bytes.
+	DeviceMemory(ctx context.Context) (total, free uint64, err error)
 }
 
 var (
-	_ ComfyDevice = (*Server)(nil)
-	_ ComfyDevice = (*PSGPU)(nil)
+	_ Device = (*vramguardtest.Server)(nil)
+	_ Device = (*vramguardtest.PSGPU)(nil)
 )
 
-func (s *Server) comfySet(_ context.Context, owner, command string, bytes uint64) error {
-	return s.setHeld(owner, command, bytes)
-}
-func (s *Server) comfyRelease(owner string)    { _ = s.setHeld(owner, "", 0) }
-func (s *Server) comfyPID(owner string) uint32 { return s.heldPID(owner) }
-func (s *Server) comfyName() string            { return "Simulated GPU" }
-func (s *Server) comfyMemory(context.Context) (total, free uint64, err error) {
-	total, _, free = s.Memory()
-	return total, free, nil
+// deviceName is the device's name as /system_stats gives it.
+func deviceName(dev Device) string {
+	if g, ok := dev.(*vramguardtest.PSGPU); ok && g.Name != "" {
+		return g.Name
+	}
+	return "Simulated GPU"
 }
 
-func (g *PSGPU) comfySet(ctx context.Context, owner, command string, bytes uint64) error {
-	return g.setHeld(ctx, owner, command, bytes)
-}
-func (g *PSGPU) comfyRelease(owner string)    { g.Release(owner) }
-func (g *PSGPU) comfyPID(owner string) uint32 { return fakePID("owner " + owner) }
-func (g *PSGPU) comfyName() string            { return cmp.Or(g.Name, "Simulated GPU") }
-func (g *PSGPU) comfyMemory(ctx context.Context) (total, free uint64, err error) {
-	return g.free(ctx)
-}
-
-// ComfyConfig configures a fake ComfyUI ([NewComfyUI]). The zero value is
-// a ComfyUI with no checkpoints (every prompt that loads one fails
-// validation), 10 ms sampler steps, no work memory, no custom nodes, a
-// free that leaves the GPU at once and a 256 MiB CUDA context.
-type ComfyConfig struct {
+// Config configures a fake ComfyUI ([NewServer]). The zero value is
+// a ComfyUI in DynamicVRAM mode with no checkpoints (every prompt that
+// loads one fails validation), 10 ms sampler steps, no work memory, no
+// custom nodes, a free that leaves the GPU at once, a 256 MiB CUDA
+// context, and neither --reserve-vram nor --vram-headroom.
+type Config struct {
+	// Mode is the memory management it follows: DynamicVRAM (the zero
+	// value, today's default) or ModelPatcher (0.3.64, or a ComfyUI
+	// started with a flag that turns DynamicVRAM off).
+	Mode Mode
 	// Models maps a checkpoint's file name, CheckpointLoaderSimple's
 	// ckpt_name, to the bytes it holds on the GPU once loaded.
 	Models map[string]uint64
 	// StepTime is the time one sampler step takes (KSampler's "steps"
-	// input); zero means DefaultComfyStepTime.
+	// input); zero means DefaultStepTime.
 	StepTime time.Duration
 	// WorkBytes is held from the start of a prompt's sampling to its end
 	// (activations). Then it stays in torch's reserved cache
-	// (ComfyMemory.Cache) until the worker's next gc, which prompt_worker
+	// (Memory.Cache) until the worker's next gc, which prompt_worker
 	// runs after a prompt only when 10 s have passed since the last one:
 	// after the first prompt (last_gc_collect starts at 0) and after a
 	// /free at once, so the cache outlives only back-to-back prompts; the
@@ -101,31 +137,49 @@ type ComfyConfig struct {
 	WorkBytes uint64
 	// CustomNodes are node classes a graph may use besides the built-in
 	// ones, by class_type.
-	CustomNodes map[string]ComfyCustomNode
+	CustomNodes map[string]CustomNode
 	// SettleLag is how long the worker takes to apply a /free: the memory
-	// leaves the GPU that long after it starts (zero: at once). The worker
-	// runs no prompt meanwhile.
+	// leaves the GPU that long after it starts (zero: at once): in
+	// ModelPatcher mode all of it at the end, in DynamicVRAM mode a
+	// quarter every SettleLag/4 (pages unmapped one model range after
+	// another; readings lag, FIELD_NOTES §8 and §9). The worker runs no
+	// prompt meanwhile.
 	SettleLag time.Duration
 	// StatsDelay delays every /system_stats answer that arrives while a
-	// free is being applied (from ComfyFreeApplied to ComfyFreeSettled).
+	// free is being applied (from FreeApplied to FreeSettled).
 	StatsDelay time.Duration
-	// ContextBytes is the process's CUDA context, held from NewComfyUI
-	// until Close and never freed; zero means DefaultComfyContextBytes.
+	// ContextBytes is the process's CUDA context, held from NewServer
+	// until Close and never freed; zero means DefaultContextBytes.
 	ContextBytes uint64
 	// Command is the process's command as the fake GPU lists it; empty
-	// means DefaultComfyCommand.
+	// means DefaultCommand.
 	Command string
-	// Argv is /system_stats' system.argv; nil means ["main.py"].
+	// Argv is /system_stats' system.argv; nil means ["main.py"], followed
+	// by --reserve-vram and --vram-headroom (in GB, as ComfyUI's flags
+	// take them) when ReserveVRAM and VRAMHeadroom are set.
 	Argv []string
 	// Version is /system_stats' system.comfyui_version; empty means
-	// DefaultComfyUIVersion. It changes nothing else.
+	// DefaultVersion in DynamicVRAM mode, ModelPatcherVersion in
+	// ModelPatcher mode. It changes nothing else.
 	Version string
+	// ReserveVRAM is --reserve-vram: in DynamicVRAM mode ComfyUI's own
+	// use never grows past the device's total less this (a hard cap, the
+	// one partition between ComfyUI and another program); zero means no
+	// cap (ComfyUI's own default, 400 MiB, is not modelled). ModelPatcher
+	// mode ignores it.
+	ReserveVRAM uint64
+	// VRAMHeadroom is --vram-headroom: in DynamicVRAM mode, when ComfyUI
+	// allocates, it keeps this much plus 256 MiB free on the device,
+	// counting other programs' use, by giving back weight pages of its
+	// own; it gives nothing back while idle. ModelPatcher mode ignores
+	// it.
+	VRAMHeadroom uint64
 }
 
-// ComfyCustomNode is a custom node class ([ComfyConfig.CustomNodes]). It
+// CustomNode is a custom node class ([Config.CustomNodes]). It
 // accepts any inputs, links of any type included, and its outputs are of
 // any type ("*"). It produces no UI output.
-type ComfyCustomNode struct {
+type CustomNode struct {
 	// PinBytes is the memory the class allocates the first time a node of
 	// it runs and keeps outside ComfyUI's model management (a module-level
 	// tensor, say): it survives /free, unload_models and free_memory alike,
@@ -136,70 +190,93 @@ type ComfyCustomNode struct {
 	Output bool
 }
 
-// ComfyMemory is what a fake ComfyUI's process holds on the GPU.
-type ComfyMemory struct {
+// Memory is what a fake ComfyUI's process holds on the GPU.
+type Memory struct {
 	Context uint64 // the CUDA context
-	Models  uint64 // checkpoints loaded on the GPU
-	Cache   uint64 // torch's reserved but unallocated cache: held, and counted free by /system_stats
-	Work    uint64 // activations of the prompt running
-	Pinned  uint64 // custom nodes' memory outside model management
+	// Models is the checkpoints' weights on the GPU: in torch's pool in
+	// ModelPatcher mode; in DynamicVRAM mode mapped outside it (aimdo's
+	// VBARs), not counted by /system_stats' torch figures, and possibly
+	// only part of a checkpoint (the rest streamed from host RAM).
+	Models uint64
+	Cache  uint64 // torch's reserved but unallocated cache: held, and counted free by /system_stats
+	Work   uint64 // activations of the prompt running
+	Pinned uint64 // custom nodes' memory outside model management
 }
 
 // Total is everything the process holds.
-func (m ComfyMemory) Total() uint64 { return m.Context + m.Models + m.Cache + m.Work + m.Pinned }
+func (m Memory) Total() uint64 { return m.Context + m.Models + m.Cache + m.Work + m.Pinned }
 
-// ComfyEventKind says what a [ComfyEvent] records.
-type ComfyEventKind string
+// EventKind says what a [Event] records.
+type EventKind string
 
-// The kinds of [ComfyEvent].
+// The kinds of [Event].
 const (
-	// ComfyPromptQueued: POST /prompt accepted a prompt. Detail is its
+	// PromptQueued: POST /prompt accepted a prompt. Detail is its
 	// number, as the reply gives it.
-	ComfyPromptQueued ComfyEventKind = "prompt_queued"
-	// ComfyPromptStart: the worker took the prompt (execution_start).
-	ComfyPromptStart ComfyEventKind = "prompt_start"
-	// ComfyPromptEnd: the prompt ended and is in the history. Detail is
+	PromptQueued EventKind = "prompt_queued"
+	// PromptStart: the worker took the prompt (execution_start).
+	PromptStart EventKind = "prompt_start"
+	// PromptEnd: the prompt ended and is in the history. Detail is
 	// "success", "cached" (a success in which no node ran), "error" or
 	// "interrupted".
-	ComfyPromptEnd ComfyEventKind = "prompt_end"
-	// ComfyFreeRequested: POST /free arrived. Detail lists the flags it
+	PromptEnd EventKind = "prompt_end"
+	// FreeRequested: POST /free arrived. Detail lists the flags it
 	// set ("unload_models", "free_memory", space separated); empty when it
 	// set none (and so did not wake the worker).
-	ComfyFreeRequested ComfyEventKind = "free_requested"
-	// ComfyFreeApplied: the worker began applying the pending flags, after
+	FreeRequested EventKind = "free_requested"
+	// FreeApplied: the worker began applying the pending flags, after
 	// the prompt it was running or at once when idle. Detail lists the
 	// flags applied ("unload_models" or "unload_models free_memory").
-	ComfyFreeApplied ComfyEventKind = "free_applied"
-	// ComfyFreeSettled: the freed memory left the GPU, SettleLag after
-	// ComfyFreeApplied. Detail is "released <N> bytes".
-	ComfyFreeSettled ComfyEventKind = "free_settled"
-	// ComfyCacheEmptied: outside a free, the worker handed torch's cache
+	FreeApplied EventKind = "free_applied"
+	// FreeSettled: the freed memory left the GPU, SettleLag after
+	// FreeApplied. Detail is "released <N> bytes".
+	FreeSettled EventKind = "free_settled"
+	// CacheEmptied: outside a free, the worker handed torch's cache
 	// back to the driver (gc.collect and soft_empty_cache after a prompt,
 	// at most every 10 s). Detail is "released <N> bytes".
-	ComfyCacheEmptied ComfyEventKind = "cache_emptied"
+	CacheEmptied EventKind = "cache_emptied"
+	// WeightsEvicted: in DynamicVRAM mode, the prompt running needed room
+	// and ComfyUI unmapped weight pages of its own (an idle model's
+	// first, then the prompt's own, which then stream from host RAM).
+	// Detail is "<checkpoint>: <N> bytes".
+	WeightsEvicted EventKind = "weights_evicted"
+	// PromptCancelled: POST /api/jobs/{id}/cancel removed a queued
+	// prompt (one running is interrupted instead, and ends
+	// "interrupted"). PromptID is the prompt's.
+	PromptCancelled EventKind = "prompt_cancelled"
 )
 
-// ComfyEvent is one thing that happened in a fake ComfyUI.
-type ComfyEvent struct {
+// Event is one thing that happened in a fake ComfyUI.
+type Event struct {
 	Time     time.Time
-	Kind     ComfyEventKind
+	Kind     EventKind
 	PromptID string // the prompt's, where there is one
 	Detail   string
 }
 
-// ComfyUI is a fake ComfyUI server: the diffusion server that shares the
+// Server is a fake ComfyUI server: the diffusion server that shares the
 // GPU with Ollama, served over real HTTP and WebSocket on 127.0.0.1, whose
-// memory is held on a fake GPU ([ComfyDevice]: a [Server]'s ledger or a
-// [PSGPU]), so that code that makes room on a GPU for ComfyUI, or for
-// Ollama next to it, is tested without either.
+// memory is held on a fake GPU ([Device]: a [*vramguardtest.Server]'s
+// ledger or a [*vramguardtest.PSGPU]), so that code that makes room on a
+// GPU for ComfyUI, or for Ollama next to it, is tested without either.
 //
-// It was written from ComfyUI's source at commit a125cd84 (ComfyUI 0.3.64,
-// October 2025: server.py, main.py's prompt_worker, execution.py,
-// comfy_execution/progress.py, comfy/model_management.py) and has never
-// been run against a real ComfyUI, which needs PyTorch and a GPU. Where
-// the two differ, ComfyUI is right.
+// It has never been run against a real ComfyUI, which needs PyTorch and a
+// GPU (no ComfyUI can run on this project's machines). Its two modes
+// ([Config.Mode]) follow two readings of ComfyUI's source; where the fake
+// and ComfyUI differ, ComfyUI is right:
 //
-// # What it reproduces
+//   - DynamicVRAM, the default: ComfyUI as it runs today on NVIDIA (0.18,
+//     March 2026, and later), read in comfy-aimdo's README.md, src/plat.h,
+//     comfy_aimdo/torch.py and comfy_aimdo/vram_buffer.py and in
+//     ComfyUI's 2026 main.py, server.py, comfy/cli_args.py and
+//     comfy/model_management.py (FIELD_NOTES §9).
+//   - ModelPatcher: ComfyUI at commit a125cd84 (0.3.64, October 2025:
+//     server.py, main.py's prompt_worker, execution.py,
+//     comfy_execution/progress.py, comfy/model_management.py;
+//     FIELD_NOTES §8), which today's ComfyUI falls back to with
+//     --disable-dynamic-vram, --highvram, --gpu-only, --novram or --cpu.
+//
+// # What it reproduces, in both modes (§8)
 //
 //   - The routes a client uses, each also under /api: POST /prompt, GET
 //     /prompt, GET and POST /queue, GET /history (max_items, offset), GET
@@ -218,7 +295,7 @@ type ComfyEvent struct {
 //     others in node_errors.
 //   - The built-in classes CheckpointLoaderSimple, CLIPTextEncode,
 //     EmptyLatentImage, KSampler, VAEDecode, SaveImage and PreviewImage
-//     with their inputs, types and bounds, plus ComfyConfig.CustomNodes.
+//     with their inputs, types and bounds, plus Config.CustomNodes.
 //   - One worker that runs prompts one at a time in the queue's heap
 //     order (number, then prompt_id; front and number as POST /prompt
 //     computes them), ComfyUI's node cache (a node whose inputs did not
@@ -227,49 +304,89 @@ type ComfyEvent struct {
 //     node order, its interrupt points (before each node and after each
 //     sampler step) and its messages, to the prompt's client_id only
 //     (progress_state and status to every socket, as ComfyUI sends them).
-//   - The memory: CheckpointLoaderSimple loads its checkpoint
-//     (Models[ckpt_name]) and a node that uses a checkpoint unloaded by
-//     /free loads it again; KSampler holds WorkBytes while the prompt
-//     runs; at the prompt's start, models whose loader left the node
-//     cache move into torch's cache (ComfyMemory.Cache), which new
-//     allocations reuse before growing; after a prompt the cache goes
-//     back to the driver at most every 10 s (the first prompt's at once);
-//     an allocation that does not fit is torch's "CUDA out of memory",
-//     after which ComfyUI unloads every model.
+//   - CheckpointLoaderSimple loads its checkpoint (Models[ckpt_name]) and
+//     a node that uses a checkpoint unloaded by /free loads it again;
+//     KSampler holds WorkBytes (activations, in torch's pool) while the
+//     prompt runs; torch's cache (Memory.Cache) is reused by new
+//     allocations before they grow, and goes back to the driver after a
+//     prompt at most every 10 s (the first prompt's at once).
 //   - POST /free: it only sets flags and answers 200 at once; the worker
 //     applies them after the prompt it is running (at once when idle):
-//     unload_models (implied by free_memory) releases Models and Cache,
-//     free_memory also drops the node cache. Pinned and Context stay.
-//     Nothing tells the client when it is done; here it takes SettleLag,
-//     and /system_stats answers StatsDelay late meanwhile.
-//   - /system_stats' figures as model_management computes them on CUDA:
-//     vram_free is the device's free memory plus the process's own
-//     cache, so it overstates what another process can allocate.
+//     unload_models (implied by free_memory) releases Models and Cache
+//     (on every device, today), free_memory also drops the node cache.
+//     Pinned and Context stay. Nothing tells the client when it is done;
+//     here it takes SettleLag, and /system_stats answers StatsDelay late
+//     meanwhile.
+//   - /system_stats' vram_free is the device's free memory plus the
+//     process's own torch cache, so it overstates what another process
+//     can allocate.
+//
+// # DynamicVRAM (§9)
+//
+//   - The weights are mapped outside torch's allocator: /system_stats'
+//     torch_vram_total and torch_vram_free count only activations, the
+//     cache and custom nodes' memory (about 0 for an idle ComfyUI holding
+//     a checkpoint), while the fake GPU lists the process with all of it.
+//   - An idle ComfyUI keeps its weights resident indefinitely, a
+//     checkpoint no prompt uses any more included, and gives nothing back
+//     to another program until /free. Its own prompt's allocations take
+//     room back: idle checkpoints' pages first ([WeightsEvicted]), then
+//     the prompt's own, which then stream from host RAM: no failure, but
+//     slower sampler steps. It keeps 256 MiB plus VRAMHeadroom free
+//     device-wide when it allocates, and ReserveVRAM caps its own total.
+//   - Activations need real VRAM: when even giving back every weight page
+//     leaves too little, the prompt fails with exception_type
+//     RuntimeError and "VRAM grow failed: <N> bytes" (aimdo's text, as in
+//     the log that started this project), and the models stay loaded.
+//   - A /free's memory leaves a quarter at a time over SettleLag, so that
+//     readings move before they settle (aimdo's notes on cuMemGetInfo
+//     lagging large frees).
+//   - POST /prompt refuses a client prompt_id that is not a canonical
+//     lowercase UUID (400, error type invalid_prompt_id) and one already
+//     queued, running or in the history (409, "prompt_id already
+//     exists"); POST /api/jobs/{id}/cancel answers {"cancelled": bool}:
+//     a queued prompt leaves the queue ([PromptCancelled]), the running
+//     one is interrupted. The 400's and 409's error types and details are
+//     this fake's guesses; the notes give only the status and the message.
+//   - system.comfyui_version is DefaultVersion, and system.argv carries
+//     --reserve-vram and --vram-headroom when they are set.
+//
+// # ModelPatcher (§8)
+//
+// Models live in torch's pool and count in torch_vram_total. At a prompt's
+// start, models whose loader left the node cache move into torch's cache,
+// which goes back to the driver at the next gc. A checkpoint is on the GPU
+// whole or not at all; an allocation that does not fit is torch's "CUDA
+// out of memory" (torch.OutOfMemoryError), after which ComfyUI unloads
+// every model. A client prompt_id is taken as given; there is no
+// /api/jobs. ReserveVRAM and VRAMHeadroom are ignored.
 //
 // # What it does not
 //
 // No image is produced (SaveImage and PreviewImage report file names that
-// do not exist, and there is no /view), no model is read, and there is no
-// CPU, lowvram or partial loading: a checkpoint is on the GPU whole or not
-// at all, and a checkpoint's parts (model, CLIP, VAE) are one allocation.
-// There is one device, the torch device cuda:0. sampler_name and
-// scheduler accept any string. Command-line flags (--disable-smart-memory,
-// --reserve-vram, --cache-lru) and the LRU and none caches are not
-// modelled; nor are previews, subgraph expansion, lazy inputs, async
-// nodes, object_info, uploads or the frontend. Validated values are not
-// converted in the stored prompt (ComfyUI stores "20" as 20). Tracebacks
-// are placeholders. The fixed system figures (RAM, Python and PyTorch
-// versions) are made up. A socket replaced by a new one with the same
-// clientId stays open but gets nothing; unlike 0.3.64, whose closing
+// do not exist, and there is no /view), no model is read, and a
+// checkpoint's parts (model, CLIP, VAE) are one allocation. There is one
+// device, the torch device cuda:0. sampler_name and scheduler accept any
+// string. Other command-line flags (--disable-smart-memory, --cache-lru,
+// --lowvram), the LRU and none caches, DynamicVRAM's 2 s cached
+// cuMemGetInfo reading and its pinned host RAM are not modelled; nor are
+// GET /api/jobs, POST /api/jobs/cancel, system.comfy_package_versions and
+// deploy_environment, previews, subgraph expansion, lazy inputs, async
+// nodes, object_info, uploads or the frontend. How much slower a step
+// with paged weights runs is made up (up to 4 times). Validated values are
+// not converted in the stored prompt (ComfyUI stores "20" as 20).
+// Tracebacks are placeholders. The fixed system figures (RAM, Python and
+// PyTorch versions) are made up. A socket replaced by a new one with the
+// same clientId stays open but gets nothing; unlike 0.3.64, whose closing
 // socket removes the registration by id, the old socket's close never
 // removes the new one's.
 //
-// A ComfyUI is safe for concurrent use. Close it when done: Close stops
+// A Server is safe for concurrent use. Close it when done: Close stops
 // its worker, timers and sockets, frees its memory on the device and
 // returns once every goroutine it started has returned.
-type ComfyUI struct {
-	cfg     ComfyConfig
-	dev     ComfyDevice
+type Server struct {
+	cfg     Config
+	dev     Device
 	owner   string // unique name of the process on the device
 	pid     uint32
 	ckpts   []string // Models' names, sorted (folder_paths.get_filename_list)
@@ -291,8 +408,9 @@ type ComfyUI struct {
 	flags    comfyFlags
 	stop     bool // nodes.interrupt_processing
 	applying bool // a free is being applied
-	held     ComfyMemory
-	resident map[string]bool             // checkpoints on the GPU
+	held     Memory
+	resident map[string]uint64           // checkpoints on the GPU: their bytes there
+	active   map[string]bool             // the checkpoints the running prompt loads
 	cache    map[string]*comfyCacheEntry // node cache by input signature
 	objects  map[string]string           // PreviewImage objects' file prefixes, by node id and class
 	pinned   map[string]bool             // custom classes that pinned their memory
@@ -300,7 +418,7 @@ type ComfyUI struct {
 	execTo   *string                     // the running prompt's client_id (server.client_id)
 	lastNode string                      // server.last_node_id
 	sockets  map[string]*comfySocket
-	events   []ComfyEvent
+	events   []Event
 	changed  chan struct{} // closed and replaced at every event and change of Held
 }
 
@@ -328,27 +446,30 @@ type comfyCacheEntry struct {
 	node string  // the node that produced it, for the meta of the history
 }
 
-// NewComfyUI starts a fake ComfyUI on 127.0.0.1 whose process holds its
+// NewServer starts a fake ComfyUI on 127.0.0.1 whose process holds its
 // memory on dev, and holds its CUDA context there at once. It fails when
 // dev is nil, cfg is invalid (a negative duration, a custom class named
 // like a built-in one or empty, an empty checkpoint name) or the context
-// does not fit on dev (a [*VRAMError] in the chain). Like
+// does not fit on dev (a [*vramguardtest.VRAMError] in the chain). Like
 // httptest.NewServer it panics if it cannot listen.
-func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
+func NewServer(dev Device, cfg Config) (*Server, error) {
 	switch d := dev.(type) {
 	case nil:
 		return nil, errors.New("fake comfyui: no device")
-	case *Server:
+	case *vramguardtest.Server:
 		if d == nil {
 			return nil, errors.New("fake comfyui: no device")
 		}
-	case *PSGPU:
+	case *vramguardtest.PSGPU:
 		if d == nil || d.Client == nil {
 			return nil, errors.New("fake comfyui: a PSGPU device needs a Client")
 		}
 	}
 	if cfg.StepTime < 0 || cfg.SettleLag < 0 || cfg.StatsDelay < 0 {
 		return nil, errors.New("fake comfyui: negative duration in config")
+	}
+	if cfg.Mode > ModelPatcher {
+		return nil, fmt.Errorf("fake comfyui: unknown mode %v", cfg.Mode)
 	}
 	for name := range cfg.CustomNodes {
 		if name == "" || comfyBuiltins[name] != nil {
@@ -364,27 +485,37 @@ func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
 	}
 	slices.Sort(ckpts)
 	if cfg.StepTime == 0 {
-		cfg.StepTime = DefaultComfyStepTime
+		cfg.StepTime = DefaultStepTime
 	}
 	if cfg.ContextBytes == 0 {
-		cfg.ContextBytes = DefaultComfyContextBytes
+		cfg.ContextBytes = DefaultContextBytes
 	}
-	cfg.Command = cmp.Or(cfg.Command, DefaultComfyCommand)
+	cfg.Command = cmp.Or(cfg.Command, DefaultCommand)
 	if cfg.Argv == nil {
 		cfg.Argv = []string{"main.py"}
+		if cfg.ReserveVRAM > 0 {
+			cfg.Argv = append(cfg.Argv, "--reserve-vram", gbFlag(cfg.ReserveVRAM))
+		}
+		if cfg.VRAMHeadroom > 0 {
+			cfg.Argv = append(cfg.Argv, "--vram-headroom", gbFlag(cfg.VRAMHeadroom))
+		}
 	}
-	cfg.Version = cmp.Or(cfg.Version, DefaultComfyUIVersion)
+	if cfg.Mode == ModelPatcher {
+		cfg.Version = cmp.Or(cfg.Version, ModelPatcherVersion)
+	}
+	cfg.Version = cmp.Or(cfg.Version, DefaultVersion)
 
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	c := &ComfyUI{
+	c := &Server{
 		cfg:      cfg,
 		dev:      dev,
 		owner:    "fake comfyui " + hex.EncodeToString(id[:]),
 		ckpts:    ckpts,
 		done:     make(chan struct{}),
 		wake:     make(chan struct{}, 1),
-		resident: make(map[string]bool),
+		resident: make(map[string]uint64),
+		active:   make(map[string]bool),
 		cache:    make(map[string]*comfyCacheEntry),
 		objects:  make(map[string]string),
 		pinned:   make(map[string]bool),
@@ -393,17 +524,17 @@ func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
 		changed:  make(chan struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	if err := dev.comfySet(c.ctx, c.owner, cfg.Command, cfg.ContextBytes); err != nil {
+	if err := dev.SetHeld(c.ctx, c.owner, cfg.Command, cfg.ContextBytes); err != nil {
 		c.cancel()
 		return nil, fmt.Errorf("fake comfyui: the cuda context does not fit on the device: %w", err)
 	}
 	c.held.Context = cfg.ContextBytes
-	c.pid = dev.comfyPID(c.owner)
+	c.pid = dev.HeldPID(c.owner)
 	c.hs = httptest.NewServer(http.HandlerFunc(c.serveHTTP))
 	u, err := url.Parse(c.hs.URL)
 	if err != nil {
 		c.hs.Close()
-		dev.comfyRelease(c.owner)
+		_ = dev.SetHeld(context.Background(), c.owner, "", 0)
 		c.cancel()
 		panic("fake comfyui: " + err.Error())
 	}
@@ -414,38 +545,38 @@ func NewComfyUI(dev ComfyDevice, cfg ComfyConfig) (*ComfyUI, error) {
 }
 
 // URL returns the server's base URL (http://127.0.0.1:port).
-func (c *ComfyUI) URL() *url.URL {
+func (c *Server) URL() *url.URL {
 	u := *c.url
 	return &u
 }
 
 // PID returns the fake process id the fake GPU lists the process under
-// (role other, command ComfyConfig.Command). It is stable for the
+// (role other, command Config.Command). It is stable for the
 // ComfyUI's life.
-func (c *ComfyUI) PID() uint32 { return c.pid }
+func (c *Server) PID() uint32 { return c.pid }
 
 // Client returns an HTTP client for the server, as httptest.Server's
 // Client does: its idle connections are closed by Close, so that a test's
 // goroutine check sees none.
-func (c *ComfyUI) Client() *http.Client { return c.hs.Client() }
+func (c *Server) Client() *http.Client { return c.hs.Client() }
 
 // WaitFor blocks until cond returns true, or ctx is done (it then returns
 // context.Cause(ctx)), or the ComfyUI is closed. cond is called at once
 // and after every event and every change of what the process holds; it
 // may call Held and Events.
-func (c *ComfyUI) WaitFor(ctx context.Context, cond func() bool) error {
+func (c *Server) WaitFor(ctx context.Context, cond func() bool) error {
 	return waitChange(ctx, &c.mu, &c.changed, c.done, "fake comfyui: closed", cond)
 }
 
 // notifyLocked wakes WaitFor callers.
-func (c *ComfyUI) notifyLocked() {
+func (c *Server) notifyLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
 
 // Held returns what the process holds on the GPU now. Memory a /free
 // releases is held until it settles. It is safe for concurrent use.
-func (c *ComfyUI) Held() ComfyMemory {
+func (c *Server) Held() Memory {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.held
@@ -453,7 +584,7 @@ func (c *ComfyUI) Held() ComfyMemory {
 
 // Events returns what happened, oldest first (the last 4096 events). It is
 // safe for concurrent use.
-func (c *ComfyUI) Events() []ComfyEvent {
+func (c *Server) Events() []Event {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.events)
@@ -464,7 +595,7 @@ func (c *ComfyUI) Events() []ComfyEvent {
 // everything the process holds on the device and returns once every
 // goroutine the ComfyUI started has returned. It is safe to call more
 // than once.
-func (c *ComfyUI) Close() {
+func (c *Server) Close() {
 	c.closing.Do(func() {
 		c.mu.Lock()
 		c.closed = true
@@ -473,23 +604,23 @@ func (c *ComfyUI) Close() {
 		c.mu.Unlock()
 		c.hs.Close()
 		c.wg.Wait()
-		c.dev.comfyRelease(c.owner)
+		_ = c.dev.SetHeld(context.Background(), c.owner, "", 0)
 		c.mu.Lock()
-		c.held = ComfyMemory{}
+		c.held = Memory{}
 		c.mu.Unlock()
 	})
 }
 
-func (c *ComfyUI) eventLocked(kind ComfyEventKind, promptID, detail string) {
+func (c *Server) eventLocked(kind EventKind, promptID, detail string) {
 	if len(c.events) == comfyMaxEvents {
 		c.events = slices.Delete(c.events, 0, 1)
 	}
-	c.events = append(c.events, ComfyEvent{Time: time.Now(), Kind: kind, PromptID: promptID, Detail: detail})
+	c.events = append(c.events, Event{Time: time.Now(), Kind: kind, PromptID: promptID, Detail: detail})
 	c.notifyLocked()
 }
 
 // signal wakes the worker (PromptQueue.not_empty.notify).
-func (c *ComfyUI) signal() {
+func (c *Server) signal() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
@@ -497,7 +628,7 @@ func (c *ComfyUI) signal() {
 }
 
 // sleep waits d, and reports false when the ComfyUI closed first.
-func (c *ComfyUI) sleep(d time.Duration) bool {
+func (c *Server) sleep(d time.Duration) bool {
 	if d <= 0 {
 		return !c.isClosed()
 	}
@@ -511,7 +642,7 @@ func (c *ComfyUI) sleep(d time.Duration) bool {
 	}
 }
 
-func (c *ComfyUI) isClosed() bool {
+func (c *Server) isClosed() bool {
 	select {
 	case <-c.done:
 		return true
@@ -522,7 +653,7 @@ func (c *ComfyUI) isClosed() bool {
 
 // The worker: main.py's prompt_worker.
 
-func (c *ComfyUI) work() {
+func (c *Server) work() {
 	defer c.wg.Done()
 	var (
 		needGC bool
@@ -560,7 +691,7 @@ func (c *ComfyUI) work() {
 
 // next waits for a prompt (returned, now running), for flags or for the
 // gc deadline (nil); alive is false once the ComfyUI is closed.
-func (c *ComfyUI) next(needGC bool, lastGC time.Time) (it *comfyItem, alive bool) {
+func (c *Server) next(needGC bool, lastGC time.Time) (it *comfyItem, alive bool) {
 	for {
 		c.mu.Lock()
 		switch {
@@ -607,36 +738,48 @@ func (c *ComfyUI) next(needGC bool, lastGC time.Time) (it *comfyItem, alive bool
 
 // applyFree applies /free's flags, as prompt_worker does after a prompt:
 // unload_all_models (and torch's cache with it), for free_memory the node
-// cache too. The memory leaves the device SettleLag later.
-func (c *ComfyUI) applyFree(f comfyFlags) (alive bool) {
+// cache too. The memory leaves the device over SettleLag: at its end in
+// ModelPatcher mode, a quarter at a time in DynamicVRAM mode.
+func (c *Server) applyFree(f comfyFlags) (alive bool) {
 	f.unload = true // implied by free_memory
 	c.mu.Lock()
 	c.applying = true
-	c.eventLocked(ComfyFreeApplied, "", f.String())
-	c.mu.Unlock()
-	if !c.sleep(c.cfg.SettleLag) {
-		return false // closed: Close frees everything
-	}
-	c.mu.Lock()
+	c.eventLocked(FreeApplied, "", f.String())
 	h := c.held
 	released := h.Models + h.Cache
-	h.Models, h.Cache = 0, 0
-	clear(c.resident)
-	if f.free {
-		clear(c.cache)
-		clear(c.objects)
-	}
 	c.mu.Unlock()
-	_ = c.commit(h) // shrinking cannot fail
+	parts := uint64(1)
+	if c.cfg.Mode == DynamicVRAM && c.cfg.SettleLag > 0 {
+		parts = 4
+	}
+	for i := uint64(1); i <= parts; i++ {
+		if !c.sleep(c.cfg.SettleLag / time.Duration(parts)) {
+			return false // closed: Close frees everything
+		}
+		c.mu.Lock()
+		h := c.held
+		left := released - released*i/parts // what this free has still to release
+		h.Models = min(h.Models, left)
+		h.Cache = min(h.Cache, left-h.Models)
+		if i == parts {
+			clear(c.resident)
+			if f.free {
+				clear(c.cache)
+				clear(c.objects)
+			}
+		}
+		c.mu.Unlock()
+		_ = c.commit(h) // shrinking cannot fail
+	}
 	c.mu.Lock()
 	c.applying = false
-	c.eventLocked(ComfyFreeSettled, "", fmt.Sprintf("released %d bytes", released))
+	c.eventLocked(FreeSettled, "", fmt.Sprintf("released %d bytes", released))
 	c.mu.Unlock()
 	return true
 }
 
 // emptyCache is gc.collect and soft_empty_cache after prompts.
-func (c *ComfyUI) emptyCache() {
+func (c *Server) emptyCache() {
 	c.mu.Lock()
 	h := c.held
 	n := h.Cache
@@ -647,7 +790,7 @@ func (c *ComfyUI) emptyCache() {
 	}
 	_ = c.commit(h)
 	c.mu.Lock()
-	c.eventLocked(ComfyCacheEmptied, "", fmt.Sprintf("released %d bytes", n))
+	c.eventLocked(CacheEmptied, "", fmt.Sprintf("released %d bytes", n))
 	c.mu.Unlock()
 }
 
@@ -657,12 +800,12 @@ func (c *ComfyUI) emptyCache() {
 
 // commit makes h what the process holds, on the device and in Held.
 // Growth that does not fit fails and changes nothing.
-func (c *ComfyUI) commit(h ComfyMemory) error {
+func (c *Server) commit(h Memory) error {
 	c.mu.Lock()
 	old := c.held
 	c.mu.Unlock()
 	if h.Total() != old.Total() {
-		if err := c.dev.comfySet(c.ctx, c.owner, c.cfg.Command, h.Total()); err != nil {
+		if err := c.dev.SetHeld(c.ctx, c.owner, c.cfg.Command, h.Total()); err != nil {
 			return err
 		}
 	}
@@ -673,9 +816,9 @@ func (c *ComfyUI) commit(h ComfyMemory) error {
 	return nil
 }
 
-// take allocates n bytes into the field of ComfyMemory that field picks,
+// take allocates n bytes into the field of Memory that field picks,
 // reusing torch's cache first, as the caching allocator does.
-func (c *ComfyUI) take(n uint64, field func(*ComfyMemory) *uint64) error {
+func (c *Server) take(n uint64, field func(*Memory) *uint64) error {
 	c.mu.Lock()
 	h := c.held
 	c.mu.Unlock()
@@ -685,26 +828,154 @@ func (c *ComfyUI) take(n uint64, field func(*ComfyMemory) *uint64) error {
 	return c.commit(h)
 }
 
-// loadModel puts a checkpoint on the GPU unless it is there.
-func (c *ComfyUI) loadModel(name string) error {
+// loadModel puts a checkpoint on the GPU unless it is there. In
+// DynamicVRAM mode it maps what fits, idle checkpoints' pages given back
+// first to make room, and streams the rest (it never fails for weights,
+// FIELD_NOTES §9); in ModelPatcher mode the whole checkpoint or an error.
+func (c *Server) loadModel(name string) error {
+	size := c.cfg.Models[name]
 	c.mu.Lock()
-	there := c.resident[name]
+	there, ok := c.resident[name]
 	c.mu.Unlock()
-	if there {
+	if c.cfg.Mode == ModelPatcher {
+		if ok {
+			return nil
+		}
+		if err := c.take(size, func(m *Memory) *uint64 { return &m.Models }); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.resident[name] = size
+		c.mu.Unlock()
 		return nil
 	}
-	if err := c.take(c.cfg.Models[name], func(m *ComfyMemory) *uint64 { return &m.Models }); err != nil {
+	if ok && there >= size {
+		return nil
+	}
+	want := size - there
+	room, err := c.makeRoom(want, false)
+	if err != nil {
+		return err
+	}
+	got := min(want, room)
+	if got == 0 {
+		c.mu.Lock()
+		c.resident[name] = there
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Lock()
+	h := c.held
+	c.mu.Unlock()
+	h.Models += got
+	if err := c.commit(h); err != nil {
+		var ve *vramguardtest.VRAMError
+		if errors.As(err, &ve) { // another program took the room meanwhile: stream it all
+			c.mu.Lock()
+			c.resident[name] = there
+			c.mu.Unlock()
+			return nil
+		}
 		return err
 	}
 	c.mu.Lock()
-	c.resident[name] = true
+	c.resident[name] = there + got
 	c.mu.Unlock()
 	return nil
 }
 
+// room is how much the process may grow now in DynamicVRAM mode: the
+// device's free memory less the headroom it keeps, within --reserve-vram's
+// cap.
+func (c *Server) room() (uint64, error) {
+	total, free, err := c.dev.DeviceMemory(c.ctx)
+	if err != nil {
+		return 0, err
+	}
+	room := sub(free, DynamicVRAMHeadroom+c.cfg.VRAMHeadroom)
+	if c.cfg.ReserveVRAM > 0 {
+		room = min(room, sub(sub(total, c.cfg.ReserveVRAM), c.Held().Total()))
+	}
+	return room, nil
+}
+
+// makeRoom gives back weight pages of its own until the process may grow
+// by want (DynamicVRAM: "inactive models are preserved in VRAM right up
+// until there is higher priority demand"): idle checkpoints' first, then,
+// with own, those of the prompt running (they then stream). It returns the
+// room it found, which can be less than want.
+func (c *Server) makeRoom(want uint64, own bool) (uint64, error) {
+	for first := true; ; first = false {
+		room, err := c.room()
+		if err != nil || room >= want {
+			return room, err
+		}
+		c.mu.Lock()
+		if first && own {
+			// Activations that would not fit even with every page given
+			// back fail at once, and the weights stay.
+			var pages uint64
+			for _, n := range c.resident {
+				pages += n
+			}
+			if room+pages < want {
+				c.mu.Unlock()
+				return room, nil
+			}
+		}
+		victim := ""
+		for _, name := range c.ckpts { // sorted: a stable choice
+			if c.resident[name] > 0 && !c.active[name] {
+				victim = name
+				break
+			}
+		}
+		if victim == "" && own {
+			for _, name := range c.ckpts {
+				if c.resident[name] > 0 {
+					victim = name
+					break
+				}
+			}
+		}
+		if victim == "" {
+			c.mu.Unlock()
+			return room, nil
+		}
+		n := min(c.resident[victim], want-room)
+		c.resident[victim] -= n
+		h := c.held
+		h.Models -= n
+		c.eventLocked(WeightsEvicted, "", fmt.Sprintf("%s: %d bytes", victim, n))
+		c.mu.Unlock()
+		_ = c.commit(h) // shrinking cannot fail
+	}
+}
+
+// stepTime is a sampler step's time with the fraction of the model's
+// weights that is not resident streamed from host RAM.
+func (c *Server) stepTime(ckpt string) time.Duration {
+	size := c.cfg.Models[ckpt]
+	if c.cfg.Mode == ModelPatcher || size == 0 {
+		return c.cfg.StepTime
+	}
+	c.mu.Lock()
+	paged := size - min(size, c.resident[ckpt])
+	c.mu.Unlock()
+	return c.cfg.StepTime + time.Duration(float64(c.cfg.StepTime)*pagedSlowdown*float64(paged)/float64(size))
+}
+
+func sub(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return 0
+}
+
 // unloadAllAfterOOM is execute()'s unload_all_models after an out of
-// memory error: every model leaves, and torch's cache with them.
-func (c *ComfyUI) unloadAllAfterOOM() {
+// memory error (ModelPatcher mode): every model leaves, and torch's cache
+// with them.
+func (c *Server) unloadAllAfterOOM() {
 	c.mu.Lock()
 	h := c.held
 	h.Models, h.Cache = 0, 0
@@ -714,9 +985,11 @@ func (c *ComfyUI) unloadAllAfterOOM() {
 }
 
 // dropUnusedLocked is the node cache's clean_unused at a prompt's start:
-// entries the prompt has no node for go, and a checkpoint no remaining
-// entry loaded leaves the GPU for torch's cache.
-func (c *ComfyUI) dropUnusedLocked(g *comfyGraph) {
+// entries the prompt has no node for go, and (ModelPatcher mode) a
+// checkpoint no remaining entry loaded leaves the GPU for torch's cache;
+// in DynamicVRAM mode its weights stay where they are. It also notes the
+// checkpoints the prompt loads (the active ones).
+func (c *Server) dropUnusedLocked(g *comfyGraph) {
 	keep := make(map[string]bool, len(g.order))
 	objects := make(map[string]bool, len(g.order))
 	for _, id := range g.order {
@@ -732,6 +1005,15 @@ func (c *ComfyUI) dropUnusedLocked(g *comfyGraph) {
 		if !objects[k] {
 			delete(c.objects, k)
 		}
+	}
+	clear(c.active)
+	for _, id := range g.order {
+		if n := g.nodes[id]; n.class == "CheckpointLoaderSimple" {
+			c.active[pyStr(n.input("ckpt_name"))] = true
+		}
+	}
+	if c.cfg.Mode == DynamicVRAM {
+		return // an idle model's weights stay resident until room is needed or /free
 	}
 	used := make(map[string]bool)
 	for _, e := range c.cache {
@@ -751,8 +1033,8 @@ func (c *ComfyUI) dropUnusedLocked(g *comfyGraph) {
 
 // oomMessage is torch's CUDA out of memory text for an allocation of n
 // bytes the device could not grant.
-func (c *ComfyUI) oomMessage(n uint64, ve *VRAMError) string {
-	total, free, err := c.dev.comfyMemory(c.ctx)
+func (c *Server) oomMessage(n uint64, ve *vramguardtest.VRAMError) string {
+	total, free, err := c.dev.DeviceMemory(c.ctx)
 	if err != nil {
 		free = ve.Free
 	}
@@ -810,13 +1092,13 @@ func comfyLess(a, b *comfyItem) bool {
 }
 
 // pushLocked is heapq.heappush.
-func (c *ComfyUI) pushLocked(it *comfyItem) {
+func (c *Server) pushLocked(it *comfyItem) {
 	c.queue = append(c.queue, it)
 	comfySiftDown(c.queue, 0, len(c.queue)-1)
 }
 
 // popLocked is heapq.heappop.
-func (c *ComfyUI) popLocked() *comfyItem {
+func (c *Server) popLocked() *comfyItem {
 	n := len(c.queue) - 1
 	last := c.queue[n]
 	c.queue[n] = nil
@@ -868,7 +1150,7 @@ func comfySiftUp(q []*comfyItem, pos int) {
 }
 
 // queueInfoLocked is PromptServer.get_queue_info.
-func (c *ComfyUI) queueInfoLocked() jsonObj {
+func (c *Server) queueInfoLocked() jsonObj {
 	n := len(c.queue)
 	if c.running != nil {
 		n++
@@ -878,7 +1160,7 @@ func (c *ComfyUI) queueInfoLocked() jsonObj {
 
 // queueUpdatedLocked is PromptServer.queue_updated: a status to every
 // socket.
-func (c *ComfyUI) queueUpdatedLocked() {
+func (c *Server) queueUpdatedLocked() {
 	c.sendLocked("status", jsonObj{{"status", c.queueInfoLocked()}}, nil)
 }
 
@@ -895,7 +1177,7 @@ func (h *comfyHistory) json() jsonObj {
 }
 
 // taskDone is PromptQueue.task_done and what prompt_worker sends after it.
-func (c *ComfyUI) taskDone(it *comfyItem, r *comfyRun) {
+func (c *Server) taskDone(it *comfyItem, r *comfyRun) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.running = nil
@@ -919,7 +1201,7 @@ func (c *ComfyUI) taskDone(it *comfyItem, r *comfyRun) {
 		}
 		c.history = append(c.history, h)
 	}
-	c.eventLocked(ComfyPromptEnd, it.id, r.outcome())
+	c.eventLocked(PromptEnd, it.id, r.outcome())
 	c.queueUpdatedLocked()
 	if it.to != nil {
 		c.sendLocked("executing", jsonObj{{"node", nil}, {"prompt_id", it.id}}, it.to)
@@ -930,7 +1212,7 @@ func (c *ComfyUI) taskDone(it *comfyItem, r *comfyRun) {
 
 // comfyRun is one prompt's execution.
 type comfyRun struct {
-	c         *ComfyUI
+	c         *Server
 	it        *comfyItem
 	messages  []any // status_messages: [event, data] pairs
 	executed  []string
@@ -1009,13 +1291,13 @@ type comfyFailure struct {
 }
 
 // execute runs a prompt. alive is false when the ComfyUI closed meanwhile.
-func (c *ComfyUI) execute(it *comfyItem) (r *comfyRun, alive bool) {
+func (c *Server) execute(it *comfyItem) (r *comfyRun, alive bool) {
 	g := it.graph
 	r = &comfyRun{c: c, it: it, success: true, pstate: make(map[string]*comfyProgress)}
 	c.mu.Lock()
 	c.stop = false
 	c.execTo = it.to
-	c.eventLocked(ComfyPromptStart, it.id, "")
+	c.eventLocked(PromptStart, it.id, "")
 	r.addMessageLocked("execution_start", jsonObj{{"prompt_id", it.id}}, false)
 	c.dropUnusedLocked(g)
 	c.notifyLocked()
@@ -1099,7 +1381,7 @@ func (r *comfyRun) fail(f *comfyFailure) {
 }
 
 // interrupted is throw_exception_if_processing_interrupted.
-func (c *ComfyUI) interrupted() bool {
+func (c *Server) interrupted() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stop {
@@ -1162,15 +1444,32 @@ func (r *comfyRun) node(id string) (f *comfyFailure, alive bool) {
 		}
 		c.mu.Lock()
 		need := c.cfg.WorkBytes - min(c.cfg.WorkBytes, c.held.Work)
+		grow := need - min(need, c.held.Cache) // what torch's cache cannot cover
 		c.mu.Unlock()
+		if need > 0 && c.cfg.Mode == DynamicVRAM && grow > 0 {
+			// Activations need real VRAM: weight pages go first, the
+			// prompt's own included; when even that is not enough,
+			// aimdo's "VRAM grow failed" (FIELD_NOTES §9).
+			room, err := c.makeRoom(grow, true)
+			if err != nil {
+				return fail(err)
+			}
+			if room < grow {
+				return fail(&vramguardtest.VRAMError{Owner: c.cfg.Command, Requested: grow, Free: room})
+			}
+		}
 		if need > 0 {
-			if err := c.take(need, func(m *ComfyMemory) *uint64 { return &m.Work }); err != nil {
+			if err := c.take(need, func(m *Memory) *uint64 { return &m.Work }); err != nil {
 				return fail(err)
 			}
 		}
+		step := c.cfg.StepTime
+		if name, ok := g.ckptOf(n, "model", c.cfg.Models, map[string]bool{}); ok {
+			step = c.stepTime(name)
+		}
 		steps := n.intInput("steps")
 		for i := int64(1); i <= steps; i++ {
-			if !c.sleep(c.cfg.StepTime) {
+			if !c.sleep(step) {
 				return nil, false
 			}
 			if c.interrupted() { // the progress hook
@@ -1190,7 +1489,7 @@ func (r *comfyRun) node(id string) (f *comfyFailure, alive bool) {
 			pinned := c.pinned[n.class]
 			c.mu.Unlock()
 			if !pinned && cn.PinBytes > 0 {
-				if err := c.take(cn.PinBytes, func(m *ComfyMemory) *uint64 { return &m.Pinned }); err != nil {
+				if err := c.take(cn.PinBytes, func(m *Memory) *uint64 { return &m.Pinned }); err != nil {
 					return fail(err)
 				}
 			}
@@ -1220,9 +1519,15 @@ func (r *comfyRun) allocFailure(id string, err error) *comfyFailure {
 			inputs = append(inputs, jsonKV{kv.K, []any{pyStr(kv.V)}})
 		}
 	}
-	var ve *VRAMError
+	var ve *vramguardtest.VRAMError
 	if !errors.As(err, &ve) {
 		return &comfyFailure{node: id, typ: "RuntimeError", msg: "CUDA error: " + err.Error() + "\n", inputs: inputs}
+	}
+	if r.c.cfg.Mode == DynamicVRAM {
+		// aimdo's error, a RuntimeError, not torch's out of memory one;
+		// ComfyUI's retry path (which unloads every model after "out of
+		// memory") does not match it, so the models stay.
+		return &comfyFailure{node: id, typ: "RuntimeError", inputs: inputs, msg: fmt.Sprintf("VRAM grow failed: %d bytes", ve.Requested)}
 	}
 	msg := r.c.oomMessage(ve.Requested, ve)
 	r.c.unloadAllAfterOOM()
@@ -1401,4 +1706,31 @@ func (l *comfyExecList) complete(id string) {
 		l.count[b]--
 	}
 	delete(l.blocking, id)
+}
+
+// waitChange is WaitFor: cond is called at once and after every close of
+// *changed (read under mu, which notifyLocked closes and replaces), until
+// it holds, ctx ends or done is closed (an error saying closed).
+func waitChange(ctx context.Context, mu *sync.Mutex, changed *chan struct{}, done <-chan struct{}, closed string, cond func() bool) error {
+	for {
+		mu.Lock()
+		ch := *changed
+		mu.Unlock()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-done:
+			return errors.New(closed)
+		}
+	}
+}
+
+// gbFlag is n bytes as a ComfyUI GB flag's value (GiB, as ComfyUI
+// multiplies by 1024³).
+func gbFlag(n uint64) string {
+	return strconv.FormatFloat(float64(n)/(1<<30), 'f', -1, 64)
 }
