@@ -65,7 +65,7 @@ func orNone(s []string) string {
 type refusal struct {
 	Error      string    `json:"error"`
 	Model      string    `json:"model"`
-	Reason     string    `json:"reason"` // "leased", "no slot", "no room", "failed"
+	Reason     string    `json:"reason"` // "leased", "reserved", "no slot", "no room", "in use", "failed"
 	Blockers   []blocker `json:"blockers"`
 	RetryAfter float64   `json:"retry_after_seconds"`
 	// RetryAfterKnown is false when no blocker says when it ends: the
@@ -199,10 +199,10 @@ func (g *gate) check(ctx context.Context, v *verdict, name string, est *vramguar
 		v.notChecked = append(v.notChecked, "slots (-max-loaded not set: Ollama's own limit decides what the load evicts)")
 	}
 	if g.reader == nil {
-		v.notChecked = append(v.notChecked, "memory (no GPU reader)")
+		v.notChecked = append(v.notChecked, "memory (no GPU reader)", "reservations (no GPU reader: they keep measured memory)")
 		return nil
 	}
-	v.checked = append(v.checked, "memory")
+	v.checked = append(v.checked, "memory", "reservations")
 	req := vramguard.EnsureRequest{
 		Device:    g.cfg.device,
 		Bytes:     uint64(est.Total),
@@ -257,6 +257,7 @@ func (g *gate) check(ctx context.Context, v *verdict, name string, est *vramguar
 			if rep.Snapshot != nil {
 				if dev := rep.Snapshot.Device(g.cfg.device); dev != nil {
 					ref.Blockers = append(ref.Blockers, holderBlockers(dev.Holders())...)
+					ref.Blockers = append(ref.Blockers, reservationBlockers(dev.Reserved)...)
 				}
 			}
 			ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
@@ -383,7 +384,11 @@ func (g *gate) roomRefusal(name string, err error, v *verdict) *refusal {
 			comfyui.HolderName, busy.PromptID, busy.Queued)})
 	}
 	ref.Blockers = append(ref.Blockers, holderBlockers(re.Holders)...)
+	ref.Blockers = append(ref.Blockers, reservationBlockers(re.Reserved)...)
 	ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
+	if len(re.Reserved) > 0 && !leased {
+		ref.Reason = "reserved"
+	}
 	if leased {
 		ref.Reason = "leased"
 	}
@@ -433,7 +438,23 @@ func holderBlockers(hs []vramguard.MemoryHolder) []blocker {
 		if h.Kind == vramguard.HolderFree || h.Kind == vramguard.HolderRunner {
 			continue
 		}
+		if h.Kind == vramguard.HolderReserved {
+			continue // reservationBlockers names them, with their end
+		}
 		bs = append(bs, blocker{Kind: "holder", Holder: cmp.Or(h.Name, string(h.Kind)), PID: int(h.PID), Bytes: h.Bytes})
+	}
+	return bs
+}
+
+// reservationBlockers names other holders' reservations on the device
+// (vramguard.RoomError.Reserved, vramguard.DeviceMemory.Reserved): who
+// holds each, for whom, what it has left and until when, whether or not
+// the reader lists processes.
+func reservationBlockers(rs []vramguard.LeaseInfo) []blocker {
+	var bs []blocker
+	for _, r := range rs {
+		u := r.Until
+		bs = append(bs, blocker{Kind: "reservation", Holder: r.String(), PID: r.PID, Bytes: r.Bytes - min(r.Taken, r.Bytes), Until: &u})
 	}
 	return bs
 }

@@ -31,11 +31,17 @@ type gate struct {
 	log      *slog.Logger
 	upstream *url.URL
 	client   *vramguard.OllamaClient // the gate's own client of Ollama
-	reader   vramguard.VRAMReader    // nil without a GPU reader
+	// holder holds the reservations HTTP clients take through the gate:
+	// a client of its own, so that the client the admissions run on
+	// counts them as another holder's (a client may use its own
+	// reservations, and the chat loads the gate admits must not).
+	holder   *vramguard.OllamaClient
+	reader   vramguard.VRAMReader // nil without a GPU reader
 	probe    *probe.Handler
 	proxy    *httputil.ReverseProxy
 	metrics  *gateMetrics
 	leases   *leaseTable
+	reserved *reserveTable
 	guard    *guard
 	closers  []func() error // run in reverse at close
 
@@ -112,7 +118,7 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 			protected = append(protected, m)
 		}
 	}
-	g.client, err = vramguard.NewClient(vramguard.Options{
+	opts := vramguard.Options{
 		Host:              up.String(),
 		VRAM:              g.reader,
 		UnloadTimeout:     cfg.unloadWait,
@@ -127,11 +133,16 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		// No vramprom hooks: the gate's unloads are counted by its own
 		// series, with the client that asked (vramgate_unloads_total).
 		Logger: log,
-	})
+	}
+	g.client, err = vramguard.NewClient(opts)
 	if err != nil {
 		return g, err
 	}
 	g.closers = append(g.closers, g.client.Close)
+	if g.holder, err = vramguard.NewClient(opts); err != nil {
+		return g, err
+	}
+	g.closers = append(g.closers, g.holder.Close)
 	if err := g.checkLeaseDir(ctx); err != nil {
 		return g, err
 	}
@@ -155,6 +166,7 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 	}
 	g.closers = append(g.closers, func() error { g.probe.Close(); return nil })
 	g.leases = newLeaseTable(g)
+	g.reserved = newReserveTable(g)
 	// What Ollama's own guards need (guard.go): the client's Host when
 	// both listen on loopback, else the upstream's and no same-origin
 	// Origin.
@@ -241,6 +253,10 @@ func (g *gate) handler() http.Handler {
 	mux.HandleFunc("POST /vramgate/leases", g.leases.take)
 	mux.HandleFunc("POST /vramgate/leases/{id}", g.leases.extend)
 	mux.HandleFunc("DELETE /vramgate/leases/{id}", g.leases.release)
+	mux.HandleFunc("GET /vramgate/reservations", g.reserved.list)
+	mux.HandleFunc("POST /vramgate/reservations", g.reserved.take)
+	mux.HandleFunc("POST /vramgate/reservations/{id}", g.reserved.extend)
+	mux.HandleFunc("DELETE /vramgate/reservations/{id}", g.reserved.release)
 	mux.Handle("GET /metrics", g.probe)
 	mux.Handle("GET /ready", g.probe)
 	mux.HandleFunc("/", g.passThrough)
@@ -290,7 +306,7 @@ func (g *gate) stop(ctx context.Context, srv *http.Server, done <-chan error) er
 			Err: fmt.Errorf("requests still in flight after %v were cut: %w", g.cfg.stopWait, err)})
 	}
 	<-done // http.ErrServerClosed
-	errs = append(errs, g.leases.releaseAll())
+	errs = append(errs, g.leases.releaseAll(), g.reserved.releaseAll())
 	if !g.cfg.keepOnExit {
 		errs = append(errs, g.unloadLoaded(context.WithoutCancel(ctx)))
 	}

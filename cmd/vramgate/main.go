@@ -17,13 +17,23 @@
 //     /api/unload unloads one model or all, verified.
 //   - Every load is admitted first: a load that would evict a model another
 //     vramguard program (or an HTTP lease) holds, break the memory a GPU
-//     reader measures, or interrupt a ComfyUI render (-comfyui) waits
-//     (-admit-wait) or is refused with 503, Retry-After and a JSON body
-//     naming the blockers. GET /vramgate/can-load?model=M answers the same
-//     question without loading.
+//     reader measures (other programs' reservations are not free), or
+//     interrupt a ComfyUI render (-comfyui) waits (-admit-wait) or is
+//     refused with 503, Retry-After and a JSON body naming the blockers.
+//     GET /vramgate/can-load?model=M answers the same question without
+//     loading.
 //   - Leases over HTTP: POST /vramgate/leases takes a lease on a model,
 //     held by the gate in the host-wide lease directory with a TTL; its id
 //     extends (POST /vramgate/leases/ID) and releases (DELETE) it.
+//   - Reservations over HTTP (reserve.go): POST /vramgate/reservations
+//     {"device", "bytes", "for", "holder", "pid", "ttl", "make_room"} keeps
+//     free bytes of a device for a recipient, host-wide (every vramguard
+//     program, and the gate's own admissions, count them as taken); with
+//     "make_room" it first makes the room (verified unloads of idle,
+//     unleased models) and answers a measured receipt, or a 503 naming
+//     what keeps the room. Its id extends (POST .../ID) and releases
+//     (DELETE .../ID) it; GET lists them without ids, other programs'
+//     included. They need a GPU reader.
 //   - GET /metrics and GET /ready, the same as `vramwatch -listen` (package
 //     probe), plus the gate's own series by client (X-Vramgate-Client).
 //
@@ -38,7 +48,8 @@
 // with a bearer token (-token-file or VRAMGATE_TOKEN) that every client
 // must send (Authorization: Bearer TOKEN; 401 without it); it refuses to
 // start when Ollama does not answer; on SIGINT or SIGTERM it stops accepting,
-// lets requests in flight end (bounded), releases its HTTP leases, and
+// lets requests in flight end (bounded), releases its HTTP leases and
+// reservations, and
 // unloads, verified, the models that loaded through it (-keep-on-exit
 // leaves them). Exit status: 0 after a clean stop, 2 for bad usage, 1
 // otherwise.

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vramguard/vramguard"
+	"github.com/vramguard/vramguard/vramguardtest"
+)
+
+// reservedAnswer is POST /vramgate/reservations' answer.
+type reservedAnswer struct {
+	Reservation reservationAnswer `json:"reservation"`
+	Receipt     *receipt          `json:"receipt"`
+}
+
+// refusalOf decodes a 503's body.
+func refusalOf(t *testing.T, body []byte) refusal {
+	t.Helper()
+	var ref refusal
+	if err := json.Unmarshal(body, &ref); err != nil {
+		t.Fatalf("refusal body %s: %v", body, err)
+	}
+	return ref
+}
+
+// namesReservation reports whether ref names a reservation for forWhom
+// as a blocker, with an end.
+func namesReservation(ref refusal, forWhom string) bool {
+	for _, b := range ref.Blockers {
+		if b.Kind == "reservation" && strings.Contains(b.Holder, "for "+forWhom) && b.Until != nil && b.Bytes > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// The seed, with the exclusive hand-off: an orchestrator's phase hands
+// 22 GiB over to a render, reserved; a chat UI's load through the gate is
+// refused while the reservation stands (503, Retry-After, the reservation
+// named as a blocker), and so is /vramgate/can-load; the render allocates
+// with no out-of-memory; after the release the chat load is served.
+func TestHandOverReservedAgainstTheGate(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{TotalVRAM: 24 * gib})
+	g := startGate(t, sim.URL().String(), sim.GPU())
+	orch, err := vramguard.NewClient(vramguard.Options{Host: sim.URL().String(), VRAM: sim.GPU(), Leases: vramguard.LeaseOptions{Dir: g.LeaseDir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orch.Close()
+	p, err := orch.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: 22 * gib, Reserve: vramguard.ReserveOptions{For: "render 42"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := p.Guard()
+	if _, err := pg.Generate(t.Context(), &vramguard.GenerateRequest{Model: "small", Prompt: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.End(t.Context())
+	if err != nil || rep.Handover.Reservation == nil {
+		t.Fatalf("hand-over: %+v, %v; want reserved", rep, err)
+	}
+	for _, route := range []struct{ method, path, body string }{
+		{"POST", "/api/generate", `{"model":"small","prompt":"hi","stream":false}`},
+		{"GET", "/vramgate/can-load?model=small", ""},
+	} {
+		code, hdr, body := do(t, route.method, g.URL+route.path, route.body, clientHeader, "chat-ui")
+		ref := refusalOf(t, body)
+		if code != 503 || hdr.Get("Retry-After") == "" || ref.Reason != "reserved" || !namesReservation(ref, "render 42") ||
+			!strings.Contains(ref.Error, "render 42") || !strings.Contains(strings.Join(ref.Checked, ","), "reservations") {
+			t.Fatalf("%s %s during the reservation: %d %s", route.method, route.path, code, body)
+		}
+	}
+	if sim.Loads("small") != 1 {
+		t.Fatalf("small loaded %d times; want the phase's one (a refused load reached the server)", sim.Loads("small"))
+	}
+	if err := sim.Reserve("render", 22*gib); err != nil {
+		t.Fatalf("the render could not allocate its room: %v", err)
+	}
+	sim.Release("render")
+	if err := rep.Handover.Reservation.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, body := do(t, "POST", g.URL+"/api/generate", `{"model":"small","prompt":"hi","stream":false}`, clientHeader, "chat-ui"); code != 200 {
+		t.Fatalf("chat after the release: %d %s", code, body)
+	}
+}
+
+// HTTP reservations: taken for a recipient by a program that does not
+// import vramguard, honoured by the gate's own admissions and by every
+// other vramguard client (which sees the HTTP client's name), listed
+// without their ids, extended and released by id alone.
+func TestHTTPReservations(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{TotalVRAM: 24 * gib})
+	g := startGate(t, sim.URL().String(), sim.GPU(), "-lease-max", "2m")
+	other, err := vramguard.NewClient(vramguard.Options{Host: sim.URL().String(), VRAM: sim.GPU(), Leases: vramguard.LeaseOptions{Dir: g.LeaseDir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", `{"device":0,"bytes":23622320128,"for":"comfy render","holder":"my-node","ttl":"1m"}`)
+	var a reservedAnswer
+	if err := json.Unmarshal(body, &a); err != nil || code != 201 || len(a.Reservation.ID) != 32 || a.Reservation.Bytes != 22*gib ||
+		a.Reservation.For != "comfy render" || a.Reservation.Holder != "my-node" || a.Receipt != nil {
+		t.Fatalf("take: %d %s", code, body)
+	}
+	id := a.Reservation.ID
+	code, _, body = do(t, "POST", g.URL+"/api/generate", `{"model":"small","prompt":"hi"}`)
+	if ref := refusalOf(t, body); code != 503 || !namesReservation(ref, "comfy render") {
+		t.Fatalf("the gate's own admission beside its HTTP reservation: %d %s", code, body)
+	}
+	_, err = other.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 8 * gib, DryRun: true})
+	var re *vramguard.RoomError
+	if !errors.As(err, &re) || len(re.Reserved) != 1 || re.Reserved[0].For != "comfy render" || !strings.Contains(re.Reserved[0].Note, "my-node") {
+		t.Fatalf("another vramguard program: %v; want refused naming the HTTP client's reservation", err)
+	}
+	code, _, body = do(t, "GET", g.URL+"/vramgate/reservations", "")
+	if code != 200 || !strings.Contains(string(body), "comfy render") || strings.Contains(string(body), id) {
+		t.Fatalf("list: %d %s", code, body)
+	}
+	// Another program's reservation is listed too, as the host's.
+	if _, err := other.Reserve(t.Context(), 0, gib, vramguard.ReserveOptions{For: "encoder"}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, body = do(t, "GET", g.URL+"/vramgate/reservations", ""); code != 200 || !strings.Contains(string(body), `"for":"encoder"`) || !strings.Contains(string(body), `"through":"host"`) {
+		t.Fatalf("list with another program's reservation: %d %s", code, body)
+	}
+	code, _, body = do(t, "POST", g.URL+"/vramgate/reservations/"+id, `{"ttl":"90s"}`)
+	if err := json.Unmarshal(body, &a); err != nil || code != 200 || time.Until(a.Reservation.Until) < 80*time.Second {
+		t.Fatalf("extend: %d %s", code, body)
+	}
+	for _, bad := range []string{"0123456789abcdef0123456789abcdef", "x"} {
+		if code, _, _ := do(t, "DELETE", g.URL+"/vramgate/reservations/"+bad, ""); code != 404 {
+			t.Errorf("DELETE %s: %d, want 404", bad, code)
+		}
+	}
+	if code, _, body := do(t, "DELETE", g.URL+"/vramgate/reservations/"+id, ""); code != 200 {
+		t.Fatalf("release: %d %s", code, body)
+	}
+	if code, _, _ := do(t, "DELETE", g.URL+"/vramgate/reservations/"+id, ""); code != 404 {
+		t.Fatalf("second release: %d, want 404", code)
+	}
+	if code, _, body := do(t, "POST", g.URL+"/api/generate", `{"model":"small","prompt":"hi","stream":false}`); code != 200 {
+		t.Fatalf("load after the release: %d %s", code, body)
+	}
+}
+
+// The seed plan as one call: make 20 GiB free (the idle models another
+// program left are unloaded, verified) and reserve it, answered with a
+// measured receipt; when leases keep what the room needs, a 503 names
+// it with Retry-After, and nothing is unloaded or reserved.
+func TestMakeRoomThenReserve(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{TotalVRAM: 24 * gib})
+	g := startGate(t, sim.URL().String(), sim.GPU())
+	load(t, sim.APIClient(), "tiny")
+	load(t, sim.APIClient(), "small")
+	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", `{"device":0,"bytes":21474836480,"for":"render","holder":"comfy-node","make_room":true}`)
+	var a reservedAnswer
+	if err := json.Unmarshal(body, &a); err != nil || code != 201 || a.Receipt == nil || len(a.Receipt.Evicted) == 0 ||
+		a.Receipt.FreeAfter < 20*gib || a.Receipt.FreeBefore >= 20*gib || a.Receipt.Source != vramguardtest.GPUSource {
+		t.Fatalf("make room then reserve: %d %s", code, body)
+	}
+	_, _, free := sim.Memory()
+	if free < 20*gib {
+		t.Fatalf("%d bytes free after the receipt said %d", free, a.Receipt.FreeAfter)
+	}
+	if code, _, body := do(t, "DELETE", g.URL+"/vramgate/reservations/"+a.Reservation.ID, ""); code != 200 {
+		t.Fatalf("release: %d %s", code, body)
+	}
+	// Leases keep both: the room cannot be made.
+	load(t, sim.APIClient(), "tiny")
+	load(t, sim.APIClient(), "small")
+	for _, m := range []string{"tiny", "small"} {
+		code, _, body = do(t, "POST", g.URL+"/vramgate/leases", `{"model":"`+m+`","holder":"chat-ui","ttl":"1m"}`)
+		if code != 201 {
+			t.Fatalf("lease: %d %s", code, body)
+		}
+	}
+	code, hdr, body := do(t, "POST", g.URL+"/vramgate/reservations", `{"device":0,"bytes":21474836480,"for":"render","holder":"comfy-node","make_room":true}`)
+	ref := refusalOf(t, body)
+	if code != 503 || hdr.Get("Retry-After") == "" || !ref.RetryAfterKnown || !strings.Contains(string(body), "chat-ui") {
+		t.Fatalf("make room past a lease: %d %s", code, body)
+	}
+	if !sim.Listed("tiny") || !sim.Listed("small") {
+		t.Fatal("a refused make-room unloaded a model")
+	}
+	if code, _, body := do(t, "GET", g.URL+"/vramgate/reservations", ""); code != 200 || strings.Contains(string(body), `"for":"render"`) {
+		t.Fatalf("a refused make-room left a reservation: %s", body)
+	}
+}
+
+// Bad input: each a clear 400 (or 503 without a reader), nothing reserved;
+// a web page's cross-origin POST is refused 403 as Ollama refuses it.
+func TestReservationsRefuse(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{TotalVRAM: 24 * gib})
+	g := startGate(t, sim.URL().String(), sim.GPU(), "-lease-max", "2m")
+	for _, tc := range []struct {
+		body string
+		code int
+		text string
+	}{
+		{`{"bytes":1024,"for":"r","holder":"h"}`, 400, "needs a device"},
+		{`{"device":0,"for":"r","holder":"h"}`, 400, "bytes above 0"},
+		{`{"device":0,"bytes":1024,"holder":"h"}`, 400, `needs \"for\"`},
+		{`{"device":0,"bytes":1024,"for":"r"}`, 400, "holder"},
+		{`{"device":0,"bytes":1024,"for":"r","holder":"h","ttl":1e12}`, 400, "ttl 1e12"},
+		{`{"device":0,"bytes":1024,"for":"r","holder":"h","ttl":"-5s"}`, 400, "ttl"},
+		{`{"device":-1,"bytes":1024,"for":"r","holder":"h"}`, 400, "device -1"},
+		{`{"device":0,"bytes":30000000000000,"for":"r","holder":"h"}`, 400, "in total"},
+		{`{"device":3,"bytes":1024,"for":"r","holder":"h"}`, 400, "no device 3"},
+		{`{"device":0,"bytes":1024,"for":"a\u0000b","holder":"h"}`, 400, "not printable"},
+		{`{"device":0,`, 400, "malformed JSON"},
+	} {
+		code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", tc.body)
+		if code != tc.code || !strings.Contains(string(body), tc.text) {
+			t.Errorf("take %s: %d %s; want %d naming %q", tc.body, code, body, tc.code, tc.text)
+		}
+	}
+	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", `{"device":0,"bytes":1024,"for":"r","holder":"h"}`,
+		"Origin", "http://evil.example", "Content-Type", "text/plain")
+	if code != 403 {
+		t.Errorf("cross-origin take: %d %s, want 403", code, body)
+	}
+	if code, _, body := do(t, "GET", g.URL+"/vramgate/reservations", ""); code != 200 || !strings.Contains(string(body), `"reservations":[]`) {
+		t.Fatalf("after the refusals: %d %s; want none reserved", code, body)
+	}
+	noReader := startGate(t, sim.URL().String(), nil)
+	code, _, body = do(t, "POST", noReader.URL+"/vramgate/reservations", `{"device":0,"bytes":1024,"for":"r","holder":"h"}`)
+	if code != 503 || !strings.Contains(string(body), "no GPU reader") {
+		t.Errorf("without a GPU reader: %d %s", code, body)
+	}
+	code, _, body = do(t, "GET", noReader.URL+"/vramgate/can-load?model=tiny", "")
+	if code != 200 || !strings.Contains(string(body), "reservations (no GPU reader") {
+		t.Errorf("can-load without a GPU reader: %d %s; want reservations named as not checked", code, body)
+	}
+}
