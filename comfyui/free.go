@@ -54,6 +54,30 @@ type FreeRequest struct {
 	// Interval is the time between readings; zero means
 	// DefaultFreeInterval.
 	Interval time.Duration
+	// Reserve, when set, keeps the memory the free measurably gave back
+	// for the load it was freed for (an LLM's, say), so that no other
+	// program on the host takes it first: see FreeReservation.
+	Reserve *FreeReservation
+}
+
+// FreeReservation asks Free to reserve what it freed: after a free whose
+// receipt says memory came back (Receipt.Released), the reservation of
+// that much (at most Bytes, when set) on the device, as the holder
+// client's OllamaClient.Reserve takes it (the device, read then with
+// others' reservations taken out, must still have it free), is in
+// Receipt.Reservation. Its recipient is ReserveOptions.For (with PID, it
+// ends as that process allocates); its holder releases it, or its TTL
+// ends it. A free that gave nothing back, or whose reservation was
+// refused, reserves nothing, and the receipt's NotChecked says why; the
+// free's own outcome stands.
+type FreeReservation struct {
+	// Client holds the reservation: the vramguard client of the program
+	// that will load (its own loads may use it). Required; it needs a
+	// GPU reader of the same device.
+	Client *vramguard.OllamaClient
+	vramguard.ReserveOptions
+	// Bytes caps the reservation; zero: all that came back.
+	Bytes uint64
 }
 
 // Outcome is what a Free's receipt can say.
@@ -135,8 +159,12 @@ type Receipt struct {
 	Settled   bool
 	Readings  int
 	Tolerance uint64
-	// NotChecked names the checks not made, and why.
+	// NotChecked names the checks not made, and why (a reservation asked
+	// for and not taken among them).
 	NotChecked []string
+	// Reservation keeps what the free gave back, when FreeRequest.Reserve
+	// asked for it and it was taken; nil otherwise.
+	Reservation *vramguard.Lease
 	// Elapsed is from the request to the last reading; Waited the part
 	// spent waiting for a running prompt.
 	Elapsed, Waited time.Duration
@@ -243,6 +271,9 @@ func (c *Client) Free(ctx context.Context, fr FreeRequest) (*Receipt, error) {
 	if fr.Settle < 0 || fr.Interval < 0 || fr.Quiet < 0 {
 		return nil, invalidf(op, "negative Settle, Quiet or Interval")
 	}
+	if fr.Reserve != nil && fr.Reserve.Client == nil {
+		return nil, invalidf(op, "FreeRequest.Reserve without a Client to hold the reservation")
+	}
 	fr.Tolerance = cmp.Or(fr.Tolerance, DefaultTolerance)
 	fr.Settle = cmp.Or(fr.Settle, DefaultSettle)
 	fr.Quiet = cmp.Or(fr.Quiet, DefaultQuiet)
@@ -279,6 +310,9 @@ func (c *Client) Free(ctx context.Context, fr FreeRequest) (*Receipt, error) {
 	if len(q.Running) > 0 {
 		rc.PromptID, rc.Queued = q.Running[0].PromptID, len(q.Pending)
 		if !fr.Wait {
+			if fr.Reserve != nil {
+				rc.NotChecked = append(rc.NotChecked, "reservation: the free is pending behind a running prompt (FreeRequest.Wait waits for it)")
+			}
 			rc.Outcome, rc.Elapsed = OutcomePending, time.Since(start)
 			rc.Mode = modeOf(before, before)
 			rc.Process.Before, rc.Free.Before, rc.Torch.Before = before.proc, before.free, before.torch
@@ -344,7 +378,29 @@ func (c *Client) Free(ctx context.Context, fr FreeRequest) (*Receipt, error) {
 		}
 	}
 	rc.Elapsed = time.Since(start)
+	if fr.Reserve != nil {
+		c.reserve(ctx, rc, fr.Reserve)
+	}
 	return rc, nil
+}
+
+// reserve takes fr's reservation of what rc measured coming back.
+func (c *Client) reserve(ctx context.Context, rc *Receipt, fr *FreeReservation) {
+	n := rc.Released()
+	if fr.Bytes > 0 {
+		n = min(n, fr.Bytes)
+	}
+	if n == 0 {
+		rc.NotChecked = append(rc.NotChecked, "reservation: nothing measurably came back to reserve")
+		return
+	}
+	l, err := fr.Client.Reserve(ctx, rc.Device, n, fr.ReserveOptions)
+	if err != nil {
+		rc.NotChecked = append(rc.NotChecked, "reservation: "+err.Error())
+		c.log.Warn("comfyui: what the free gave back is not reserved", "bytes", n, "err", err)
+		return
+	}
+	rc.Reservation = l
 }
 
 // floorOf is what a settled free leaves ComfyUI holding: the last settled
