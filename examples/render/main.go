@@ -1,7 +1,9 @@
 // Command render alternates an LLM and a diffusion server on one GPU, both
 // ways, for several rounds: each round writes an image prompt on Ollama
 // (in a phase, its model warm across the round's steps), hands the GPU
-// over verified (Phase.End with NeedBytes), renders on ComfyUI, and frees
+// over verified and reserved for the render (Phase.End with NeedBytes: no
+// other program on the host may load into that room until the render has
+// it), renders on ComfyUI, and frees
 // ComfyUI with a measured receipt (comfyui.Client.Free) so that the next
 // round's LLM load finds the memory. It prints each step's time and what
 // it measured.
@@ -218,7 +220,13 @@ func rounds(ctx context.Context, st *setup, cfg *config, w io.Writer) (tally, er
 	for r := 1; r <= cfg.rounds; r++ {
 		t.rounds = r
 		start := time.Now()
-		phase, err := st.ollama.StartPhase(ctx, "prompts", vramguard.PhaseOptions{NeedBytes: cfg.need})
+		// The hand-over reserves the render's room for it: no other
+		// program on the host loads into it before the render allocates.
+		// With ComfyUI's process known, the reservation also ends as that
+		// process takes the room.
+		pid, _ := st.comfy.Process(ctx)
+		phase, err := st.ollama.StartPhase(ctx, "prompts", vramguard.PhaseOptions{NeedBytes: cfg.need,
+			Reserve: vramguard.ReserveOptions{For: fmt.Sprintf("render %d", r), PID: pid}})
 		if err != nil {
 			return t, err
 		}
@@ -256,7 +264,11 @@ func rounds(ctx context.Context, st *setup, cfg *config, w io.Writer) (tally, er
 			return t, err
 		}
 		h := rep.Handover
-		line(r, "hand-over", h.Elapsed, fmt.Sprintf("%s free of the %s the render needs, verified (%s)", formatBytes(h.FreeAfter), formatBytes(cfg.need), evicted(rep)))
+		what := fmt.Sprintf("%s free of the %s the render needs, verified (%s)", formatBytes(h.FreeAfter), formatBytes(cfg.need), evicted(rep))
+		if h.Reservation != nil {
+			what += fmt.Sprintf(", reserved for %s", h.Reservation.Info().For)
+		}
+		line(r, "hand-over", h.Elapsed, what)
 
 		start = time.Now()
 		res, err := st.comfy.Run(ctx, withPrompt(st.workflow, prompt, r))
@@ -266,7 +278,16 @@ func rounds(ctx context.Context, st *setup, cfg *config, w io.Writer) (tally, er
 			}
 			return t, err
 		}
-		line(r, "render", time.Since(start), fmt.Sprintf("%d image: %s", len(res.Images), imageNames(res)))
+		what = fmt.Sprintf("%d image: %s", len(res.Images), imageNames(res))
+		if h.Reservation != nil {
+			// The render has allocated and ended: its room is its own, or
+			// free again for the next round.
+			if err := h.Reservation.Release(); err != nil {
+				return t, err
+			}
+			what += "; reservation released"
+		}
+		line(r, "render", time.Since(start), what)
 
 		rc, err := st.comfy.Free(ctx, comfyui.FreeRequest{Wait: true})
 		if err != nil {
