@@ -5,9 +5,12 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/vramguard/vramguard"
 )
 
 // The handler of -listen is package probe's, tested there (TestReady,
@@ -114,6 +117,32 @@ func TestListenGPU(t *testing.T) {
 	}
 	if code, body := get(t, base+"/ready?free=1"); code != 200 || !strings.Contains(body, `"enough": true`) {
 		t.Errorf("/ready?free=1: %d %s", code, body)
+	}
+	if code := stop(); code != 0 {
+		t.Errorf("exit %d after the signal, want 0", code)
+	}
+}
+
+// /ready?free= counts another program's reservation: the device's driver
+// shows the room, but it is reserved for a render, so the watcher is not
+// ready, and names the reservation.
+func TestListenReadyCountsReservations(t *testing.T) {
+	runtime := t.TempDir() // the default lease directory, as every program on the host finds it
+	t.Setenv("XDG_RUNTIME_DIR", runtime)
+	s := newSim(t)
+	holder, err := vramguard.NewClient(vramguard.Options{Host: s.URL().String(), VRAM: s.GPU()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.Reserve(t.Context(), 0, 20*gib, vramguard.ReserveOptions{For: "render 9"}); err != nil {
+		t.Fatal(err)
+	}
+	c := &cmd{newReader: gpuSim.open(s), procRoot: procTree(t, procAll...)}
+	base, stop := listen(t, c, s.URL().String(), "-listen", "127.0.0.1:0")
+	code, body := get(t, base+"/ready?free="+strconv.FormatUint(8*gib, 10))
+	if code != 503 || !strings.Contains(body, `"reservations": "counted"`) || !strings.Contains(body, "for render 9") {
+		t.Errorf("/ready?free=8GiB beside a 20 GiB reservation: %d %s", code, body)
 	}
 	if code := stop(); code != 0 {
 		t.Errorf("exit %d after the signal, want 0", code)

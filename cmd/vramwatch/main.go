@@ -173,16 +173,7 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 	if host == "" {
 		host = c.getenv("OLLAMA_HOST")
 	}
-	client, err := vramguard.NewClient(vramguard.Options{Host: host, Getenv: c.getenv, KeepModelsOnClose: true})
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, client.Close()) }()
-	if host == "" {
-		host = vramguard.DefaultOptions().Host
-	}
-
-	w := &watcher{ollama: client, host: host, timeout: max(cfg.interval, 5*time.Second), procRoot: c.procRoot}
+	w := &watcher{timeout: max(cfg.interval, 5*time.Second), procRoot: c.procRoot}
 	switch {
 	case !cfg.gpu:
 		w.gpuErr = errors.New("off (-gpu=false)")
@@ -207,6 +198,17 @@ func (c *cmd) run(ctx context.Context, args []string) (err error) {
 			w.gpu = cc.Reader(w.gpu)
 		}
 	}
+	// The client reads the GPU too, so that /ready?free= counts other
+	// programs' reservations (probe's DeviceState.Reservations).
+	client, err := vramguard.NewClient(vramguard.Options{Host: host, Getenv: c.getenv, KeepModelsOnClose: true, VRAM: w.gpu})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, client.Close()) }()
+	if host == "" {
+		host = vramguard.DefaultOptions().Host
+	}
+	w.ollama, w.host = client, host
 	if ctx.Err() != nil {
 		return nil
 	}
