@@ -85,7 +85,8 @@ func TestAlternatingPipelineWithComfyUI(t *testing.T) {
 		}
 		const rounds = 5
 		for r := 1; r <= rounds; r++ {
-			phase, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: room})
+			phase, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: room,
+				Reserve: vramguard.ReserveOptions{For: fmt.Sprintf("render %d", r), PID: fake.PID()}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -129,10 +130,16 @@ func TestAlternatingPipelineWithComfyUI(t *testing.T) {
 			if err != nil || rep.Handover == nil || rep.Handover.FreeAfter < room {
 				t.Fatalf("round %d: hand-over %+v, %v; want the render's room, verified", r, rep, err)
 			}
+			if res := rep.Handover.Reservation; res == nil || res.Info().Bytes != room {
+				t.Fatalf("round %d: hand-over reserved %v; want the render's room", r, res)
+			}
 			wf["6"].Inputs["text"] = prompt
 			wf["3"].Inputs["seed"] = r // a graph ComfyUI ran already is answered from its cache
 			if res, err := cc.Run(t.Context(), wf); err != nil || res.Status != "success" {
 				t.Fatalf("round %d: render %+v, %v (kind %v)", r, res, err, vramguard.KindOf(err))
+			}
+			if err := rep.Handover.Reservation.Release(); err != nil {
+				t.Fatalf("round %d: release of the render's reservation: %v", r, err)
 			}
 			fr := free
 			fr.Wait = true
