@@ -1214,6 +1214,36 @@ func (c *OllamaClient) untilListed(ctx context.Context, models []string, interva
 // makeRoomAll is EnsureRequest.AllModels: every listed model not kept,
 // whatever its device, then ReleaseVRAM and, with a reader, the wait for
 // the room.
+// allModelsOrder is the plan of EnsureRequest.AllModels: every listed model
+// not kept, in the victim policy's order (planRoom's tiers: idle models,
+// then this client's own leased ones, then those with its generations in
+// flight; within a tier the fewest bytes to load again first, then the
+// name), so that a caller that needs one model gone (a slot) takes the
+// first.
+func allModelsOrder(v roomView, listed []api.ProcessModelResponse) []string {
+	type victim struct {
+		name string
+		tier roomTier
+		size int64
+	}
+	var vs []victim
+	for _, m := range listed {
+		i := slices.IndexFunc(v.cands, func(c roomCand) bool { return c.name == m.Model })
+		if i < 0 {
+			continue // kept
+		}
+		vs = append(vs, victim{m.Model, v.cands[i].tier, m.Size})
+	}
+	slices.SortStableFunc(vs, func(a, b victim) int {
+		return cmp.Or(cmp.Compare(a.tier, b.tier), cmp.Compare(a.size, b.size), strings.Compare(a.name, b.name))
+	})
+	out := make([]string, len(vs))
+	for i, x := range vs {
+		out[i] = x.name
+	}
+	return out
+}
+
 func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *EnsureReport) error {
 	if c.opts.VRAM != nil {
 		snap, d, err := c.readDevice(ctx, rq)
@@ -1242,11 +1272,7 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 		}
 	}
 	rep.Kept, rep.RetryAfter = v.kept, retryAfter(v.kept, v.reserved, time.Now())
-	for _, m := range listed {
-		if !slices.ContainsFunc(v.kept, func(k KeptModel) bool { return k.Model == m.Model }) {
-			rep.Plan = append(rep.Plan, m.Model)
-		}
-	}
+	rep.Plan = allModelsOrder(v, listed)
 	if rq.dryRun {
 		return nil
 	}

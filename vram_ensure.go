@@ -24,7 +24,11 @@ type EnsureRequest struct {
 	// included and whatever their device, but protected, leased and
 	// in-use ones, instead of as few as needed. Without Options.VRAM it is
 	// the only way: EnsureFree cannot measure, and fails with
-	// ErrNoVRAMReader.
+	// ErrNoVRAMReader. Its report's Plan lists them in the victim
+	// policy's order (idle models, then this client's own leased ones,
+	// then those its generations run on; within each the fewest bytes to
+	// load again first): a caller that needs only one gone (a slot, as
+	// vramgate's -max-loaded) takes the first.
 	AllModels bool
 	// DryRun plans and does nothing: the report's Plan says which models
 	// would be unloaded and which tenants asked, Kept which models are

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -359,5 +360,36 @@ func TestVerifyVRAMPollInterval(t *testing.T) {
 	}
 	if gap := r.lastGap(); gap < cadence {
 		t.Errorf("snapshots %v apart during the VerifyVRAM wait, want at least %v (PollInterval is 5 ms)", gap, cadence)
+	}
+}
+
+// AllModels' plan is in the victim policy's order, whatever the listing's:
+// idle models the fewest bytes first, this client's own leased model
+// after them (the order a slot-making caller takes the first of).
+func TestAllModelsPlanFollowsTheVictimPolicy(t *testing.T) {
+	for _, order := range [][]string{{"big", "mid", "small"}, {"small", "big", "mid"}, {"mid", "small", "big"}} {
+		t.Run(strings.Join(order, ","), func(t *testing.T) {
+			s := threeModelSim(t, vramguardtest.Config{})
+			loadForever(t, s, order...)
+			c := leaseClient(t, s, leaseDir(t), vramguard.Options{})
+			rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{AllModels: true, DryRun: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{"small:latest", "mid:latest", "big:latest"}; !slices.Equal(rep.Plan, want) {
+				t.Fatalf("plan %q; want %q (fewest bytes first)", rep.Plan, want)
+			}
+			l, err := c.HoldModel(t.Context(), "small", time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release()
+			if rep, err = c.EnsureFree(t.Context(), vramguard.EnsureRequest{AllModels: true, DryRun: true}); err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{"mid:latest", "big:latest", "small:latest"}; !slices.Equal(rep.Plan, want) {
+				t.Fatalf("plan with small leased by this client %q; want %q (own leased models last)", rep.Plan, want)
+			}
+		})
 	}
 }

@@ -237,3 +237,35 @@ func TestReservationsRefuse(t *testing.T) {
 		t.Errorf("can-load without a GPU reader: %d %s; want reservations named as not checked", code, body)
 	}
 }
+
+// The gate's -max-loaded eviction follows the library's one victim policy
+// (EnsureRequest.AllModels' plan order: the fewest bytes to load again
+// first): two runs that change nothing but which resident model is the
+// cheaper to reload see the gate evict that one, whatever order Ollama
+// lists them in.
+func TestSlotVictimFollowsTheLibrarysPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		xSize, ySize uint64
+		victim       string
+	}{
+		{2 * gib, 3 * gib, "x"},
+		{3 * gib, 2 * gib, "y"},
+	} {
+		t.Run("victim "+tc.victim, func(t *testing.T) {
+			sim := newSim(t, vramguardtest.Config{Models: []vramguardtest.ModelConfig{
+				{Name: "x", Size: tc.xSize, Chunks: 1}, {Name: "y", Size: tc.ySize, Chunks: 1}, {Name: "z", Size: gib, Chunks: 1},
+			}})
+			g := startGate(t, sim.URL().String(), nil, "-max-loaded", "2")
+			c := apiClient(t, g.URL)
+			load(t, c, "x")
+			load(t, c, "y")
+			code, hdr, body := do(t, "POST", g.URL+"/api/generate", `{"model":"z","prompt":"hi","stream":false}`)
+			if code != 200 || !strings.Contains(hdr.Get("X-Vramgate-Admission"), "unloaded to make room: "+tc.victim+":latest") {
+				t.Fatalf("third load: %d %s, admission %q; want %s evicted", code, body, hdr.Get("X-Vramgate-Admission"), tc.victim)
+			}
+			if sim.Listed(tc.victim) {
+				t.Fatalf("%s still listed", tc.victim)
+			}
+		})
+	}
+}
