@@ -71,9 +71,13 @@ test-nocgo:
 ## one package at a time, since each runs one server per version; the
 ## race tests of #13 run side by side on servers of their own (-parallel).
 ## A test whose server died of Ollama's known /api/ps crash (v0.6.5 to
-## v0.32.3) runs once more, and only such a test (scripts/test-integration.sh)
+## v0.32.3) runs once more, and only such a test (scripts/test-integration.sh).
+## Then cmd/vramgate's one real-server test (the gate in process, reading
+## the fake device the pipeline shares), which skips unless
+## VRAMGUARD_REAL_GATE=1: its package's other tests ran in test-unit.
 test-integration:
 	GO=$(GO) ./scripts/test-integration.sh -race -count=1 -p 1 -parallel 4 -timeout 40m $(REAL_PKGS)
+	VRAMGUARD_REAL_GATE=1 GO=$(GO) ./scripts/test-integration.sh -race -count=1 -timeout 20m -run='^TestHandOverReservedOnRealServers$$' ./cmd/vramgate
 
 ## fuzz-short: every fuzz target for $(FUZZTIME)
 fuzz-short:
