@@ -110,9 +110,9 @@ func (c *OllamaClient) BudgetOff() bool { return c.admission.off.Load() }
 // (less spent, which it raises by the admission's time): a wait for room
 // that ends there is the *RoomError of KindOutOfMemory, and anything else
 // the admission was doing is KindTimeout with the timeout as its cause.
-func (c *OllamaClient) admitBounded(ctx context.Context, cl *call, spent *time.Duration) (func(), error) {
+func (c *OllamaClient) admitBounded(ctx context.Context, cl *call, spent *time.Duration) (done, landed func(), err error) {
 	if c.opts.Budget == nil || c.admission.off.Load() {
-		return func() {}, nil
+		return func() {}, func() {}, nil
 	}
 	start := time.Now()
 	t := cl.timeouts.or(c.opts.Timeouts)
@@ -120,37 +120,41 @@ func (c *OllamaClient) admitBounded(ctx context.Context, cl *call, spent *time.D
 	defer cancelFirst()
 	actx, cancelTotal := context.WithTimeoutCause(fctx, t.Total-*spent, ErrTotalTimeout)
 	defer cancelTotal()
-	done, err := c.admit(actx, cl.op, cl.model, cl.options)
+	done, landed, err = c.admit(actx, cl.op, cl.model, cl.options)
 	*spent += time.Since(start)
 	if err != nil && ctx.Err() == nil && actx.Err() != nil && KindOf(err) == KindCanceled {
-		return nil, newError(cl.op, cl.model, KindTimeout, context.Cause(actx))
+		return nil, nil, newError(cl.op, cl.model, KindTimeout, context.Cause(actx))
 	}
-	return done, err
+	return done, landed, err
 }
 
 // admit checks the budget before a generation on model (options are the
-// request's, for num_ctx); done must be called when the generation ends.
-// Without a budget, or for a model the server lists, it does nothing.
-func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[string]any) (done func(), err error) {
+// request's, for num_ctx); done must be called when the generation ends,
+// landed at its first chunk (the load has landed: the server lists the
+// model). Without a budget, or for a model the server lists, it does
+// nothing. A load it admits is reserved host-wide (ReserveOptions.Load)
+// until it lands or the generation ends, where host-wide leases are on.
+func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[string]any) (done, landed func(), err error) {
+	nothing := func() {}
 	b := c.opts.Budget
 	if b == nil || c.admission.off.Load() {
-		return func() {}, nil
+		return nothing, nothing, nil
 	}
 	a := &c.admission
 	if err := a.acquire(ctx); err != nil {
-		return nil, newError(op, model, KindCanceled, err)
+		return nil, nil, newError(op, model, KindCanceled, err)
 	}
 	defer a.release()
 	ms, err := c.running(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if findRunning(ms, model) != nil {
-		return func() {}, nil
+		return nothing, nothing, nil
 	}
 	pending, same := a.pendingBytes(ms, model)
 	if same {
-		return func() {}, nil // its load was admitted already
+		return nothing, nothing, nil // its load was admitted already
 	}
 	ev := AdmissionEvent{Model: model, Server: c.host, Device: b.Device, Start: time.Now()}
 	checked := true // a budget found off is no check
@@ -163,20 +167,20 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	numCtx := numCtxOf(options)
 	est, err := c.EstimateModel(ctx, model, numCtx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if est.Total <= 0 {
-		return nil, newError(op, model, KindServer, fmt.Errorf("estimate of %d bytes", est.Total))
+		return nil, nil, newError(op, model, KindServer, fmt.Errorf("estimate of %d bytes", est.Total))
 	}
 	need := uint64(est.Total)
 	ev.Need = need
 	berr, err := c.checkBudget(ctx, b, model, need+pending)
 	if errors.Is(err, errBudgetOff) {
 		checked = false
-		return func() {}, nil
+		return nothing, nothing, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if berr != nil && b.MakeRoom && pending > 0 {
 		// A load admitted before this one, not listed yet, lands while
@@ -184,20 +188,31 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		// still count it, and the wait could never end. Room is made
 		// once those loads are listed (or have failed), and measured.
 		if err := c.awaitPending(ctx, model); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		pending = 0
 		if berr, err = c.checkBudget(ctx, b, model, need+pending); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if berr != nil && b.MakeRoom {
-		if berr, ev.MadeRoom, err = c.budgetRoom(ctx, b, model, need+pending, berr); err != nil {
-			return nil, err
+		if berr, ev.MadeRoom, err = c.budgetRoom(ctx, b, model, need+pending, berr); errors.Is(err, errListedMeanwhile) {
+			return nothing, nothing, nil // a listed model is no load
+		} else if err != nil {
+			return nil, nil, err
 		}
 	}
 	if berr != nil {
-		return nil, newError(op, model, KindOutOfMemory, berr)
+		return nil, nil, newError(op, model, KindOutOfMemory, berr)
+	}
+	res, err := c.reserveLoad(ctx, op, model, b, need)
+	if err != nil {
+		return nil, nil, err
+	}
+	landed = func() {
+		if res != nil {
+			_ = res.Release() // the runner's memory is the device's to show now
+		}
 	}
 	p := &admitted{model: model, need: need}
 	a.mu.Lock()
@@ -207,10 +222,49 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 	}
 	a.pending[p] = struct{}{}
 	return func() {
+		landed()
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		delete(a.pending, p)
-	}, nil
+	}, landed, nil
+}
+
+// reserveLoad reserves need bytes on the budget's device for the load of
+// model it admitted, host-wide, until the load lands (the holder releases
+// it at the first chunk) or its generation ends: another program's
+// hand-over on the host counts the load before its runner shows it, and
+// two programs' admissions never both count the same free bytes. It is
+// taken as Reserve takes one, under the lease directory's lock: when
+// another holder took the room meanwhile, the load is refused with the
+// *RoomError of that reading. Where host-wide leases are off it takes
+// none (nil, nil): the in-process count of admitted loads stands alone.
+func (c *OllamaClient) reserveLoad(ctx context.Context, op, model string, b *Budget, need uint64) (*Lease, error) {
+	if dir, _ := c.leaseDir(); dir == nil {
+		return nil, nil
+	}
+	ttl := defaultReserveTTL
+	if dl, ok := ctx.Deadline(); ok {
+		ttl = min(max(time.Until(dl), time.Second), maxReserveTTL)
+	}
+	key := NormalizeModelName(model)
+	opts := ReserveOptions{For: "load of " + key, Load: key, TTL: ttl}
+	if _, err := opts.validate(op); err != nil {
+		opts.For, opts.Load = "a load", "?" // a name too long or odd to quote
+	}
+	res, err := c.reserve(ctx, roomRequest{op: op, model: model, device: b.Device, need: need}, opts, ttl)
+	var re *RoomError
+	switch {
+	case errors.As(err, &re):
+		bc := *b
+		re.Model, re.Budget = model, &bc
+		return nil, newError(op, model, KindOutOfMemory, re)
+	case err != nil && KindOf(err) == KindCanceled:
+		return nil, err
+	case err != nil:
+		c.log.Warn("load admitted without a host-wide reservation", "model", model, "err", err)
+		return nil, nil
+	}
+	return res, nil
 }
 
 // pendingBytes is what the loads this client admitted and the server does
@@ -303,7 +357,8 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 
 // budgetRoom runs Budget.MakeRoom for a load of need bytes that berr
 // refused, and checks the budget again; madeRoom says whether a model was
-// unloaded, verified. A room-making that refused or whose wait ended
+// unloaded, verified. errListedMeanwhile: another party loaded the model
+// meanwhile, so there is no load to admit. A room-making that refused or whose wait ended
 // refuses the load with its *RoomError (Budget set).
 func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, need uint64, berr *RoomError) (_ *RoomError, madeRoom bool, err error) {
 	target := need
@@ -329,7 +384,7 @@ func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, 
 		// Another party loaded the model while room was made: a listed
 		// model is no load, and is not checked.
 		c.log.Debug("making room: the model was loaded meanwhile", "model", model)
-		return nil, madeRoom, nil
+		return nil, madeRoom, errListedMeanwhile
 	}
 	var re *RoomError
 	if errors.As(eerr, &re) {

@@ -477,7 +477,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	}
 	// Options.Budget: a load is admitted before the request goes out,
 	// within the call's timeouts (FirstChunk covers queueing and load).
-	admitted, err := c.admitBounded(ctx, cl, &spent)
+	admitted, landed, err := c.admitBounded(ctx, cl, &spent)
 	if err != nil {
 		return nil, err
 	}
@@ -492,7 +492,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 		return nil, err
 	}
 	fctx = httptrace.WithClientTrace(fctx, &httptrace.ClientTrace{WroteHeaders: func() { f.sent.Store(true) }})
-	st := &streamState{flight: f, spent: spent}
+	st := &streamState{flight: f, spent: spent, landed: landed}
 	// Checked at the first chunk when the model may be gone by the end,
 	// or when an offloaded model must not generate at all.
 	st.checkOffload = c.opts.VRAM != nil && (c.opts.FailOnOffload || keepAlive == KeepAliveUnload)
@@ -591,6 +591,9 @@ type streamState struct {
 	// that found (nil: nothing to flag).
 	checkOffload bool
 	offload      *Offload
+	// landed is called at the first chunk: the model's load, if the
+	// budget admitted one, has landed (its host-wide reservation ends).
+	landed func()
 }
 
 // stream runs the generation or chat; st, zero on entry, is left with what
@@ -614,6 +617,9 @@ func (c *OllamaClient) stream(ctx context.Context, cl *call, ka KeepAlive, fn Ch
 			st.firstChunk = elapsed
 			if st.flight != nil {
 				st.flight.streaming.Store(true)
+			}
+			if st.landed != nil {
+				st.landed()
 			}
 		}
 		wd.chunkAt(elapsed) // the idle timeout covers the check below

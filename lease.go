@@ -78,6 +78,9 @@ type LeaseInfo struct {
 	For    string
 	ForPID uint32
 	Taken  uint64
+	// Load names the model whose load in flight the reservation stands
+	// for (ReserveOptions.Load); "" for any other.
+	Load string
 }
 
 // String names the holder for a message: "caption (pid 42, phase
@@ -115,7 +118,7 @@ func printable(s string) string {
 func infoOf(r lease.Record) LeaseInfo {
 	return LeaseInfo{ID: r.ID, Model: r.Model, Server: r.Server, PID: r.PID, Program: r.Program,
 		Note: r.Note, Created: r.Created, Until: r.Until,
-		Device: r.Device, Bytes: r.Bytes, For: r.For, ForPID: uint32(r.ForPID)}
+		Device: r.Device, Bytes: r.Bytes, For: r.For, ForPID: uint32(r.ForPID), Load: r.Load}
 }
 
 // LeasedError is the cause of a refused UnloadModel: who holds the model.

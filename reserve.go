@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 	"unicode"
@@ -42,6 +43,15 @@ type ReserveOptions struct {
 	// (Lease.Extend) or consumed first; zero means two minutes. It must
 	// not be negative or above an hour.
 	TTL time.Duration
+	// Load, when set, names the model whose load in flight the
+	// reservation stands for: a load admitted that the server does not
+	// list yet, whose memory no reading shows whole. Room-making
+	// elsewhere on the host (a phase's hand-over) then waits, within its
+	// timeout, for it to end (the holder releases it once the server lists
+	// the model) and plans with the loaded model, instead of refusing the
+	// room or handing over bytes the load is about to take. A budget's
+	// admission takes one for each load it admits; so does vramgate.
+	Load string
 }
 
 // validate checks o for op and returns its TTL, defaults applied.
@@ -50,7 +60,7 @@ func (o ReserveOptions) validate(op string) (time.Duration, error) {
 	case o.TTL < 0 || o.TTL > maxReserveTTL:
 		return 0, invalid(op, "", "reservation TTL %v: it must be between 0 (two minutes) and %v", o.TTL, maxReserveTTL)
 	}
-	for _, f := range []struct{ name, s string }{{"For", o.For}, {"Note", o.Note}} {
+	for _, f := range []struct{ name, s string }{{"For", o.For}, {"Note", o.Note}, {"Load", o.Load}} {
 		switch {
 		case len(f.s) > maxReserveFor:
 			return 0, invalid(op, "", "reservation's %s is %d bytes, more than %d", f.name, len(f.s), maxReserveFor)
@@ -81,8 +91,10 @@ func (o ReserveOptions) validate(op string) (time.Duration, error) {
 // the room first, call EnsureFree with EnsureRequest.Reservation set. The
 // check and the taking are one step across the host (the lease
 // directory's lock, waited for within ctx), so two reservations never
-// share bytes; a load that another client admitted before the
-// reservation was taken may still land in it.
+// share bytes. A load another vramguard client's budget or vramgate
+// admitted holds a reservation of its own until it lands
+// (ReserveOptions.Load), so it is counted before its runner shows it; a
+// load sent around them (a program talking to Ollama's own port) is not.
 //
 // It needs Options.VRAM (KindInvalidInput wrapping ErrNoVRAMReader
 // without: nothing would be verified) and host-wide leases
@@ -142,7 +154,7 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 		}
 		return nil, newError(rq.op, "", KindOutOfMemory, re)
 	}
-	r := lease.Record{Device: d.Index, UUID: d.UUID, Bytes: rq.need, For: opts.For, Note: opts.Note, ForPID: int(opts.PID), Until: time.Now().Add(ttl)}
+	r := lease.Record{Device: d.Index, UUID: d.UUID, Bytes: rq.need, For: opts.For, Note: opts.Note, ForPID: int(opts.PID), Load: opts.Load, Until: time.Now().Add(ttl)}
 	if c.host != "" {
 		r.Server = lease.NormalizeServer(c.host)
 	}
@@ -154,7 +166,11 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 		return nil, newError(rq.op, "", KindUnavailable, err)
 	}
 	l := c.track(h, ttl)
-	c.log.Info("memory reserved", "device", d.Index, "bytes", rq.need, "for", opts.For, "until", l.Info().Until.Format(time.TimeOnly))
+	level := slog.LevelInfo
+	if opts.Load != "" {
+		level = slog.LevelDebug // one per admitted load
+	}
+	c.log.Log(ctx, level, "memory reserved", "device", d.Index, "bytes", rq.need, "for", opts.For, "until", l.Info().Until.Format(time.TimeOnly))
 	return l, nil
 }
 

@@ -428,3 +428,60 @@ func TestReservationDiesWithItsProcess(t *testing.T) {
 		t.Fatalf("load after the holder was killed: %v; want admitted at once", err)
 	}
 }
+
+// A load a budget admits is reserved host-wide until it lands: another
+// client's reading during the load sees its bytes as taken (the runner
+// shows none of them yet), and none once the server lists the model.
+// A hand-over begun during the load, whose room needs those bytes, waits
+// for the load to land and then makes its room by unloading the landed
+// model (not refusing, and not handing over bytes the load takes).
+func TestAdmittedLoadReservedUntilItLands(t *testing.T) {
+	s := newSim(t, vramguardtest.Config{TotalVRAM: 16 * gib, StrictVRAM: true},
+		vramguardtest.ModelConfig{Name: "chat", SizeVRAM: 6 * gib, LoadLatency: 400 * time.Millisecond})
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	chatUI := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Budget: &vramguard.Budget{}})
+	orch := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	est, err := chatUI.EstimateModel(t.Context(), "chat", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := make(chan error, 1)
+	go func() {
+		_, err := chatUI.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "chat", Prompt: "x"}, vramguard.KeepAliveFor(time.Minute), nil)
+		gen <- err
+	}()
+	var during *vramguard.DeviceMemory
+	for deadline := time.Now().Add(10 * time.Second); during == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no reservation of the admitted load seen within 10 s")
+		}
+		rep, err := orch.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1, DryRun: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := rep.Snapshot.Device(0); len(d.Reserved) == 1 {
+			during = d
+		}
+	}
+	if r := during.Reserved[0]; r.Load != "chat:latest" || r.Bytes != uint64(est.Total) || s.Listed("chat") {
+		t.Fatalf("during the load: %+v (listed %v); want the load's estimate reserved, the model not listed yet", r, s.Listed("chat"))
+	}
+	p, err := orch.StartPhase(t.Context(), "render prep", vramguard.PhaseOptions{NeedBytes: 14 * gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.End(t.Context())
+	if err := <-gen; err != nil {
+		t.Fatalf("the chat generation: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("hand-over during another program's load: %v; want it to wait for the load and make its room", err)
+	}
+	if rep.Handover.FreeAfter < 14*gib || s.Listed("chat") || len(rep.Handover.Evicted) != 1 {
+		t.Fatalf("hand-over %+v (chat listed %v); want 14 GiB made by unloading the landed model", rep.Handover, s.Listed("chat"))
+	}
+	if err := s.Reserve("render", 14*gib); err != nil {
+		t.Fatalf("the render could not allocate its room: %v", err)
+	}
+}

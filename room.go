@@ -901,7 +901,7 @@ func (c *OllamaClient) refusedRoom(ctx context.Context, rq roomRequest, v roomVi
 // rq.timeout).
 func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *EnsureReport) (roomView, roomPlan, error) {
 	var deadline <-chan time.Time
-	rechecked := false
+	rechecked, loadsAwaited := false, false
 	for waited := false; ; waited = true {
 		v, snap, err := c.viewRoom(ctx, rq, nil)
 		if errors.Is(err, errListedMeanwhile) {
@@ -939,6 +939,17 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 					continue
 				}
 			}
+			if ids, loads := loadReservations(v.reserved); !loadsAwaited && !rq.dryRun && len(ids) > 0 && v.free+p.known()+v.unlisted+loads >= rq.need {
+				// Another program's load in flight holds a reservation
+				// (ReserveOptions.Load) that keeps the room: it ends once
+				// the load lands, and the loaded model is then planned like
+				// any other. Wait for it (bounded) rather than refuse.
+				loadsAwaited = true
+				c.awaitReservationsEnd(ctx, rq, ids)
+				if ctx.Err() == nil {
+					continue
+				}
+			}
 			if !rq.waitLeases || !errors.Is(re, ErrLeased) || rq.dryRun {
 				return v, p, newError(rq.op, rq.model, KindOutOfMemory, re)
 			}
@@ -967,6 +978,41 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 		}
 		re.Err = cause
 		return v, p, newError(rq.op, rq.model, KindOutOfMemory, re)
+	}
+}
+
+// loadReservations are the ids of the reservations among rs that stand for
+// loads in flight (LeaseInfo.Load), and the bytes they have left.
+func loadReservations(rs []LeaseInfo) (ids []string, bytes uint64) {
+	for _, r := range rs {
+		if r.Load != "" {
+			ids = append(ids, r.ID)
+			bytes += r.Bytes - min(r.Taken, r.Bytes)
+		}
+	}
+	return ids, bytes
+}
+
+// awaitReservationsEnd reads the device every rq.interval, within
+// rq.timeout and ctx, until none of the reservations ids is on it. A wait
+// that ends first, or a reading that fails, ends it: the plan that follows
+// says what the device holds.
+func (c *OllamaClient) awaitReservationsEnd(ctx context.Context, rq roomRequest, ids []string) {
+	ctx, cancel := context.WithTimeout(ctx, rq.timeout)
+	defer cancel()
+	for {
+		snap, err := c.view(ctx)
+		if err != nil {
+			return
+		}
+		d := snap.Device(rq.device)
+		if d == nil || !slices.ContainsFunc(d.Reserved, func(r LeaseInfo) bool { return slices.Contains(ids, r.ID) }) {
+			return
+		}
+		if sleepCtx(ctx, rq.interval) != nil {
+			c.log.Debug("room-making: loads in flight did not land in time; planned without them", "device", rq.device, "timeout", rq.timeout)
+			return
+		}
 	}
 }
 

@@ -181,14 +181,32 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 		// its own way, and a budget's admission counts what it admitted.
 		c.awaitOwnLoads(ctx, rq)
 	}
-	rep, err := c.makeRoom(ctx, rq)
-	if err != nil || req.Reservation == nil {
+	var ttl time.Duration
+	if req.Reservation != nil {
+		ttl, _ = req.Reservation.validate(rq.op) // checked by roomRequestOf
+	}
+	for attempt := 0; ; attempt++ {
+		rep, err := c.makeRoom(ctx, rq)
+		if err != nil || req.Reservation == nil {
+			return rep, err
+		}
+		res, err := c.reserve(ctx, rq, *req.Reservation, ttl)
+		var re *RoomError
+		if err != nil && attempt < maxReserveAttempts && ctx.Err() == nil && errors.As(err, &re) && slices.ContainsFunc(re.Reserved, func(r LeaseInfo) bool { return r.Load != "" }) {
+			// Another program admitted a load after the room was made:
+			// its reservation keeps the room. Make it again: the plan
+			// waits for that load to land and counts the loaded model.
+			c.log.Debug("room taken by a load admitted meanwhile; making it again", "device", rq.device, "need", rq.need)
+			continue
+		}
+		rep.Reservation = res
 		return rep, err
 	}
-	ttl, _ := req.Reservation.validate(rq.op) // checked by roomRequestOf
-	rep.Reservation, err = c.reserve(ctx, rq, *req.Reservation, ttl)
-	return rep, err
 }
+
+// maxReserveAttempts bounds how often EnsureFree makes its room again when
+// loads admitted meanwhile keep the reservation from being taken.
+const maxReserveAttempts = 2
 
 // awaitOwnLoads waits, within rq.timeout, for the calls of this client
 // started before it until their generation begins (a call being admitted

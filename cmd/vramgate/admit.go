@@ -34,6 +34,9 @@ type verdict struct {
 	refusal    *refusal
 	unlock     func() // releases the admission lock (a load); nil otherwise
 	unknown    bool   // the server does not have the model (it answers 404 itself)
+	// need is the load's estimate when memory was checked (0 otherwise):
+	// what forward reserves host-wide until the load is answered.
+	need uint64
 }
 
 func (v *verdict) summary() string {
@@ -203,6 +206,7 @@ func (g *gate) check(ctx context.Context, v *verdict, name string, est *vramguar
 		return nil
 	}
 	v.checked = append(v.checked, "memory", "reservations")
+	v.need = uint64(est.Total)
 	req := vramguard.EnsureRequest{
 		Device:    g.cfg.device,
 		Bytes:     uint64(est.Total),

@@ -143,11 +143,36 @@ func (g *gate) forward(w http.ResponseWriter, r *http.Request, body []byte, q *r
 			g.refuse(w, v.refusal, st.client)
 			return
 		}
+		// A load whose memory was checked is reserved host-wide until
+		// Ollama answers it (the load has landed, or failed), so that
+		// another program's hand-over counts it before its runner shows
+		// it whole (ReserveOptions.Load).
+		var res *vramguard.Lease
+		if v.load && v.need > 0 {
+			var ref *refusal
+			if res, ref = g.reserveLoad(r.Context(), q.Model, st.client, v); ref != nil {
+				if v.unlock != nil {
+					v.unlock()
+				}
+				g.refuse(w, ref, st.client)
+				return
+			}
+		}
 		g.log.Debug("admitted", "model", q.Model, "client", st.client, "admission", v.summary())
 		st.load, st.cause, st.by, st.admission, st.unlockFn = v.load, v.cause, v.causeBy, v.summary(), v.unlock
-		var done func()
-		st.loadedFn, done = g.track(q.Model, v.load)
-		defer done()
+		loaded, done := g.track(q.Model, v.load)
+		st.loadedFn = func() {
+			loaded()
+			if res != nil {
+				_ = res.Release()
+			}
+		}
+		defer func() {
+			done()
+			if res != nil {
+				_ = res.Release()
+			}
+		}()
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))

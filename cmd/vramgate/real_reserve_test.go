@@ -94,11 +94,12 @@ func (c captureTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // reservation stood refused naming it (503, reason "reserved"), and the
 // chat client served between reservations.
 //
-// Observed, not asserted: a chat load the gate admitted before a
-// reservation existed (during the hand-over) is still loading when the
-// reservation is taken, so no reading shows it (Ollama lists a model when
-// its load ends), and it lands in the reserved room afterwards; the test
-// watches /api/ps during each reservation and logs such rounds.
+// A chat load the gate admitted before a reservation existed (during the
+// hand-over) is still loading when the hand-over reads the device, and no
+// reading shows it whole (Ollama lists a model when its load ends): the
+// gate reserves it until it lands (ReserveOptions.Load), and the hand-over
+// waits for it. The test watches /api/ps during each reservation and fails
+// a round in which a chat model appears there.
 func TestHandOverReservedOnRealServers(t *testing.T) {
 	requireRealServers(t)
 	for _, v := range ollamatest.Versions() {
@@ -331,10 +332,11 @@ func handOverOnRealServer(t *testing.T, s *ollamatest.Server) {
 		}
 		stopWatch()
 		if n, first := intruded(); n > 0 {
-			// Not refused: it was admitted before the reservation existed
-			// (see the test's doc comment).
+			// A load admitted before the reservation holds one of its own
+			// until it lands (ReserveOptions.Load): the hand-over waits for
+			// it, so none may land in the reserved room.
 			landed++
-			t.Logf("round %d: a chat load admitted before the reservation landed in its room %v after it was taken (%d readings of /api/ps)",
+			t.Errorf("round %d: a chat load landed in the reserved room %v after it was taken (%d readings of /api/ps)",
 				r, first.Sub(res0).Round(time.Millisecond), n)
 		}
 		epoch.Add(1)

@@ -108,6 +108,11 @@ type Record struct {
 	For     string `json:"for,omitempty"`
 	ForPID  int    `json:"for_pid,omitempty"`
 	ForBase uint64 `json:"for_base,omitempty"`
+	// Load names the model whose load a reservation stands for while the
+	// load is in flight (a load admitted, not listed by the server yet):
+	// room-making waits for such a reservation to end, bounded, rather
+	// than refuse the room it would leave.
+	Load string `json:"load,omitempty"`
 
 	// Path is the file and UID its owner: filled in by Live, not in the
 	// JSON.

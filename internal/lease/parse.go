@@ -97,6 +97,8 @@ func parse(b []byte) (Record, error) {
 			dst = &r.ForPID
 		case "for_base":
 			dst = &r.ForBase
+		case "load":
+			dst = &r.Load
 		default:
 			continue
 		}
@@ -123,7 +125,7 @@ func parse(b []byte) (Record, error) {
 		return r, fmt.Errorf("device %d", r.Device)
 	case r.ForPID < 0:
 		return r, fmt.Errorf("for_pid %d", r.ForPID)
-	case !r.IsReservation() && (r.Device != 0 || r.UUID != "" || r.For != "" || r.ForPID != 0 || r.ForBase != 0):
+	case !r.IsReservation() && (r.Device != 0 || r.UUID != "" || r.For != "" || r.ForPID != 0 || r.ForBase != 0 || r.Load != ""):
 		return r, errors.New("a lease on a model has reservation fields")
 	case !r.IsReservation() && r.Server == "":
 		return r, errors.New("no server")
