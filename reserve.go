@@ -244,6 +244,7 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 		info := infoOf(r)
 		info.Taken = took
 		left := r.Bytes - took
+		d.Overdrawn += left - min(d.Free, left)
 		d.Free -= min(d.Free, left)
 		d.Reserved = append(d.Reserved, info)
 	}

@@ -485,3 +485,38 @@ func TestAdmittedLoadReservedUntilItLands(t *testing.T) {
 		t.Fatalf("the render could not allocate its room: %v", err)
 	}
 }
+
+// A reservation another process overdrew (it allocated into the reserved
+// bytes, not the recipient) is owed first: room-making for another client
+// plans the need plus what the reservation lacks, so it unloads enough at
+// once (big, 8 GiB) instead of the least that would have done without the
+// reservation (small, 2 GiB) and then being refused (composition oracle,
+// seed 1796422898705029008).
+func TestOverdrawnReservationIsOwedFirst(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	loadForever(t, s, "big", "small") // 14 GiB free of 24
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	a := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	b := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	if _, err := a.Reserve(t.Context(), 0, 10*gib, vramguard.ReserveOptions{For: "render", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reserve("intruder", 10*gib); err != nil { // 4 GiB left to the driver: the reservation lacks 6
+		t.Fatal(err)
+	}
+	dry, err := b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1, DryRun: true})
+	if err != nil || dry.FreeBefore != 0 || dry.Snapshot.Device(0).Overdrawn != 6*gib || len(dry.Plan) != 1 || dry.Plan[0] != "big:latest" {
+		t.Fatalf("dry run %+v, %v; want nothing free, 6 GiB owed, big planned", dry, err)
+	}
+	rep, err := b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 2 * gib, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("EnsureFree(2 GiB) beside an overdrawn reservation: %v; want big unloaded and the room made", err)
+	}
+	if len(rep.Evicted) != 1 || rep.Evicted[0].Model != "big:latest" || !s.Listed("small") {
+		t.Fatalf("evicted %+v, small listed %v; want big alone", rep.Evicted, s.Listed("small"))
+	}
+	if d := rep.Snapshot.Device(0); d.Overdrawn != 0 || d.Free < 2*gib {
+		t.Fatalf("after: free %d, overdrawn %d; want the room with the reservation whole", d.Free, d.Overdrawn)
+	}
+}

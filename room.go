@@ -434,8 +434,11 @@ type roomView struct {
 	unlisted       uint64
 	unlistedModels []string
 	// reserved are other holders' reservations on the device, already
-	// taken out of free (the client's view).
+	// taken out of free (the client's view); owed is what they have left
+	// beyond the driver's free memory (DeviceMemory.Overdrawn): room-making
+	// must free it too.
 	reserved []LeaseInfo
+	owed     uint64
 }
 
 // buildRoomView reads device from snap and the server's listing: each
@@ -445,7 +448,7 @@ type roomView struct {
 // counts with Ollama's size_vram; on several it is kept as unattributed.
 // A model that holds nothing on the device makes no room and is left out.
 func buildRoomView(snap *VRAMSnapshot, d *DeviceMemory, listed []api.ProcessModelResponse, r roomRules, ts []tenantEntry) roomView {
-	v := roomView{device: d.Index, free: d.Free, total: d.Total, reserved: d.Reserved}
+	v := roomView{device: d.Index, free: d.Free, total: d.Total, reserved: d.Reserved, owed: d.Overdrawn}
 	if d.ProcessesKnown {
 		v.holders = d.Holders()
 	}
@@ -577,6 +580,7 @@ func (p roomPlan) names() []string {
 // cannot reach need, the plan is not enough: callers then unload nothing.
 func planRoom(v roomView, need uint64) roomPlan {
 	var p roomPlan
+	need += v.owed // reserved bytes another process took come back first
 	if v.free >= need {
 		p.enough = true
 		return p
@@ -924,7 +928,7 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 			}
 			re = v.refusal(rq)
 			rep.Plan = nil // nothing would be done
-			if !rechecked && v.unlisted > 0 && v.free+p.known()+v.unlisted >= rq.need {
+			if !rechecked && v.unlisted > 0 && v.free+p.known()+v.unlisted >= rq.need+v.owed {
 				// A runner on the device that the listing lacks is loading
 				// or leaving, and if leaving its memory would make the
 				// room: wait for it (bounded) and look again, rather than
@@ -939,7 +943,7 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 					continue
 				}
 			}
-			if ids, loads := loadReservations(v.reserved); !loadsAwaited && !rq.dryRun && len(ids) > 0 && v.free+p.known()+v.unlisted+loads >= rq.need {
+			if ids, loads := loadReservations(v.reserved); !loadsAwaited && !rq.dryRun && len(ids) > 0 && v.free+p.known()+v.unlisted+loads >= rq.need+v.owed {
 				// Another program's load in flight holds a reservation
 				// (ReserveOptions.Load) that keeps the room: it ends once
 				// the load lands, and the loaded model is then planned like

@@ -68,6 +68,11 @@ type DeviceMemory struct {
 	// OllamaClient reports (EnsureReport.Snapshot, a RoomError's
 	// holders), never by a VRAMReader, whose Free is the driver's.
 	Reserved []LeaseInfo
+	// Overdrawn is what Reserved has left beyond the driver's free
+	// memory (Free is then 0): another process took reserved bytes, and
+	// that much must come back before any byte is free to this client.
+	// Room-making counts it on top of the need.
+	Overdrawn uint64
 }
 
 // ProcessRole says what a process holding GPU memory is, as far as the
