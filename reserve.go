@@ -91,7 +91,8 @@ func (o ReserveOptions) validate(op string) (time.Duration, error) {
 // the room first, call EnsureFree with EnsureRequest.Reservation set. The
 // check and the taking are one step across the host (the lease
 // directory's lock, waited for within ctx), so two reservations never
-// share bytes. A load another vramguard client's budget or vramgate
+// share bytes, this client's own included (its own calls may use its
+// reservations; a new reservation may not). A load another vramguard client's budget or vramgate
 // admitted holds a reservation of its own until it lands
 // (ReserveOptions.Load), so it is counted before its runner shows it; a
 // load sent around them (a program talking to Ollama's own port) is not.
@@ -146,9 +147,19 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 	if err != nil {
 		return nil, err
 	}
-	if d.Free < rq.need {
-		re := &RoomError{Device: d.Index, Need: rq.need, Free: d.Free, Total: d.Total, Reserved: d.Reserved,
-			RetryAfter: retryAfter(nil, d.Reserved, time.Now())}
+	// This client's own reservations are its calls' to use (a load of
+	// its own may land in them, and so may the load's reservation), but a
+	// new reservation for a recipient never shares their bytes.
+	var own uint64
+	if opts.Load == "" {
+		for _, r := range d.ownReserved {
+			own += r.Bytes - min(r.Taken, r.Bytes)
+		}
+	}
+	if d.Free < rq.need+own {
+		reserved := append(slices.Clone(d.Reserved), d.ownReserved...)
+		re := &RoomError{Device: d.Index, Need: rq.need, Free: d.Free - min(d.Free, own), Total: d.Total, Reserved: reserved,
+			RetryAfter: retryAfter(nil, reserved, time.Now())}
 		if d.ProcessesKnown {
 			re.Holders = d.Holders()
 		}
@@ -235,7 +246,11 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 			if took >= r.Bytes {
 				c.log.Info("reservation consumed: its recipient took the whole room", "device", r.Device, "bytes", r.Bytes, "for", r.For)
 				_ = own.Release() // its file goes; nothing to report to a reader
+				continue
 			}
+			info := infoOf(r)
+			info.Taken = took
+			d.ownReserved = append(d.ownReserved, info)
 			continue
 		}
 		if took >= r.Bytes {

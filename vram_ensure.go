@@ -68,8 +68,11 @@ type EnsureRequest struct {
 	// counts those bytes as not free until it ends. It is taken under the
 	// host-wide lock from a reading made then; when that reading no longer
 	// has the room (taken meanwhile), the call fails with the *RoomError
-	// of that reading and reserves nothing. It needs a VRAM reader and
-	// cannot go with DryRun (KindInvalidInput).
+	// of that reading and reserves nothing. The room made does not count
+	// this client's own standing reservations (its calls may use them):
+	// a new one that would share their bytes is refused the same way, so
+	// release them first. It needs a VRAM reader and cannot go with
+	// DryRun (KindInvalidInput).
 	Reservation *ReserveOptions
 }
 
