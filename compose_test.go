@@ -7,7 +7,10 @@ package vramguard_test
 // models, other programs' memory, server faults), checked after every step;
 // a third of the seeds play on a pool of two servers (package pool) instead
 // of one server of two devices. Each schedule is a sequence of steps of one
-// to three actions that run side by side.
+// to three actions that run side by side, and since issue #45 up to two
+// more of reservations (compose_reserve_test.go: taken, released, extended,
+// let expire and consumed, beside a chat program with a budget), drawn from
+// a stream of their own.
 //
 //	go test -run TestCompose -compose.n 10000          (the background run)
 //	go test -run TestCompose -compose.seed 12345 -v    (a replay)
@@ -358,7 +361,7 @@ func (w *composeWorld) run(ctx context.Context, id int, o composeOp) composeResu
 		if rep != nil && rep.Handover != nil {
 			w.keep(rep.Handover.Reservation, "main", po.device, rcp.name, rcp.pid)
 			if r.err == nil {
-				r.room = &composeRoom{device: po.device, need: po.need, holder: "main"}
+				r.room = &composeRoom{device: po.device, need: po.need, holder: "main", reserved: rep.Handover.Reservation != nil}
 			}
 		}
 	case "ensure":
@@ -377,7 +380,7 @@ func (w *composeWorld) run(ctx context.Context, id int, o composeOp) composeResu
 			w.keep(rep.Reservation, "main", o.device, rcp, pid)
 		}
 		if r.err == nil {
-			r.room = &composeRoom{device: o.device, need: o.bytes, holder: "main"}
+			r.room = &composeRoom{device: o.device, need: o.bytes, holder: "main", reserved: o.reserve}
 		}
 	case "reserve":
 		// Another program takes no more than the device's models leave
@@ -933,6 +936,9 @@ func TestCompose(t *testing.T) {
 			replay := fmt.Sprintf("go test -run 'TestCompose$' -compose.seed %d -compose.n 1 -v", sd)
 			if *flagComposePool {
 				replay += " -compose.pool"
+			}
+			if *flagComposeOwn {
+				replay += " -compose.own"
 			}
 			t.Fatalf("compose: seed %d failed (replay: %s)\n%s", sd, replay, b.String())
 		}
