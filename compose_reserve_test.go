@@ -19,6 +19,12 @@ package vramguard_test
 //   - reserved-room-taken: no load a client admitted (a budget's check, a
 //     pool's placement by room) after another holder's reservation was
 //     taken lands in the bytes that reservation still has left.
+//
+// Two open findings of the library (RELIABILITY.md §9): a reservation that
+// another program overdrew makes room-making plan with bytes no unload
+// frees (excused unless -compose.overdrawn), and a client's new
+// reservation may take the bytes of its own standing ones (checked only
+// with -compose.own, rule reservations-share-bytes).
 
 import (
 	"context"
