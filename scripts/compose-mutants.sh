@@ -2,7 +2,8 @@
 # The composition oracle's mutation check: each patch in
 # testdata/compose-mutants switches off one guarantee of features in pairs
 # (room-making on the device asked for; a phase's models held for the
-# client's other phases and guards); the CI sweep (N schedules, default the
+# client's other phases and guards; others' reservations kept out of every
+# admission, or out of a budget's); the CI sweep (N schedules, default the
 # CI's 100, fresh seeds) must find a violation with it. Each mutant runs in
 # a copy of the working tree (files git does not ignore), never in the
 # checkout; a patch that no longer applies fails the check.
