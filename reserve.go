@@ -266,6 +266,18 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 	return &out, nil
 }
 
+// ownReservedOn is device as a reading now shows it, for this client's own
+// reservations there (DeviceMemory.ownReserved: what each has left); nil
+// when the reading fails or lacks the device (the room-making that follows
+// reports it).
+func (c *OllamaClient) ownReservedOn(ctx context.Context, device int) *DeviceMemory {
+	snap, err := c.view(ctx)
+	if err != nil || snap == nil {
+		return nil
+	}
+	return snap.Device(device)
+}
+
 // reservedDevice is the device of snap that reservation r is on: by its
 // UUID where r and the reader give one (the same for every reader on the
 // host: a pool numbers its members' devices its own way), else by index.
