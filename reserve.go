@@ -90,9 +90,10 @@ func (o ReserveOptions) validate(op string) (time.Duration, error) {
 // reservations as HolderReserved, with their end as RetryAfter). To make
 // the room first, call EnsureFree with EnsureRequest.Reservation set. The
 // check and the taking are one step across the host (the lease
-// directory's lock, waited for within ctx), so two reservations never
-// share bytes, this client's own included (its own calls may use its
-// reservations; a new reservation may not). A load another vramguard client's budget or vramgate
+// directory's lock, so two holders' reservations never share bytes.
+// This client's own reservations are its calls' to use, a new
+// reservation of its own included: release one whose recipient has
+// allocated before reserving its room for another. A load another vramguard client's budget or vramgate
 // admitted holds a reservation of its own until it lands
 // (ReserveOptions.Load), so it is counted before its runner shows it; a
 // load sent around them (a program talking to Ollama's own port) is not.
@@ -147,19 +148,12 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 	if err != nil {
 		return nil, err
 	}
-	// This client's own reservations are its calls' to use (a load of
-	// its own may land in them, and so may the load's reservation), but a
-	// new reservation for a recipient never shares their bytes.
-	var own uint64
-	if opts.Load == "" {
-		for _, r := range d.ownReserved {
-			own += r.Bytes - min(r.Taken, r.Bytes)
-		}
-	}
-	if d.Free < rq.need+own {
-		reserved := append(slices.Clone(d.Reserved), d.ownReserved...)
-		re := &RoomError{Device: d.Index, Need: rq.need, Free: d.Free - min(d.Free, own), Total: d.Total, Reserved: reserved,
-			RetryAfter: retryAfter(nil, reserved, time.Now())}
+	// This client's own reservations are its calls' to use, a new
+	// reservation of its own included (a pipeline's next hand-over after
+	// a render that has its room): they are not taken out of the room.
+	if d.Free < rq.need {
+		re := &RoomError{Device: d.Index, Need: rq.need, Free: d.Free, Total: d.Total, Reserved: d.Reserved,
+			RetryAfter: retryAfter(nil, d.Reserved, time.Now())}
 		if d.ProcessesKnown {
 			re.Holders = d.Holders()
 		}
@@ -246,11 +240,7 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 			if took >= r.Bytes {
 				c.log.Info("reservation consumed: its recipient took the whole room", "device", r.Device, "bytes", r.Bytes, "for", r.For)
 				_ = own.Release() // its file goes; nothing to report to a reader
-				continue
 			}
-			info := infoOf(r)
-			info.Taken = took
-			d.ownReserved = append(d.ownReserved, info)
 			continue
 		}
 		if took >= r.Bytes {
@@ -264,18 +254,6 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 		d.Reserved = append(d.Reserved, info)
 	}
 	return &out, nil
-}
-
-// ownReservedOn is device as a reading now shows it, for this client's own
-// reservations there (DeviceMemory.ownReserved: what each has left); nil
-// when the reading fails or lacks the device (the room-making that follows
-// reports it).
-func (c *OllamaClient) ownReservedOn(ctx context.Context, device int) *DeviceMemory {
-	snap, err := c.view(ctx)
-	if err != nil || snap == nil {
-		return nil
-	}
-	return snap.Device(device)
 }
 
 // reservedDevice is the device of snap that reservation r is on: by its

@@ -520,29 +520,3 @@ func TestOverdrawnReservationIsOwedFirst(t *testing.T) {
 		t.Fatalf("after: free %d, overdrawn %d; want the room with the reservation whole", d.Free, d.Overdrawn)
 	}
 }
-
-// A client's new reservation never shares the bytes of its own standing
-// ones (composition oracle, seed 1796422909008735034), though its loads
-// may use them.
-func TestOwnReservationsDoNotShareBytes(t *testing.T) {
-	s := threeModelSim(t, vramguardtest.Config{})
-	c := leaseClient(t, s, leaseDir(t), vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}})
-	first, err := c.Reserve(t.Context(), 0, 16*gib, vramguard.ReserveOptions{For: "render", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = c.Reserve(t.Context(), 0, 10*gib, vramguard.ReserveOptions{For: "encoder"})
-	re := roomErr(t, err)
-	if len(re.Reserved) != 1 || re.Reserved[0].For != "render" || re.Free != 8*gib {
-		t.Fatalf("second reservation over the first: %v; want refused naming the client's own, 8 GiB left", err)
-	}
-	if _, err := c.Reserve(t.Context(), 0, 8*gib, vramguard.ReserveOptions{For: "encoder"}); err != nil {
-		t.Fatalf("a reservation beside its own that fits: %v", err)
-	}
-	if err := first.Release(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Reserve(t.Context(), 0, 10*gib, vramguard.ReserveOptions{For: "encoder 2"}); err != nil {
-		t.Fatalf("after the release: %v", err)
-	}
-}

@@ -73,12 +73,6 @@ type DeviceMemory struct {
 	// that much must come back before any byte is free to this client.
 	// Room-making counts it on top of the need.
 	Overdrawn uint64
-
-	// ownReserved are the reading client's own reservations on the
-	// device (not taken out of Free: its own calls may use them), with
-	// what each has left: a new reservation of that client must not
-	// share their bytes.
-	ownReserved []LeaseInfo
 }
 
 // ProcessRole says what a process holding GPU memory is, as far as the

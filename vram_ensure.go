@@ -68,11 +68,10 @@ type EnsureRequest struct {
 	// counts those bytes as not free until it ends. It is taken under the
 	// host-wide lock from a reading made then; when that reading no longer
 	// has the room (taken meanwhile), the call fails with the *RoomError
-	// of that reading and reserves nothing. The room made does not count
-	// this client's own standing reservations (its calls may use them):
-	// a new one that would share their bytes is refused the same way, so
-	// release them first. It needs a VRAM reader and cannot go with
-	// DryRun (KindInvalidInput).
+	// of that reading and reserves nothing. This client's own standing
+	// reservations are its to use here too: release one whose recipient
+	// has allocated. It needs a VRAM reader and cannot go with DryRun
+	// (KindInvalidInput).
 	Reservation *ReserveOptions
 }
 
@@ -185,66 +184,26 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 		c.awaitOwnLoads(ctx, rq)
 	}
 	var ttl time.Duration
-	var dev *DeviceMemory // this client's own reservations on the device, for a new one
 	if req.Reservation != nil {
 		ttl, _ = req.Reservation.validate(rq.op) // checked by roomRequestOf
-		dev = c.ownReservedOn(ctx, rq.device)
 	}
 	for attempt := 0; ; attempt++ {
-		// A new reservation never shares the bytes of this client's own
-		// (Reserve): the room is made for both, arithmetic first.
-		mrq := rq
-		var own []LeaseInfo
-		if dev != nil {
-			own = dev.ownReserved
-			for _, r := range own {
-				mrq.need += r.Bytes - min(r.Taken, r.Bytes)
-			}
-			if rq.need <= dev.Total && mrq.need > dev.Total {
-				return &EnsureReport{Source: SourceNone}, newError(rq.op, "", KindOutOfMemory, ownRoomRefusal(dev, rq.need))
-			}
-		}
-		rep, err := c.makeRoom(ctx, mrq)
+		rep, err := c.makeRoom(ctx, rq)
 		if err != nil || req.Reservation == nil {
-			var re *RoomError
-			if errors.As(err, &re) {
-				re.Reserved = append(re.Reserved, own...)
-			}
 			return rep, err
 		}
 		res, err := c.reserve(ctx, rq, *req.Reservation, ttl)
 		var re *RoomError
 		if err != nil && attempt < maxReserveAttempts && ctx.Err() == nil && errors.As(err, &re) && slices.ContainsFunc(re.Reserved, func(r LeaseInfo) bool { return r.Load != "" }) {
-			// A load admitted after the room was made (another
-			// program's, or a call of this client's begun meanwhile)
-			// holds a reservation that keeps the room. Make it again: this
-			// client's loads land first, and the plan waits for the others'
-			// and counts the loaded models.
+			// Another program admitted a load after the room was made:
+			// its reservation keeps the room. Make it again: the plan
+			// waits for that load to land and counts the loaded model.
 			c.log.Debug("room taken by a load admitted meanwhile; making it again", "device", rq.device, "need", rq.need)
-			c.awaitOwnLoads(ctx, rq)
-			dev = c.ownReservedOn(ctx, rq.device)
 			continue
 		}
 		rep.Reservation = res
 		return rep, err
 	}
-}
-
-// ownRoomRefusal is the *RoomError of a reservation of need bytes that
-// this client's own reservations on d leave no room for, even with the
-// device empty: refused by arithmetic.
-func ownRoomRefusal(d *DeviceMemory, need uint64) *RoomError {
-	var left uint64
-	for _, r := range d.ownReserved {
-		left += r.Bytes - min(r.Taken, r.Bytes)
-	}
-	reserved := append(slices.Clone(d.Reserved), d.ownReserved...)
-	re := &RoomError{Device: d.Index, Need: need, Free: d.Free - min(d.Free, left), Total: d.Total,
-		Reserved: reserved, RetryAfter: retryAfter(nil, reserved, time.Now())}
-	if d.ProcessesKnown {
-		re.Holders = d.Holders()
-	}
-	return re
 }
 
 // maxReserveAttempts bounds how often EnsureFree makes its room again when
