@@ -70,23 +70,32 @@ type leaseRequest struct {
 }
 
 func (t *leaseTable) parse(w http.ResponseWriter, r *http.Request) (*leaseRequest, time.Duration, bool) {
-	body, ok := t.g.readBody(w, r)
-	if !ok {
-		return nil, 0, false
-	}
 	var q leaseRequest
+	ttl, ok := t.g.readWithTTL(w, r, &q, &q.TTL, `{"model", "holder", "ttl"}`)
+	return &q, ttl, ok
+}
+
+// readWithTTL reads the body of a take or an extension (of a lease or a
+// reservation) into q, an empty body leaving it zero, and the TTL it
+// names (*ttl, a field of q); a malformed body (fields names what a body
+// holds) or TTL is answered 400 here, and ok is false.
+func (g *gate) readWithTTL(w http.ResponseWriter, r *http.Request, q any, ttl *json.RawMessage, fields string) (d time.Duration, ok bool) {
+	body, ok := g.readBody(w, r)
+	if !ok {
+		return 0, false
+	}
 	if len(body) > 0 {
-		if err := json.Unmarshal(body, &q); err != nil {
-			writeError(w, http.StatusBadRequest, "malformed JSON body: %s (want {\"model\", \"holder\", \"ttl\"})", jsonProblem(err))
-			return nil, 0, false
+		if err := json.Unmarshal(body, q); err != nil {
+			writeError(w, http.StatusBadRequest, "malformed JSON body: %s (want %s)", jsonProblem(err), fields)
+			return 0, false
 		}
 	}
-	ttl, err := parseTTL(q.TTL, t.g.cfg.leaseMax)
+	d, err := parseTTL(*ttl, g.cfg.leaseMax)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)
-		return nil, 0, false
+		return 0, false
 	}
-	return &q, ttl, true
+	return d, true
 }
 
 // take answers POST /vramgate/leases {"model", "holder", "ttl"}: 201 with

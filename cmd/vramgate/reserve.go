@@ -88,23 +88,9 @@ type reserveRequest struct {
 }
 
 func (t *reserveTable) parse(w http.ResponseWriter, r *http.Request) (*reserveRequest, time.Duration, bool) {
-	body, ok := t.g.readBody(w, r)
-	if !ok {
-		return nil, 0, false
-	}
 	var q reserveRequest
-	if len(body) > 0 {
-		if err := json.Unmarshal(body, &q); err != nil {
-			writeError(w, http.StatusBadRequest, "malformed JSON body: %s (want {\"device\", \"bytes\", \"for\", \"holder\", \"pid\", \"ttl\", \"make_room\"})", jsonProblem(err))
-			return nil, 0, false
-		}
-	}
-	ttl, err := parseTTL(q.TTL, t.g.cfg.leaseMax)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "%v", err)
-		return nil, 0, false
-	}
-	return &q, ttl, true
+	ttl, ok := t.g.readWithTTL(w, r, &q, &q.TTL, `{"device", "bytes", "for", "holder", "pid", "ttl", "make_room"}`)
+	return &q, ttl, ok
 }
 
 // take answers POST /vramgate/reservations {"device", "bytes", "for",
