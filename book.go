@@ -87,6 +87,11 @@ type flight struct {
 	sent atomic.Bool
 	// cut is set, under the book's lock, once an unload canceled it.
 	cut bool
+	// admitted: a request OllamaClient.Admit admitted, which the caller
+	// sends: once it has landed (streaming) it loads nothing again, and an
+	// unload's verdict does not wait for its end (the caller may hold its
+	// reply until the unload is verified: vramgate's keep_alive 0).
+	admitted bool
 
 	// What begin changed, for unsent: the model's begin count after
 	// this one, whether the model was warm before, and the guarded use
@@ -137,8 +142,9 @@ func (b *book) close() (warm []string, ok bool) {
 
 // begin registers a generation on model; the returned func ends it.
 // cancel, when not nil, lets an unload of the model cut the request while
-// it is still loading. It fails with ErrClosed once Close has begun.
-func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseFunc) (f *flight, end func(), err error) {
+// it is still loading; admitted marks a request Admit admitted (flight).
+// It fails with ErrClosed once Close has begun.
+func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseFunc, admitted bool) (f *flight, end func(), err error) {
 	key := NormalizeModelName(model)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -146,7 +152,7 @@ func (b *book) begin(op, model string, ka KeepAlive, cancel context.CancelCauseF
 		return nil, nil, newError(op, model, KindUnavailable, ErrClosed)
 	}
 	_, wasWarm := b.warm[key]
-	f = &flight{cancel: cancel, key: key, wasWarm: wasWarm}
+	f = &flight{cancel: cancel, key: key, wasWarm: wasWarm, admitted: admitted}
 	if b.inflight[key] == nil {
 		b.inflight[key] = make(map[*flight]struct{})
 	}
@@ -187,18 +193,16 @@ func (b *book) unsent(f *flight) {
 	}
 }
 
-// inFlight returns the number of this client's generations on model, and
-// how many have begun so far (for forget). With sentOnly it counts only
-// those whose request has gone out.
+// inFlight returns the number of this client's generations on model that
+// may still load it (an admitted request that landed may not), and how
+// many have begun so far (for forget). With sentOnly it counts only those
+// whose request has gone out.
 func (b *book) inFlight(model string, sentOnly bool) (n int, begun uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	key := NormalizeModelName(model)
-	if !sentOnly {
-		return len(b.inflight[key]), b.begun[key]
-	}
 	for f := range b.inflight[key] {
-		if f.sent.Load() {
+		if (!sentOnly || f.sent.Load()) && !(f.admitted && f.streaming.Load()) {
 			n++
 		}
 	}

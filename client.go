@@ -486,7 +486,7 @@ func (c *OllamaClient) runCall(ctx context.Context, cl *call, keepAlive KeepAliv
 	// has no chunk yet (cancelLoads).
 	fctx, fcancel := context.WithCancelCause(ctx)
 	defer fcancel(nil)
-	f, end, err := c.book.begin(op, cl.model, keepAlive, fcancel)
+	f, end, err := c.book.begin(op, cl.model, keepAlive, fcancel, false)
 	begun()
 	if err != nil {
 		return nil, err

@@ -82,7 +82,7 @@ func (c *OllamaClient) generateCLI(ctx context.Context, req *GenerateRequest, ka
 	}
 	fctx, fcancel := context.WithCancelCause(ctx)
 	defer fcancel(nil)
-	f, end, err := c.book.begin(op, req.Model, ka, fcancel)
+	f, end, err := c.book.begin(op, req.Model, ka, fcancel, false)
 	if err != nil {
 		return nil, err
 	}

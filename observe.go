@@ -87,21 +87,29 @@ type UnloadEnd struct {
 }
 
 // AdmissionEvent is what Hooks.OnAdmission is told: Options.Budget checked
-// a load against the device's memory (a model already listed, or a budget
+// a load (a generation's, or one OllamaClient.Admit admitted) against its
+// slots and the device's memory (a model already listed, or a budget
 // that is off, is no check). Err is nil when the load was admitted, else
 // an *Error of KindOutOfMemory wrapping the *RoomError, or the failure
-// that stopped the check.
+// that stopped the check. Admit hands it to its run too.
 type AdmissionEvent struct {
 	Model  string
 	Server string // the client's Ollama server, as Options.Host names it
 	Device int
 	// Need is the model's estimate, in bytes (0 when the estimate
-	// failed).
-	Need     uint64
-	Start    time.Time
-	Elapsed  time.Duration
-	MadeRoom bool // Budget.MakeRoom unloaded models to make room
-	Err      error
+	// failed, or when the memory checks are off: Budget.OffWithoutGPU).
+	Need    uint64
+	Start   time.Time
+	Elapsed time.Duration
+	// MadeRoom: Budget.MakeRoom or MaxLoaded unloaded a model, verified,
+	// to admit the load; Evicted reports each unload sent for it.
+	MadeRoom bool
+	Evicted  []UnloadReport
+	// Load: the server did not list the model, so the request loads it
+	// (Hooks.OnAdmission is told of loads only; Admit's run is told
+	// either way).
+	Load bool
+	Err  error
 }
 
 // VRAMWaitEvent is what Hooks.OnVRAMWait is told: a wait for free device

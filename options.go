@@ -209,6 +209,9 @@ func (o Options) validate() error {
 	if o.Budget != nil && ((o.VRAM == nil && !o.Budget.OffWithoutGPU) || o.Budget.Device < 0) {
 		return invalid(op, "", "a budget needs a VRAM reader (or OffWithoutGPU) and a device index of 0 or more")
 	}
+	if o.Budget != nil && o.Budget.MaxLoaded < 0 {
+		return invalid(op, "", "budget's MaxLoaded %d: want 0 (no cap) or more", o.Budget.MaxLoaded)
+	}
 	for _, m := range o.Protected {
 		if err := validModelName(op, m); err != nil {
 			return err

@@ -115,11 +115,22 @@ type RoomError struct {
 	// matched by errors.Is(err, context.DeadlineExceeded) when a deadline
 	// passed. LastErr is the reader's error when the last reading failed.
 	Err, LastErr error
+
+	// slots is how many models were loaded or admitted when
+	// Budget.MaxLoaded refused the load (no memory was measured); 0 for a
+	// refusal for memory.
+	slots int
 }
 
 func (e *RoomError) Error() string {
 	var b strings.Builder
 	switch {
+	case e.slots > 0 && e.Budget != nil:
+		fmt.Fprintf(&b, "%s needs one of the server's %d slots (Budget.MaxLoaded), and the %d models loaded or admitted are kept",
+			e.Model, e.Budget.MaxLoaded, e.slots)
+		if len(e.Kept) == 0 {
+			b.WriteString(" (none listed: loads admitted and not listed yet hold them)")
+		}
 	case e.Model != "" && e.Budget != nil && e.Budget.Headroom > 0 && e.Need >= e.Budget.Headroom:
 		fmt.Fprintf(&b, "%s needs %s on device %d (%s for the model, %s headroom)", e.Model, vramFormatBytes(e.Need), e.Device,
 			vramFormatBytes(e.Need-e.Budget.Headroom), vramFormatBytes(e.Budget.Headroom))
@@ -130,7 +141,7 @@ func (e *RoomError) Error() string {
 	default:
 		fmt.Fprintf(&b, "device %d has %s free of %s, needs %s", e.Device, vramFormatBytes(e.Free), vramFormatBytes(e.Total), vramFormatBytes(e.Need))
 	}
-	if e.Budget != nil && e.Budget.MaxBytes > 0 {
+	if e.Budget != nil && e.Budget.MaxBytes > 0 && e.slots == 0 {
 		fmt.Fprintf(&b, "; Ollama holds %s of a %s cap", vramFormatBytes(e.Held), vramFormatBytes(e.Budget.MaxBytes))
 	}
 	e.writeRest(&b)
@@ -1315,7 +1326,7 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 	for i := range all {
 		all[i].SizeVRAM = max(all[i].SizeVRAM, 1)
 	}
-	v := buildRoomView(one, &one.Devices[0], all, c.ownRules(unloadMode{force: rq.mode.force})(), nil)
+	v := buildRoomView(one, &one.Devices[0], all, c.ownRules(rq.mode)(), nil)
 	for i := range v.kept {
 		if j := slices.IndexFunc(listed, func(m api.ProcessModelResponse) bool { return m.Model == v.kept[i].Model }); j >= 0 {
 			v.kept[i].SizeVRAM = listed[j].SizeVRAM // as /api/ps lists it

@@ -23,37 +23,15 @@ import (
 // waits (-admit-wait).
 const admitPoll = 250 * time.Millisecond
 
-// verdict is the admission's answer for one request.
+// verdict is what can-load answers for one model: the admission's answer,
+// asked without loading or unloading anything.
 type verdict struct {
-	load       bool     // the model is not resident: the request loads it
-	cause      string   // why it was absent (a load)
-	causeBy    string   // who or what made it leave
-	checked    []string // what the admission checked
-	notChecked []string // what it could not check, and why
-	made       []string // what it unloaded to make room, verified
+	load       bool     // the model is not resident: the request would load it
+	checked    []string // what the admission checks
+	notChecked []string // what it cannot check, and why
+	made       []string // what it would unload to admit the load
 	refusal    *refusal
-	unlock     func() // releases the admission lock (a load); nil otherwise
-	unknown    bool   // the server does not have the model (it answers 404 itself)
-	// need is the load's estimate when memory was checked (0 otherwise):
-	// what forward reserves host-wide until the load is answered.
-	need uint64
-}
-
-func (v *verdict) summary() string {
-	if v.unknown {
-		return "model not found: nothing admitted"
-	}
-	if !v.load {
-		return "resident"
-	}
-	s := "load; checked: " + orNone(v.checked)
-	if len(v.notChecked) > 0 {
-		s += "; not checked: " + strings.Join(v.notChecked, ", ")
-	}
-	if len(v.made) > 0 {
-		s += "; unloaded to make room: " + strings.Join(v.made, ", ")
-	}
-	return s
+	unknown    bool // the server does not have the model (it answers 404 itself)
 }
 
 func orNone(s []string) string {
@@ -94,13 +72,102 @@ type blocker struct {
 	Bytes  uint64     `json:"bytes,omitempty"`
 }
 
-// admit decides whether a request for model may go on. A request for a
-// resident model always may. A load is checked against Ollama's slots
-// (-max-loaded) and, with a GPU reader, the device's memory; each way it
-// may make room (verified unloads of idle, unleased, unprotected models),
-// wait for leases (-admit-wait) or refuse. dry answers without changing
-// anything and without taking the admission lock.
-func (g *gate) admit(ctx context.Context, model string, numCtx int, client string, dry bool) *verdict {
+// budget is the gate's admission rules as the library's Options.Budget:
+// -max-loaded is MaxLoaded, -reserve the Headroom, -make-room MakeRoom,
+// -admit-wait WaitForLeases (its bound is the admission's, Timeouts.FirstChunk);
+// without a GPU reader the memory checks are off and slots alone are
+// checked. nil: the gate checks nothing (no reader, no -max-loaded).
+func (cfg *config) budget(reader vramguard.VRAMReader) *vramguard.Budget {
+	if reader == nil && cfg.maxLoaded == 0 {
+		return nil
+	}
+	return &vramguard.Budget{Device: cfg.device, Headroom: cfg.reserve, MakeRoom: cfg.makeRoom, WaitForLeases: cfg.admitWait > 0,
+		MaxLoaded: cfg.maxLoaded, OffWithoutGPU: reader == nil}
+}
+
+// checks says what an admission checks and what it cannot, and why.
+func (g *gate) checks() (checked, notChecked []string) {
+	if g.cfg.maxLoaded > 0 {
+		checked = append(checked, "slots")
+	} else {
+		notChecked = append(notChecked, "slots (-max-loaded not set: Ollama's own limit decides what the load evicts)")
+	}
+	if g.reader == nil {
+		return checked, append(notChecked, "memory (no GPU reader)", "reservations (no GPU reader: they keep measured memory)")
+	}
+	return append(checked, "memory", "reservations"), notChecked
+}
+
+// summary is the X-Vramgate-Admission header: what the admission of a
+// request did.
+func (g *gate) summary(ev vramguard.AdmissionEvent) string {
+	if !ev.Load {
+		return "resident"
+	}
+	checked, notChecked := g.checks()
+	s := "load; checked: " + orNone(checked)
+	if len(notChecked) > 0 {
+		s += "; not checked: " + strings.Join(notChecked, ", ")
+	}
+	var made []string
+	for _, e := range ev.Evicted {
+		if e.Verified {
+			made = append(made, vramguard.NormalizeModelName(e.Model))
+		}
+	}
+	if len(made) > 0 {
+		s += "; unloaded to make room: " + strings.Join(made, ", ")
+	}
+	return s
+}
+
+// refusalOf turns an admission's failure into the 503: a refusal for a
+// slot or for memory names its blockers; a check that failed is named as
+// failed.
+func (g *gate) refusalOf(name string, err error) *refusal {
+	v := &verdict{}
+	v.checked, v.notChecked = g.checks()
+	var re *vramguard.RoomError
+	switch {
+	case errors.As(err, &re) && re.Need == 0 && re.Budget != nil && re.Budget.MaxLoaded > 0:
+		return g.slotRefusal(name, re, v)
+	case errors.As(err, &re) && re.Total > 0 && re.Need > re.Total,
+		!errors.As(err, &re) && vramguard.KindOf(err) == vramguard.KindInvalidInput:
+		return g.neverFits(name, err, v)
+	case errors.As(err, &re):
+		return g.roomRefusal(name, err, v)
+	}
+	return failed(name, "the admission", err)
+}
+
+// slotRefusal is the refusal of -max-loaded: every resident model is kept
+// (MaxLoaded's *RoomError), each named with what keeps it.
+func (g *gate) slotRefusal(name string, re *vramguard.RoomError, v *verdict) *refusal {
+	ref := &refusal{Model: name, Reason: "no slot", status: http.StatusServiceUnavailable, Blockers: []blocker{},
+		Checked: v.checked, NotChecked: v.notChecked}
+	leased, inUse := false, false
+	for _, k := range re.Kept {
+		ref.Blockers = append(ref.Blockers, g.keptBlockers(k)...)
+		leased = leased || len(k.Leases) > 0
+		inUse = inUse || k.InUse
+	}
+	switch {
+	case leased:
+		ref.Reason = "leased"
+	case inUse:
+		ref.Reason = "in use"
+	}
+	ref.Error = fmt.Sprintf("vramgate: %s would need one of Ollama's %d slots (-max-loaded), and every resident model is kept: %s",
+		name, g.cfg.maxLoaded, describe(ref.Blockers))
+	ref.setRetry(re.RetryAfter, g.cfg.retryAfter)
+	return ref
+}
+
+// plan is can-load's answer: the admission's, asked of the library as a
+// dry run (EnsureFree with DryRun: nothing loaded, nothing unloaded): a
+// resident model always may load; a load is checked against the slots
+// (-max-loaded) and, with a GPU reader, the device's memory.
+func (g *gate) plan(ctx context.Context, model string, numCtx int) *verdict {
 	name := vramguard.NormalizeModelName(model)
 	v := &verdict{}
 	resident, err := g.resident(ctx)
@@ -110,258 +177,72 @@ func (g *gate) admit(ctx context.Context, model string, numCtx int, client strin
 	if slices.Contains(resident, name) {
 		return v
 	}
-	if !dry {
-		g.admitMu.Lock()
-		v.unlock = g.admitMu.Unlock
-		defer func() {
-			// A panic below (net/http recovers it) must not leave every
-			// later load waiting for the lock.
-			if r := recover(); r != nil {
-				v.unlock()
-				panic(r)
-			}
-		}()
-		// Another load may have landed while this one waited its turn.
-		if resident, err = g.resident(ctx); err != nil {
-			v.unlock()
-			return &verdict{refusal: failed(name, "Ollama's /api/ps", err)}
-		}
-		if slices.Contains(resident, name) {
-			v.unlock()
-			return &verdict{}
-		}
-	}
 	// A model the server does not have loads nothing: Ollama answers 404
-	// itself, and no room is made for it. With a GPU reader the estimate
-	// the memory check needs is that look (one /api/show, made once per
-	// admission, not once per look while it waits for leases).
+	// itself.
 	var est *vramguard.ModelEstimate
-	var err2 error
 	if g.reader != nil {
-		est, err2 = g.client.EstimateModel(ctx, name, numCtx)
+		est, err = g.client.EstimateModel(ctx, name, numCtx)
 	} else {
-		_, err2 = g.client.API().Show(ctx, &api.ShowRequest{Model: name})
+		_, err = g.client.API().Show(ctx, &api.ShowRequest{Model: name})
 	}
-	if err2 != nil {
-		if v.unlock != nil {
-			v.unlock()
-		}
+	if err != nil {
 		var se api.StatusError
-		if vramguard.KindOf(err2) == vramguard.KindNotFound || errors.As(err2, &se) && se.StatusCode == http.StatusNotFound {
+		if vramguard.KindOf(err) == vramguard.KindNotFound || errors.As(err, &se) && se.StatusCode == http.StatusNotFound {
 			return &verdict{unknown: true}
 		}
-		return &verdict{refusal: failed(name, "the model's /api/show", err2)}
+		return &verdict{refusal: failed(name, "the model's /api/show", err)}
 	}
 	v.load = true
-	v.cause, v.causeBy = g.causeOf(name)
-	deadline := time.Now().Add(g.cfg.admitWait)
-	for {
-		ref := g.check(ctx, v, name, est, client, resident, dry)
-		if ref == nil {
+	v.checked, v.notChecked = g.checks()
+	if g.cfg.maxLoaded > 0 && len(resident) >= g.cfg.maxLoaded {
+		rep, err := g.client.EnsureFree(ctx, vramguard.EnsureRequest{AllModels: true, DryRun: true, KeepInUse: true})
+		if err != nil {
+			v.refusal = g.roomRefusal(name, err, v)
 			return v
 		}
-		if ref.Reason != "leased" || !time.Now().Before(deadline) || dry {
-			if v.unlock != nil {
-				v.unlock()
-			}
-			v.refusal = ref
+		victim := slices.IndexFunc(rep.Plan, func(p string) bool { return slices.Contains(resident, vramguard.NormalizeModelName(p)) })
+		if victim < 0 {
+			bc := vramguard.Budget{MaxLoaded: g.cfg.maxLoaded}
+			v.refusal = g.slotRefusal(name, &vramguard.RoomError{Model: name, Kept: rep.Kept, RetryAfter: rep.RetryAfter, Budget: &bc}, v)
 			return v
 		}
-		select {
-		case <-ctx.Done():
-			if v.unlock != nil {
-				v.unlock()
-			}
-			v.refusal = ref
-			return v
-		case <-time.After(min(admitPoll, time.Until(deadline))):
-		}
-		v.checked, v.notChecked, v.made = nil, nil, nil
-		if resident, err = g.resident(ctx); err != nil {
-			v.unlock()
-			return &verdict{refusal: failed(name, "Ollama's /api/ps", err)}
-		}
-		if slices.Contains(resident, name) {
-			v.unlock()
-			return &verdict{}
-		}
-	}
-}
-
-// check runs the admission's checks once; nil means admitted.
-// est is the model's estimate, nil without a GPU reader.
-func (g *gate) check(ctx context.Context, v *verdict, name string, est *vramguard.ModelEstimate, client string, resident []string, dry bool) *refusal {
-	if g.cfg.maxLoaded > 0 {
-		v.checked = append(v.checked, "slots")
-		if len(resident) >= g.cfg.maxLoaded {
-			if ref := g.freeSlot(ctx, v, name, client, resident, dry); ref != nil {
-				return ref
-			}
-		}
-	} else {
-		v.notChecked = append(v.notChecked, "slots (-max-loaded not set: Ollama's own limit decides what the load evicts)")
+		v.made = append(v.made, "would unload "+rep.Plan[victim])
 	}
 	if g.reader == nil {
-		v.notChecked = append(v.notChecked, "memory (no GPU reader)", "reservations (no GPU reader: they keep measured memory)")
-		return nil
+		return v
 	}
-	v.checked = append(v.checked, "memory", "reservations")
-	v.need = uint64(est.Total)
-	req := vramguard.EnsureRequest{
-		Device:    g.cfg.device,
-		Bytes:     uint64(est.Total),
-		Reserve:   g.cfg.reserve,
-		DryRun:    dry || !g.cfg.makeRoom,
-		KeepOwn:   true, // the gate's own leases are HTTP clients': kept as any other's
-		KeepInUse: true,
-	}
-	if !req.DryRun {
-		// Room-making keeps the gate's own client's generations only:
-		// a plan that would unload a model the gate is forwarding a
-		// request on is refused instead (it would wait for that request,
-		// or cut it).
-		plan := req
-		plan.DryRun = true
-		rep, err := g.client.EnsureFree(ctx, plan)
-		if err != nil {
-			return g.roomRefusal(name, err, v)
-		}
-		var busy []blocker
-		for _, p := range rep.Plan {
-			if n := g.inUse(p); n > 0 {
-				busy = append(busy, blocker{Kind: "in use", Model: vramguard.NormalizeModelName(p), Holder: fmt.Sprintf("%d requests through the gate", n)})
-			}
-		}
-		if len(busy) > 0 {
-			ref := &refusal{Model: name, Reason: "in use", status: http.StatusServiceUnavailable, Blockers: busy,
-				Checked: v.checked, NotChecked: v.notChecked}
-			ref.Error = fmt.Sprintf("vramgate: the room for %s needs models that requests through the gate are using: %s", name, describe(busy))
-			ref.setRetry(0, g.cfg.retryAfter)
-			return ref
-		}
-		if len(rep.Plan) == 0 {
-			return nil // the room is there: the real call would read the device again to do nothing
-		}
-	}
-	rep, err := g.client.EnsureFree(ctx, req)
+	rep, err := g.client.EnsureFree(ctx, vramguard.EnsureRequest{Device: g.cfg.device, Bytes: uint64(est.Total), Reserve: g.cfg.reserve, DryRun: true, KeepInUse: true})
 	if err != nil {
-		return g.roomRefusal(name, err, v)
+		v.refusal = g.refusalOf(name, err)
+		return v
 	}
-	if req.DryRun && len(rep.Plan) > 0 {
-		if !g.cfg.makeRoom {
-			// The room is there only if something goes first, and the
-			// gate may not make it: Ollama would evict on its own, or fail.
-			free := rep.FreeBefore
-			need := uint64(est.Total) + g.cfg.reserve
-			ref := &refusal{Model: name, Reason: "no room", status: http.StatusServiceUnavailable, Need: &need, Free: &free,
-				Checked: v.checked, NotChecked: v.notChecked, Blockers: []blocker{}}
-			for _, p := range rep.Plan {
-				ref.Blockers = append(ref.Blockers, blocker{Kind: "would unload", Model: p})
-			}
-			if rep.Snapshot != nil {
-				if dev := rep.Snapshot.Device(g.cfg.device); dev != nil {
-					ref.Blockers = append(ref.Blockers, holderBlockers(dev.Holders())...)
-					ref.Blockers = append(ref.Blockers, reservationBlockers(dev.Reserved)...)
-				}
-			}
-			ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
-			ref.Error = fmt.Sprintf("vramgate: %s needs %d bytes free on device %d, %d are: only unloading %s would make the room (vramgate -make-room lets the gate do it)",
-				name, need, g.cfg.device, free, strings.Join(rep.Plan, ", "))
-			ref.setRetry(0, g.cfg.retryAfter)
-			return ref
-		}
+	if len(rep.Plan) > 0 && !g.cfg.makeRoom {
+		// The room is there only if something goes first, and the gate
+		// may not make it: Ollama would evict on its own, or fail.
+		free := rep.FreeBefore
+		need := uint64(est.Total) + g.cfg.reserve
+		ref := &refusal{Model: name, Reason: "no room", status: http.StatusServiceUnavailable, Need: &need, Free: &free,
+			Checked: v.checked, NotChecked: v.notChecked, Blockers: []blocker{}}
 		for _, p := range rep.Plan {
-			v.made = append(v.made, "would unload "+p)
+			ref.Blockers = append(ref.Blockers, blocker{Kind: "would unload", Model: p})
 		}
+		if rep.Snapshot != nil {
+			if dev := rep.Snapshot.Device(g.cfg.device); dev != nil {
+				ref.Blockers = append(ref.Blockers, holderBlockers(dev.Holders())...)
+				ref.Blockers = append(ref.Blockers, reservationBlockers(dev.Reserved)...)
+			}
+		}
+		ref.Blockers = append(ref.Blockers, g.reserveBlocker()...)
+		ref.Error = fmt.Sprintf("vramgate: %s needs %d bytes free on device %d, %d are: only unloading %s would make the room (vramgate -make-room lets the gate do it)",
+			name, need, g.cfg.device, free, strings.Join(rep.Plan, ", "))
+		ref.setRetry(0, g.cfg.retryAfter)
+		v.refusal = ref
+		return v
 	}
-	for _, e := range rep.Evicted {
-		v.made = append(v.made, e.Model)
-		g.noteGone(e.Model, client, "made room for "+name)
-	}
-	return nil
-}
-
-// freeSlot makes a slot for a load when -max-loaded models are resident:
-// it unloads, verified, the first idle, unleased, unprotected model
-// room-making would take (so that Ollama has nothing to evict on its own,
-// leased models included), or refuses naming what keeps each resident
-// model.
-func (g *gate) freeSlot(ctx context.Context, v *verdict, name, client string, resident []string, dry bool) *refusal {
-	rep, err := g.client.EnsureFree(ctx, vramguard.EnsureRequest{AllModels: true, DryRun: true, KeepOwn: true, KeepInUse: true})
-	if err != nil {
-		return g.roomRefusal(name, err, v)
-	}
-	var victims []string
-	var keptHere []vramguard.KeptModel
 	for _, p := range rep.Plan {
-		if !slices.Contains(resident, vramguard.NormalizeModelName(p)) {
-			continue
-		}
-		// The gate's own client is not kept by its own leases: the HTTP
-		// clients' leases it holds keep their models here.
-		if held := g.leases.infosOn(p); len(held) > 0 {
-			keptHere = append(keptHere, vramguard.KeptModel{Model: vramguard.NormalizeModelName(p), Leases: held})
-			continue
-		}
-		// KeepInUse knows the gate's own client's generations only: the
-		// requests the gate forwards keep their models here.
-		if g.inUse(p) > 0 {
-			keptHere = append(keptHere, vramguard.KeptModel{Model: vramguard.NormalizeModelName(p), InUse: true})
-			continue
-		}
-		victims = append(victims, p)
+		v.made = append(v.made, "would unload "+p)
 	}
-	if len(victims) == 0 {
-		ref := &refusal{Model: name, Reason: "no slot", status: http.StatusServiceUnavailable, Blockers: []blocker{}}
-		leased := false
-		rep.Kept = append(rep.Kept, keptHere...)
-		for _, k := range keptHere {
-			if len(k.Leases) > 0 && k.Leases[0].Until.After(time.Now()) && (rep.RetryAfter == 0 || time.Until(k.Leases[0].Until) < rep.RetryAfter) {
-				rep.RetryAfter = time.Until(k.Leases[0].Until)
-			}
-		}
-		for _, k := range rep.Kept {
-			ref.Blockers = append(ref.Blockers, g.keptBlockers(k)...)
-			leased = leased || len(k.Leases) > 0
-		}
-		if leased {
-			ref.Reason = "leased"
-		}
-		if ref.Reason == "no slot" && slices.ContainsFunc(rep.Kept, func(k vramguard.KeptModel) bool { return k.InUse }) {
-			ref.Reason = "in use"
-		}
-		ref.Error = fmt.Sprintf("vramgate: %s would need one of Ollama's %d slots (-max-loaded), and every resident model is kept: %s",
-			name, g.cfg.maxLoaded, describe(ref.Blockers))
-		ref.setRetry(rep.RetryAfter, g.cfg.retryAfter)
-		ref.Checked, ref.NotChecked = v.checked, v.notChecked
-		return ref
-	}
-	if dry {
-		v.made = append(v.made, "would unload "+victims[0])
-		return nil
-	}
-	if _, err := g.verifiedUnload(ctx, victims[0], "", "made a slot for "+name+" (client "+client+")"); err != nil {
-		var le *vramguard.LeasedError
-		if !errors.As(err, &le) {
-			return failed(name, "the unload that makes a slot ("+victims[0]+")", err)
-		}
-		// A lease came between the plan and the unload: refused as any
-		// leased slot is.
-		k := vramguard.KeptModel{Model: le.Model, Leases: le.Leases}
-		ref := &refusal{Model: name, Reason: "leased", status: http.StatusServiceUnavailable, Blockers: g.keptBlockers(k),
-			Checked: v.checked, NotChecked: v.notChecked}
-		ref.Error = fmt.Sprintf("vramgate: %s would need the slot of %s, which a lease keeps: %s", name, le.Model, describe(ref.Blockers))
-		var until time.Duration
-		for _, l := range le.Leases {
-			if d := time.Until(l.Until); !l.Until.IsZero() && d > 0 && (until == 0 || d < until) {
-				until = d
-			}
-		}
-		ref.setRetry(until, g.cfg.retryAfter)
-		return ref
-	}
-	v.made = append(v.made, victims[0])
-	return nil
+	return v
 }
 
 // roomRefusal turns room-making's error into the 503 (a *RoomError) or a
@@ -487,11 +368,9 @@ func (g *gate) keptBlockers(k vramguard.KeptModel) []blocker {
 		bs = append(bs, blocker{Kind: "protected", Model: k.Model})
 	}
 	if k.InUse {
-		b := blocker{Kind: "in use", Model: k.Model}
-		if n := g.inUse(k.Model); n > 0 {
-			b.Holder = fmt.Sprintf("%d requests through the gate", n)
-		}
-		bs = append(bs, b)
+		// The gate's client sends nothing of its own: what it counts in
+		// use are the requests it forwards (OllamaClient.Admit).
+		bs = append(bs, blocker{Kind: "in use", Model: k.Model, Holder: "requests through the gate"})
 	}
 	if k.Unattributed {
 		bs = append(bs, blocker{Kind: "unattributed", Model: k.Model})
@@ -572,7 +451,7 @@ func (g *gate) canLoad(w http.ResponseWriter, r *http.Request) {
 		}
 		numCtx = n
 	}
-	v := g.admit(r.Context(), model, numCtx, clientOf(r), true)
+	v := g.plan(r.Context(), model, numCtx)
 	if v.unknown {
 		writeError(w, http.StatusNotFound, "model %q not found on the server", model)
 		return

@@ -58,17 +58,20 @@ func TestReserveRefusal(t *testing.T) {
 	}
 }
 
-// A check the gate could not make (Ollama failed /api/show) refuses the
-// load with 503 and Retry-After, not 502.
+// A check the gate could not make (Ollama failed /api/show, asked before a
+// slot is made for the load) refuses the load with 503 and Retry-After,
+// not 502.
 func TestFailedCheckIsA503(t *testing.T) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /api/ps", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"models":[]}`) })
+	mux.HandleFunc("GET /api/ps", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"models":[{"name":"other:latest","model":"other:latest","size":1}]}`)
+	})
 	mux.HandleFunc("POST /api/show", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":"disk on fire"}`, http.StatusInternalServerError)
 	})
 	up := httptest.NewServer(mux)
 	t.Cleanup(up.Close)
-	g := startGate(t, up.URL, nil)
+	g := startGate(t, up.URL, nil, "-max-loaded", "1")
 	code, hdr, body := send(t, "POST", g.URL+"/api/generate", `{"model":"tiny","prompt":"hi"}`)
 	r := readRefusal(t, code, hdr, body)
 	if r.Reason != "failed" || !strings.Contains(r.Error, "disk on fire") {

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/ollama/ollama/api"
 
@@ -75,8 +77,7 @@ type state struct {
 	by     string // who or what made it leave
 	// admission says what the admission checked, for the reply's header.
 	admission string
-	unlockFn  func()
-	loadedFn  func() // the load was answered (track)
+	loadedFn  func() // the load was answered: the admission's landed
 	once      sync.Once
 	// holdDone: a generation with keep_alive 0, whose done line waits for
 	// the verified unload.
@@ -88,9 +89,6 @@ func (st *state) unlock() {
 	st.once.Do(func() {
 		if st.loadedFn != nil {
 			st.loadedFn()
-		}
-		if st.unlockFn != nil {
-			st.unlockFn()
 		}
 	})
 }
@@ -134,49 +132,70 @@ func (g *gate) admitted(w http.ResponseWriter, r *http.Request) {
 	g.forward(w, r, body, q, &state{client: clientOf(r), model: q.Model})
 }
 
-// forward admits the request's load, if it causes one, and sends it on.
+// forward admits the request's load, if it causes one, through the
+// library's one door (OllamaClient.Admit: the budget's slots, memory,
+// room-making, pending loads and load reservation, with the model counted
+// in use while the request runs), and sends it on.
 func (g *gate) forward(w http.ResponseWriter, r *http.Request, body []byte, q *request, st *state) {
 	defer st.unlock()
-	if q.Model != "" {
-		v := g.admit(r.Context(), q.Model, q.Options.NumCtx, st.client, false)
-		if v.refusal != nil {
-			g.refuse(w, v.refusal, st.client)
-			return
-		}
-		// A load whose memory was checked is reserved host-wide until
-		// Ollama answers it (the load has landed, or failed), so that
-		// another program's hand-over counts it before its runner shows
-		// it whole (ReserveOptions.Load).
-		var res *vramguard.Lease
-		if v.load && v.need > 0 {
-			var ref *refusal
-			if res, ref = g.reserveLoad(r.Context(), q.Model, st.client, v); ref != nil {
-				if v.unlock != nil {
-					v.unlock()
-				}
-				g.refuse(w, ref, st.client)
-				return
-			}
-		}
-		g.log.Debug("admitted", "model", q.Model, "client", st.client, "admission", v.summary())
-		st.load, st.cause, st.by, st.admission, st.unlockFn = v.load, v.cause, v.causeBy, v.summary(), v.unlock
-		loaded, done := g.track(q.Model, v.load)
-		st.loadedFn = func() {
-			loaded()
-			if res != nil {
-				_ = res.Release()
-			}
-		}
-		defer func() {
-			done()
-			if res != nil {
-				_ = res.Release()
-			}
-		}()
-	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	if q.Model == "" {
+		g.send(w, r, q, st)
+		return
+	}
+	var options map[string]any
+	if q.Options.NumCtx > 0 {
+		options = map[string]any{"num_ctx": q.Options.NumCtx}
+	}
+	name := vramguard.NormalizeModelName(q.Model)
+	ran := false
+	err := g.client.Admit(r.Context(), q.Model, options, g.requester(st.client), func(ctx context.Context, ev vramguard.AdmissionEvent, landed func()) error {
+		ran = true
+		if g.client.BudgetOff() || g.cfg.budget(g.reader) == nil {
+			// The admission checked nothing (no budget, or memory alone
+			// and no reader): the gate looks for its load metrics only.
+			if resident, err := g.resident(ctx); err == nil {
+				ev.Load = !slices.Contains(resident, name)
+			}
+		}
+		st.load = ev.Load
+		if ev.Load {
+			st.cause, st.by = g.causeOf(name)
+		}
+		for _, e := range ev.Evicted {
+			if e.Verified {
+				g.noteGone(e.Model, st.client, "made room for "+name)
+			}
+		}
+		st.admission = g.summary(ev)
+		st.loadedFn = landed
+		g.log.Debug("admitted", "model", q.Model, "client", st.client, "admission", st.admission)
+		g.send(w, r.WithContext(ctx), q, st)
+		return nil
+	})
+	switch {
+	case ran:
+	case vramguard.KindOf(err) == vramguard.KindNotFound:
+		// The server does not have it: Ollama answers 404 itself, and
+		// nothing was unloaded for it.
+		st.admission = "model not found: nothing admitted"
+		g.send(w, r, q, st)
+	default:
+		g.refuse(w, g.refusalOf(name, err), st.client)
+	}
+}
+
+// requester names the HTTP client a load is admitted for, in the load's
+// host-wide reservation (what other programs see while it loads).
+func (g *gate) requester(client string) vramguard.ReserveOptions {
+	return vramguard.ReserveOptions{For: orUnnamed(client), Note: "vramgate, for " + orUnnamed(client), TTL: min(g.cfg.leaseMax, time.Hour)}
+}
+
+// send forwards the request, and holds a keep_alive 0 generation's done
+// line until the model is verified gone (modifyResponse).
+func (g *gate) send(w http.ResponseWriter, r *http.Request, q *request, st *state) {
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 	g.proxy.ServeHTTP(w, r)
 	if st.holdDone && !st.fired {

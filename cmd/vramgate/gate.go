@@ -45,18 +45,10 @@ type gate struct {
 	guard    *guard
 	closers  []func() error // run in reverse at close
 
-	// admitMu serializes the admission of loads: a load is admitted and
-	// forwarded, and the next load is admitted only once Ollama answered
-	// the first (its reply's headers come after the load), so that two
-	// loads are never both admitted into the same room.
-	admitMu sync.Mutex
-
 	mu     sync.Mutex
-	use    map[string]int           // requests the gate is forwarding, by model
-	loads  map[string]chan struct{} // loads through the gate not answered yet, closed when they are
-	loaded map[string]string        // models that loaded through the gate -> the client that loaded them
-	gone   map[string]goneRecord    // the gate's last verified unload of each model
-	seen   map[string]bool          // models the gate saw resident
+	loaded map[string]string     // models that loaded through the gate -> the client that loaded them
+	gone   map[string]goneRecord // the gate's last verified unload of each model
+	seen   map[string]bool       // models the gate saw resident
 }
 
 // goneRecord is a verified unload through the gate: a later load of the
@@ -78,7 +70,7 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 	if err != nil {
 		return nil, err
 	}
-	g = &gate{guard: gd, cfg: cfg, log: log, upstream: up, use: map[string]int{}, loads: map[string]chan struct{}{}, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}}
+	g = &gate{guard: gd, cfg: cfg, log: log, upstream: up, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, g.close())
@@ -134,7 +126,14 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		// series, with the client that asked (vramgate_unloads_total).
 		Logger: log,
 	}
-	g.client, err = vramguard.NewClient(opts)
+	// The admissions run on the gate's client: its budget is the gate's
+	// rules (OllamaClient.Admit); the holder's client admits nothing.
+	admitOpts := opts
+	admitOpts.Budget = cfg.budget(g.reader)
+	if cfg.admitWait > 0 {
+		admitOpts.Timeouts.FirstChunk = cfg.admitWait // bounds each admission, its waits for leases included
+	}
+	g.client, err = vramguard.NewClient(admitOpts)
 	if err != nil {
 		return g, err
 	}
@@ -385,70 +384,4 @@ func (g *gate) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 // passThrough forwards a request as it is.
 func (g *gate) passThrough(w http.ResponseWriter, r *http.Request) {
 	g.proxy.ServeHTTP(w, r)
-}
-
-// track counts a forwarded request on model until the returned function
-// is called; a load also until loaded is called (its reply's headers
-// came: the load ended), so that an unload sent meanwhile waits for it.
-func (g *gate) track(model string, load bool) (loaded, done func()) {
-	name := vramguard.NormalizeModelName(model)
-	g.mu.Lock()
-	g.use[name]++
-	var ch chan struct{}
-	if load {
-		if ch = g.loads[name]; ch == nil {
-			ch = make(chan struct{})
-			g.loads[name] = ch
-		}
-	}
-	g.mu.Unlock()
-	var once sync.Once
-	loaded = func() {
-		once.Do(func() {
-			if ch == nil {
-				return
-			}
-			g.mu.Lock()
-			if g.loads[name] == ch {
-				delete(g.loads, name)
-				close(ch)
-			}
-			g.mu.Unlock()
-		})
-	}
-	return loaded, func() {
-		loaded()
-		g.mu.Lock()
-		if g.use[name]--; g.use[name] <= 0 {
-			delete(g.use, name)
-		}
-		g.mu.Unlock()
-	}
-}
-
-// inUse is how many requests the gate is forwarding on model.
-func (g *gate) inUse(model string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.use[vramguard.NormalizeModelName(model)]
-}
-
-// awaitLoad waits, within ctx, for a load of model through the gate to be
-// answered: Ollama lists a model only once its load ended, and an unload
-// sent before is lost (0.17 to 0.34); a server whose runners this machine
-// cannot see would let the unload be verified by /api/ps alone.
-func (g *gate) awaitLoad(ctx context.Context, model string) error {
-	g.mu.Lock()
-	ch := g.loads[vramguard.NormalizeModelName(model)]
-	g.mu.Unlock()
-	if ch == nil {
-		return nil
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return &vramguard.Error{Op: "unload", Model: model, Kind: vramguard.KindTimeout,
-			Err: fmt.Errorf("a load of the model through the gate did not end in time: %w", context.Cause(ctx))}
-	}
 }

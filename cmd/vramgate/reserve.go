@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -299,26 +298,4 @@ func (t *reserveTable) releaseAll() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// reserveLoad reserves the estimate of an admitted load of model on the
-// gate's device, held by the gate's holder client (so that its own
-// admissions count it), until the load is answered. A reservation the
-// device no longer has room for (another program took it since the
-// admission's reading) refuses the load as a memory refusal does; any
-// other failure is logged, and the load goes on with the in-process
-// admission lock alone.
-func (g *gate) reserveLoad(ctx context.Context, model, client string, v *verdict) (*vramguard.Lease, *refusal) {
-	name := vramguard.NormalizeModelName(model)
-	res, err := g.holder.Reserve(ctx, g.cfg.device, v.need, vramguard.ReserveOptions{
-		For: "load of " + name, Load: name, Note: "vramgate, for " + client, TTL: g.cfg.leaseMax})
-	var re *vramguard.RoomError
-	switch {
-	case errors.As(err, &re):
-		return nil, g.roomRefusal(name, err, v)
-	case err != nil:
-		g.log.Warn("load admitted without a host-wide reservation", "model", name, "err", err)
-		return nil, nil
-	}
-	return res, nil
 }

@@ -81,7 +81,7 @@ func (g *gate) verifiedUnload(ctx context.Context, model, client, why string) (*
 		// client is not kept by it, so the gate keeps it here.
 		err = &vramguard.Error{Op: "unload", Model: model, Kind: vramguard.KindRefused,
 			Err: &vramguard.LeasedError{Model: vramguard.NormalizeModelName(model), Leases: held}}
-	} else if err = g.awaitLoad(ctx, model); err == nil {
+	} else {
 		// UnloadReport.WasLoaded is false when the model went before the
 		// library's first look; the gate's own look tells an eviction from
 		// an unload of a model already gone.
