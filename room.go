@@ -651,7 +651,8 @@ func (c *OllamaClient) ownRules(mode unloadMode) func() roomRules {
 // at once (nothing unloaded) when the plan cannot reach the need, and
 // otherwise carries the plan out step by step (a tier at a time, each
 // followed by a wait, bounded by rq.timeout, for the device to show what
-// the step freed, then a new view and plan), runs ReleaseVRAM, and waits
+// the step freed, then a new view and plan), runs the release step (the
+// tenants on no device, then the GC: releaseVRAM), and waits
 // for the room. A wait that ends is the *RoomError of KindOutOfMemory
 // naming the holders, with the cause kept.
 func (c *OllamaClient) makeRoom(ctx context.Context, rq roomRequest) (*EnsureReport, error) {
@@ -688,7 +689,7 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 			}
 		}
 		if last {
-			break // the final wait, after ReleaseVRAM, shows the room
+			break // the final wait, after the release step, shows the room
 		}
 		if target > 0 { // a tenant's release was waited for already
 			if _, werr := c.awaitRoom(ctx, rq, v, rep, target); werr != nil {
@@ -706,7 +707,7 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 			return errors.Join(append([]error{err}, others...)...)
 		}
 	}
-	rr, err := c.releaseVRAM(ctx)
+	rr, err := c.releaseVRAM(ctx, false) // the tenants on this device were the plan's to ask
 	rep.Release = rr
 	if err != nil {
 		errs = append(errs, err)
@@ -1141,7 +1142,8 @@ func (c *OllamaClient) untilListed(ctx context.Context, models []string, interva
 }
 
 // makeRoomAll is EnsureRequest.AllModels: every listed model not kept,
-// whatever its device, then ReleaseVRAM and, with a reader, the wait for
+// whatever its device, then the release step (the tenants on no device)
+// and, with a reader, the wait for
 // the room.
 // allModelsOrder is the plan of EnsureRequest.AllModels: every listed model
 // not kept, in the victim policy's order (planRoom's tiers: idle models,
@@ -1211,7 +1213,7 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 		rep.Evicted = reps
 		errs = append(errs, err)
 	}
-	rr, err := c.releaseVRAM(ctx)
+	rr, err := c.releaseVRAM(ctx, false)
 	rep.Release = rr
 	errs = append(errs, err)
 	if c.opts.VRAM != nil {
