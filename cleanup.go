@@ -7,81 +7,44 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
-	"sync"
 	"time"
 )
 
-// releaseFunc frees memory the caller owns, such as a CUDA caching
-// allocator's pool (the Go side of torch.cuda.empty_cache), or a tenant's
-// cache (Tenant.Release). It must honour ctx.
+// releaseFunc is a Tenant's Release.
 type releaseFunc = func(ctx context.Context) error
-
-type namedRelease struct {
-	id   int
-	name string
-	fn   releaseFunc
-}
-
-// releaseList holds the functions ReleaseVRAM runs, in registration order.
-type releaseList struct {
-	mu     sync.Mutex
-	nextID int
-	fns    []namedRelease
-}
-
-func (l *releaseList) add(name string, fn releaseFunc) (remove func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.nextID++
-	id := l.nextID
-	l.fns = append(l.fns, namedRelease{id: id, name: name, fn: fn})
-	return func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.fns = slices.DeleteFunc(l.fns, func(r namedRelease) bool { return r.id == id })
-	}
-}
-
-func (l *releaseList) list() []namedRelease {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.fns)
-}
-
-// RegisterRelease adds fn to the functions ReleaseVRAM runs, in registration
-// order. The returned func removes it; calling it twice is harmless.
-func (c *OllamaClient) RegisterRelease(name string, fn func(ctx context.Context) error) (unregister func()) {
-	if fn == nil {
-		return func() {}
-	}
-	return c.releases.add(name, fn)
-}
 
 // ReleaseReport says what ReleaseVRAM did. Before and After are nil without
 // a VRAM reader; SnapshotErr records a reader failure, which does not fail
 // ReleaseVRAM.
 type ReleaseReport struct {
-	Ran         []string // names of the release functions run, in order
+	Ran         []string // names of the tenants whose Release ran, in order
 	Before      *VRAMSnapshot
 	After       *VRAMSnapshot
 	SnapshotErr error
 	Elapsed     time.Duration
 }
 
-// ReleaseVRAM runs the registered release functions, then runtime.GC and
-// debug.FreeOSMemory, and reports device memory before and after when a
-// VRAM reader is configured. It never fails for want of a GPU; it returns
-// the joined failures of release functions (KindInternal, a panic included)
-// and KindCanceled if ctx ends first. On a closed client it fails with
-// ErrClosed and runs nothing.
+// ReleaseVRAM runs the Release of every registered tenant
+// (RegisterTenant), on a device or on none, one after another in
+// registration order, then runtime.GC and debug.FreeOSMemory, and reports
+// device memory before and after when a VRAM reader is configured. Unlike
+// room-making it asks every tenant, needed or not, and waits for no device
+// to show what they gave. Each Release runs under ctx. It never fails for
+// want of a GPU; it returns the joined failures of the releases
+// (KindInternal, a panic included; a tenant's own error, a refusal say,
+// stays reachable with errors.Is) and KindCanceled if ctx ends first. It is
+// safe for concurrent use. On a closed client it fails with ErrClosed and
+// runs nothing.
 func (c *OllamaClient) ReleaseVRAM(ctx context.Context) (*ReleaseReport, error) {
 	if err := c.checkOpen("release vram", ""); err != nil {
 		return nil, err
 	}
-	return c.releaseVRAM(ctx)
+	return c.releaseVRAM(ctx, true)
 }
 
-func (c *OllamaClient) releaseVRAM(ctx context.Context) (*ReleaseReport, error) {
+// releaseVRAM is ReleaseVRAM for every tenant (all), or the library's own
+// release step, which runs only the tenants on no device (see Tenant).
+func (c *OllamaClient) releaseVRAM(ctx context.Context, all bool) (*ReleaseReport, error) {
 	const op = "release vram"
 	start := time.Now()
 	rep := &ReleaseReport{}
@@ -98,17 +61,15 @@ func (c *OllamaClient) releaseVRAM(ctx context.Context) (*ReleaseReport, error) 
 	}
 	rep.Before = snap()
 
-	fns := c.releases.list()
-
 	var errs []error
-	for _, r := range fns {
+	for _, e := range c.tenants.releasing(all) {
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, newError(op, "", KindCanceled, context.Cause(ctx)))
 			break
 		}
-		rep.Ran = append(rep.Ran, r.name)
-		if err := runRelease(ctx, r.fn); err != nil {
-			errs = append(errs, newError(op, "", KindInternal, fmt.Errorf("%s: %w", r.name, err)))
+		rep.Ran = append(rep.Ran, e.t.Name)
+		if err := runRelease(ctx, e.t.Release); err != nil {
+			errs = append(errs, newError(op, "", KindInternal, fmt.Errorf("%s: %w", e.t.Name, err)))
 		}
 	}
 	runtime.GC()
@@ -132,9 +93,13 @@ func runRelease(ctx context.Context, fn releaseFunc) (err error) {
 type CleanupOptions struct {
 	Models    []string // unload these, verified (a model named twice, "tiny" and "TINY:latest" alike, once)
 	AllModels bool     // unload every model the server lists, and those this client is loading, verified
-	Release   bool     // run ReleaseVRAM after the unloads
+	Release   bool     // run ReleaseVRAM after the unloads: every tenant's Release
 	// Timeout bounds the whole cleanup; zero means Options.CleanupTimeout.
 	Timeout time.Duration
+
+	// afterUse: the library's own after-use cleanup (a Guard's, Phase.End's),
+	// whose Release runs only the tenants on no device (see Tenant).
+	afterUse bool
 
 	// mode: how the unloads treat requests the caller did not send (the
 	// library's own cleanups; see unloadMode).
@@ -215,7 +180,7 @@ func (c *OllamaClient) cleanup(ctx context.Context, opts CleanupOptions) (*Clean
 		}
 	}
 	if opts.Release {
-		rr, err := c.releaseVRAM(ctx)
+		rr, err := c.releaseVRAM(ctx, !opts.afterUse)
 		rep.Release = rr
 		if err != nil {
 			errs = append(errs, err)

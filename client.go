@@ -47,15 +47,14 @@ type OllamaClient struct {
 	// /proc (tests point it at a fake tree).
 	procRoot string
 
-	book      *book       // models in flight, in use, warm; phases; closed (book.go)
-	tasks     tasks       // background work and its joining (tasks.go)
-	releases  releaseList // ReleaseVRAM's functions (cleanup.go)
-	tenants   tenants     // room-making's other tenants (room.go)
-	ps        *poller     // the /api/ps requests unloads share (poller.go)
-	admission admission   // Options.Budget's checks (admission.go)
-	churn     churn       // why models loaded again (churn.go)
-	leases    leases      // the host's lease directory and the leases this client holds (lease.go)
-	closing   closeState  // Close and Shutdown (client.go)
+	book      *book      // models in flight, in use, warm; phases; closed (book.go)
+	tasks     tasks      // background work and its joining (tasks.go)
+	tenants   tenants    // what gives memory back: room-making's and ReleaseVRAM's (tenant.go)
+	ps        *poller    // the /api/ps requests unloads share (poller.go)
+	admission admission  // Options.Budget's checks (admission.go)
+	churn     churn      // why models loaded again (churn.go)
+	leases    leases     // the host's lease directory and the leases this client holds (lease.go)
+	closing   closeState // Close and Shutdown (client.go)
 }
 
 // NewClient validates opts and returns a client. It does not contact the

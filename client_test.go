@@ -570,9 +570,16 @@ func TestReleaseVRAM(t *testing.T) {
 	r := &fakeReader{free: []uint64{1 << 30, 5 << 30}}
 	c := newTestClient(t, s, Options{VRAM: r})
 	var order []string
-	c.RegisterRelease("first", func(context.Context) error { order = append(order, "first"); return nil })
-	unreg := c.RegisterRelease("second", func(context.Context) error { order = append(order, "second"); return errors.New("pool busy") })
-	c.RegisterRelease("third", func(context.Context) error { order = append(order, "third"); panic("boom") })
+	register := func(name string, fn func(context.Context) error) (unregister func()) {
+		un, err := c.RegisterTenant(Tenant{Name: name, Device: -1, Release: fn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return un
+	}
+	register("first", func(context.Context) error { order = append(order, "first"); return nil })
+	unreg := register("second", func(context.Context) error { order = append(order, "second"); return errors.New("pool busy") })
+	register("third", func(context.Context) error { order = append(order, "third"); panic("boom") })
 
 	rep, err := c.ReleaseVRAM(t.Context())
 	if !errors.Is(err, KindInternal) || !strings.Contains(err.Error(), "pool busy") || !strings.Contains(err.Error(), "boom") {
@@ -594,7 +601,7 @@ func TestReleaseVRAM(t *testing.T) {
 		t.Errorf("after unregister ran %v", order)
 	}
 
-	// Without a reader or functions it succeeds and reports nothing.
+	// Without a reader or tenants it succeeds and reports nothing.
 	c2 := newTestClient(t, s, Options{})
 	rep, err = c2.ReleaseVRAM(t.Context())
 	if err != nil || rep.Before != nil || rep.After != nil {

@@ -56,7 +56,9 @@ func TestClosedClientSendsNothing(t *testing.T) {
 	t.Cleanup(s.Close)
 	c, ct := countedClient(t, s, vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}})
 	released := 0
-	c.RegisterRelease("r", func(context.Context) error { released++; return nil })
+	if _, err := c.RegisterTenant(vramguard.Tenant{Name: "r", Device: -1, Release: func(context.Context) error { released++; return nil }}); err != nil {
+		t.Fatal(err)
+	}
 	p, err := c.StartPhase(t.Context(), "p", vramguard.PhaseOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +127,7 @@ func TestClosedClientSendsNothing(t *testing.T) {
 				t.Errorf("%d requests sent after Close", n)
 			}
 			if called || released != 0 {
-				t.Errorf("caller code ran after Close: fn %v, release functions %d", called, released)
+				t.Errorf("caller code ran after Close: fn %v, tenant releases %d", called, released)
 			}
 		})
 	}

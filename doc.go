@@ -88,6 +88,15 @@
 // models and when to retry; EnsureRequest.DryRun answers "can I load
 // this?" without unloading anything.
 //
+// A [Tenant] is the one registry of what gives memory back. Room-making
+// asks the tenants on its device, as above; [OllamaClient.ReleaseVRAM],
+// and Cleanup with Release, run every tenant's Release in registration
+// order; the library's own release steps (after room-making's steps, at
+// Phase.End, after a Guard's use with Release) run only the tenants on no
+// device (Device -1: a function that empties an allocator's cache), so
+// that ending an LLM step never empties the cache the next step renders
+// from.
+//
 // # Errors and observability
 //
 // Every error is an [*Error] with a [Kind]: errors.Is(err, KindTimeout);

@@ -26,7 +26,7 @@ const (
 	KindUnavailable       // no server answers, no CLI binary, the client is closed
 	KindCanceled          // the caller's context was canceled or its deadline passed
 	KindInvalidInput      // the caller passed something the library refuses
-	KindInternal          // a panic or a failure in caller-supplied code (release functions, hooks)
+	KindInternal          // a panic or a failure in caller-supplied code (a tenant's Release, hooks)
 	// KindUnverified: the work succeeded or failed on its own terms, but
 	// the cleanup after it could not verify the model gone (still held by
 	// another client's request, past the unload timeout, the server gone).

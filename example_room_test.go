@@ -79,3 +79,26 @@ func ExampleOllamaClient_RegisterTenant() {
 	fmt.Println(t.Name, t.Verified, t.FreeBefore>>30, t.FreeAfter>>30, len(rep.Evicted), s.Listed("llama3.2:3b"))
 	// Output: comfyui true 3 21 0 true
 }
+
+// A function that only empties a cache (a CUDA caching allocator's, through
+// cgo) is a tenant on no one device (-1): ReleaseVRAM runs it, as do the
+// release steps of EnsureFree, Phase.End and a Guard with Release;
+// room-making never plans it. Unregistered, nothing runs it.
+func ExampleOllamaClient_RegisterTenant_noDevice() {
+	s, c := startSim()
+	defer s.Close()
+	defer c.Close()
+	unregister, err := c.RegisterTenant(vramguard.Tenant{Name: "pool", Device: -1,
+		Release: func(context.Context) error { return errors.New("device busy") }})
+	if err != nil {
+		log.Fatal(err)
+	}
+	rep, err := c.ReleaseVRAM(context.Background())
+	fmt.Println(rep.Ran, errors.Is(err, vramguard.KindInternal))
+	unregister()
+	rep, err = c.ReleaseVRAM(context.Background())
+	fmt.Println(rep.Ran, err)
+	// Output:
+	// [pool] true
+	// [] <nil>
+}

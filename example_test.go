@@ -132,8 +132,12 @@ func ExampleOllamaClient_ReleaseVRAM() {
 	defer c.Close()
 
 	// An orchestrator that owns CUDA memory through cgo registers its own
-	// cache-emptying function.
-	c.RegisterRelease("torch caching allocator", func(context.Context) error { return nil })
+	// cache-emptying function: a tenant on no one device (-1), which
+	// ReleaseVRAM and the library's release steps run.
+	if _, err := c.RegisterTenant(vramguard.Tenant{Name: "torch caching allocator", Device: -1,
+		Release: func(context.Context) error { return nil }}); err != nil {
+		log.Fatal(err)
+	}
 	rep, err := c.ReleaseVRAM(context.Background())
 	if err != nil {
 		log.Fatal(err)
@@ -371,21 +375,6 @@ func ExampleOllamaClient_ListModels() {
 	slices.Sort(names)
 	fmt.Println(names)
 	// Output: [llama3.2:latest qwen3:8b]
-}
-
-func ExampleOllamaClient_RegisterRelease() {
-	s, c := startSim()
-	defer s.Close()
-	defer c.Close()
-	unregister := c.RegisterRelease("pool", func(context.Context) error { return errors.New("device busy") })
-	_, err := c.ReleaseVRAM(context.Background())
-	fmt.Println(errors.Is(err, vramguard.KindInternal))
-	unregister()
-	_, err = c.ReleaseVRAM(context.Background())
-	fmt.Println(err)
-	// Output:
-	// true
-	// <nil>
 }
 
 func ExampleOllamaClient_Wait() {

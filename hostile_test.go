@@ -178,15 +178,21 @@ func TestHostileClientInputs(t *testing.T) {
 			_, err := c.CleanupAsync(ctx, vramguard.CleanupOptions{Models: []string{"\t"}}).Wait()
 			return err
 		}, invalidOnly},
-		{"register nil release", func(ctx context.Context) error {
-			c.RegisterRelease("", nil)()
-			_, err := c.ReleaseVRAM(ctx)
+		{"register a tenant without name or release", func(ctx context.Context) error {
+			_, err := c.RegisterTenant(vramguard.Tenant{})
 			return err
-		}, successOnly},
+		}, invalidOnly},
+		{"register a tenant on device MinInt", func(ctx context.Context) error {
+			_, err := c.RegisterTenant(vramguard.Tenant{Name: "x", Device: math.MinInt, Release: func(context.Context) error { return nil }})
+			return err
+		}, invalidOnly},
 		{"release that panics", func(ctx context.Context) error {
-			un := c.RegisterRelease("\xff", func(context.Context) error { panic(nil) })
+			un, err := c.RegisterTenant(vramguard.Tenant{Name: "\xff", Device: -1, Release: func(context.Context) error { panic(nil) }})
+			if err != nil {
+				return err
+			}
 			defer un()
-			_, err := c.ReleaseVRAM(ctx)
+			_, err = c.ReleaseVRAM(ctx)
 			return err
 		}, []vramguard.Kind{vramguard.KindInternal}},
 		{"ensure free over MaxBytes", func(ctx context.Context) error {

@@ -45,7 +45,10 @@ type Guard struct {
 	// Async runs the after-use cleanup in the background (joined by the
 	// client's Wait and Close). A panic always cleans up synchronously.
 	Async bool
-	// Release runs the client's ReleaseVRAM after the unload.
+	// Release runs, after the unload, the Release of the client's
+	// tenants on no device (Tenant.Device -1: an allocator's cache, say),
+	// then the GC, as ReleaseVRAM does for every tenant; tenants on a
+	// device are left to room-making (see Tenant).
 	Release bool
 	// Phase, when set, makes generations keep the model warm with the
 	// phase's keep-alive and leaves the unload to Phase.End.
@@ -239,7 +242,7 @@ func (g *Guard) one(ctx context.Context, model string, do func(context.Context, 
 }
 
 func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking bool) error {
-	opts := CleanupOptions{Release: g.Release && g.Phase == nil, mode: unloadMode{heldOK: true, keepLoads: true, cause: CauseGuard, phase: g.Phase}}
+	opts := CleanupOptions{Release: g.Release && g.Phase == nil, afterUse: true, mode: unloadMode{heldOK: true, keepLoads: true, cause: CauseGuard, phase: g.Phase}}
 	if unload {
 		opts.Models = []string{model}
 	}
@@ -266,7 +269,8 @@ func (g *Guard) cleanup(ctx context.Context, model string, unload, panicking boo
 }
 
 // PhaseOptions configures a Phase. The zero value keeps models warm for
-// two minutes and ends with a verified unload and ReleaseVRAM.
+// two minutes and ends with a verified unload and the release step (see
+// Phase.End).
 type PhaseOptions struct {
 	// KeepAlive is sent by the phase's generations. The zero value
 	// (KeepAliveUnload, which would reload the model at every step) means
@@ -560,8 +564,11 @@ func (p *Phase) activeUses() int {
 func (p *Phase) Guard() Guard { return Guard{Client: p.c, Phase: p} }
 
 // End waits for the phase's guarded uses that are still running, unloads
-// every model the phase used (verified), runs ReleaseVRAM, and, with
-// NeedBytes set, calls EnsureFree so the next stage gets the memory it
+// every model the phase used (verified), runs the Release of the client's
+// tenants on no device (Tenant.Device -1) and the GC, as ReleaseVRAM does
+// for every tenant (a tenant on a device is left to the hand-over, which
+// asks it when it needs its memory), and, with NeedBytes set, calls
+// EnsureFree so the next stage gets the memory it
 // needs, and reserves it for that stage unless PhaseOptions.NoReserve
 // (PhaseReport.Handover.Reservation). A model another live phase of this client uses is left to it
 // (the last holder's End unloads it): its UnloadReport in Cleanup is not
@@ -615,7 +622,7 @@ func (p *Phase) End(ctx context.Context) (*PhaseReport, error) {
 		}
 
 		rep := &PhaseReport{Name: p.name, Models: models}
-		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, Timeout: timeout, mode: unloadMode{keepLoads: true, cause: CausePhaseEnd, phase: p}})
+		cr, err := p.c.cleanup(ctx, CleanupOptions{Models: models, Release: true, afterUse: true, Timeout: timeout, mode: unloadMode{keepLoads: true, cause: CausePhaseEnd, phase: p}})
 		rep.Cleanup = cr
 		errs = append(errs, err)
 		if p.opts.NeedBytes > 0 {

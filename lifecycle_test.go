@@ -375,12 +375,14 @@ func TestWaitReturnsEachFailureOnce(t *testing.T) {
 	s := newSim(t, vramguardtest.Config{})
 	c := newTestClient(t, s, Options{})
 	fail := true
-	c.RegisterRelease("flaky", func(context.Context) error {
+	if _, err := c.RegisterTenant(Tenant{Name: "flaky", Device: -1, Release: func(context.Context) error {
 		if fail {
 			return errors.New("boom")
 		}
 		return nil
-	})
+	}}); err != nil {
+		t.Fatal(err)
+	}
 	c.CleanupAsync(t.Context(), CleanupOptions{Release: true})
 	if err := c.Wait(); !errors.Is(err, KindInternal) {
 		t.Fatalf("first Wait: %v", err)
@@ -402,7 +404,9 @@ func TestAsyncGuardOnClosedClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	released := 0
-	c.RegisterRelease("r", func(context.Context) error { released++; return nil })
+	if _, err := c.RegisterTenant(Tenant{Name: "r", Device: -1, Release: func(context.Context) error { released++; return nil }}); err != nil {
+		t.Fatal(err)
+	}
 	g := Guard{Client: c, Async: true, Release: true}
 	if err := g.Run(t.Context(), "a", func(ctx context.Context, s *Session) error {
 		if _, err := s.Generate(ctx, &GenerateRequest{Prompt: "x"}, nil); err != nil {

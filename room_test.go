@@ -377,7 +377,7 @@ func TestTenantsInOrderVerified(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bad := range []vramguard.Tenant{{Name: "no release"}, {Release: nop}, {Name: "taken", Release: nop},
-		{Name: "negative", Device: -1, Release: nop}, {Name: "huge", Bytes: vramguard.MaxBytes + 1, Release: nop}} {
+		{Name: "below -1", Device: -2, Release: nop}, {Name: "huge", Bytes: vramguard.MaxBytes + 1, Release: nop}} {
 		if _, err := c.RegisterTenant(bad); !errors.Is(err, vramguard.KindInvalidInput) {
 			t.Errorf("RegisterTenant(%+v) = %v; want KindInvalidInput", bad.Name, err)
 		}

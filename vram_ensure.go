@@ -91,8 +91,11 @@ type EnsureReport struct {
 	// when none has an end.
 	RetryAfter time.Duration
 	Tenants    []TenantRelease // the tenants asked, in order
-	Release    *ReleaseReport  // ReleaseVRAM's run; nil when none ran (no room to make, a refusal, a dry run)
-	FreeBefore uint64          // free bytes on the device before (0 without a reader)
+	// Release is the release step after the plan: the Release of the
+	// tenants on no device (Tenant.Device -1), then the GC; nil when none
+	// ran (no room to make, a refusal, a dry run).
+	Release    *ReleaseReport
+	FreeBefore uint64 // free bytes on the device before (0 without a reader)
 	FreeAfter  uint64
 	// Snapshot is the last snapshot taken, as this client sees the
 	// device: other holders' reservations taken out of Free and listed in
@@ -132,10 +135,12 @@ type EnsureReport struct {
 // fewest bytes that make the room (never a model Options.Protected names,
 // or one a lease keeps, any vramguard client's on the host; this client's
 // own leased models, then the ones its generations run on, last, or never
-// with req.KeepInUse),
-// asks the other tenants if the room is still missing, runs ReleaseVRAM,
-// and waits with AwaitFree, polling every req.PollInterval, until the GPU
-// itself reports the room. Each wait is bounded by req.Timeout; one that
+// with req.KeepInUse), asks the other tenants if the room is still
+// missing, runs the release step (EnsureReport.Release: the Release of the
+// tenants on no device, Tenant.Device -1, then the GC; unlike ReleaseVRAM
+// it asks no tenant on a device outside the plan), and waits with
+// AwaitFree, polling every req.PollInterval, until the GPU itself reports
+// the room. Each wait is bounded by req.Timeout; one that
 // ends is KindOutOfMemory with the *RoomError of the last reading, its
 // cause kept (errors.Is sees ctx's). With req.WaitForLeases it waits for
 // leases that keep it from making room instead of refusing. A reader that
@@ -154,8 +159,8 @@ type EnsureReport struct {
 // req.Reservation the room, once made, is reserved in turn.
 //
 // Without a VRAM reader it cannot measure. With req.AllModels it unloads
-// every listed model not kept, other programs' included, runs ReleaseVRAM
-// and reports Source SourceNone; without AllModels it fails with an *Error
+// every listed model not kept, other programs' included, runs the
+// release step and reports Source SourceNone; without AllModels it fails with an *Error
 // of KindInvalidInput wrapping ErrNoVRAMReader, and sends nothing.
 //
 // On a closed client it fails with ErrClosed and sends nothing.

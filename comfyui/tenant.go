@@ -75,7 +75,9 @@ type TenantOptions struct {
 // with OllamaClient.RegisterTenant and room-making (EnsureFree, a budget
 // with MakeRoom, Phase.End's hand-over) frees ComfyUI when it needs the
 // memory, in the order TenantOptions.First says, and verifies on its own
-// reader that the device shows it back.
+// reader that the device shows it back. OllamaClient.ReleaseVRAM, and
+// Cleanup with Release, ask it too, needed or not, under their own ctx;
+// a Guard's or a phase's release step does not.
 //
 // Its Size is measured on the device, in both of ComfyUI's modes: what
 // the GPU reader lists for ComfyUI's process (Options.PID or
