@@ -37,6 +37,18 @@
 //   - GET /metrics and GET /ready, the same as `vramwatch -listen` (package
 //     probe), plus the gate's own series by client (X-Vramgate-Client).
 //
+// The gate keeps only HTTP: a forwarded request is admitted by the
+// library's one door, OllamaClient.Admit, on the gate's client, whose
+// Options.Budget is the gate's flags (-max-loaded is Budget.MaxLoaded,
+// -reserve the Headroom, -make-room MakeRoom, -admit-wait
+// WaitForLeases and the admission's bound). The library serializes
+// the admissions, counts the loads admitted and not listed yet,
+// reserves each load host-wide for the HTTP client until Ollama
+// answers, counts the model in use while the request runs, and picks
+// what a slot or the room unloads by its one victim policy; a change to
+// that policy reaches the gate with nothing to change here. can-load
+// asks the same rules as a dry run (EnsureFree with DryRun).
+//
 // It keeps Ollama's own guards at Ollama's address, on every route (guard.go):
 // a request from a web page of a foreign origin (outside Ollama's
 // allow-list, OLLAMA_ORIGINS honoured as Ollama honours it) and, on a
@@ -155,7 +167,7 @@ func (c *cmd) parse(args []string) (*config, error) {
 	fs.IntVar(&cfg.device, "device", 0, "the GPU (as the reader numbers it) Ollama's loads go to")
 	fs.BoolVar(&cfg.gpu, "gpu", true, "read the GPU (NVML, else nvidia-smi) to admit loads by memory; -gpu=false: no reader")
 	fs.BoolVar(&cfg.makeRoom, "make-room", false, "with a GPU reader, make room for a load (unload idle unleased models, free ComfyUI's cache) instead of refusing it")
-	fs.DurationVar(&cfg.admitWait, "admit-wait", 0, "how long a load kept out by leases waits for them before it is refused (0: refused at once)")
+	fs.DurationVar(&cfg.admitWait, "admit-wait", 0, "how long an admission may wait, for leases to end and the room to be made, before the load is refused (0: a load kept by leases is refused at once)")
 	fs.DurationVar(&cfg.retryAfter, "retry-after", 5*time.Second, "Retry-After of a refusal when no lease among the blockers has an end")
 	var reserve uint64
 	fs.Uint64Var(&reserve, "reserve", 0, "`bytes` that must stay free on the device after a load (with a GPU reader)")
