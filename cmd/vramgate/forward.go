@@ -78,7 +78,11 @@ type state struct {
 	// admission says what the admission checked, for the reply's header.
 	admission string
 	loadedFn  func() // the load was answered: the admission's landed
-	once      sync.Once
+	// look answers, when the admission checked nothing, whether the
+	// model was absent as the request went out; ev is the admission's.
+	look chan bool
+	ev   vramguard.AdmissionEvent
+	once sync.Once
 	// holdDone: a generation with keep_alive 0, whose done line waits for
 	// the verified unload.
 	holdDone bool
@@ -155,23 +159,21 @@ func (g *gate) forward(w http.ResponseWriter, r *http.Request, body []byte, q *r
 		ran = true
 		if g.client.BudgetOff() || g.cfg.budget(g.reader) == nil {
 			// The admission checked nothing (no budget, or memory alone
-			// and no reader): the gate looks for its load metrics only.
-			if resident, err := g.resident(ctx); err == nil {
-				ev.Load = !slices.Contains(resident, name)
-			}
+			// and no reader): the gate looks whether the request loads
+			// the model for its metrics only, beside the request rather
+			// than before it (Ollama lists a model only once its load has
+			// ended, so a look sent with the request still sees it
+			// absent); modifyResponse reads the answer.
+			look := make(chan bool, 1)
+			go func() {
+				resident, err := g.resident(ctx)
+				look <- err == nil && !slices.Contains(resident, name)
+			}()
+			st.look, st.ev = look, ev
+		} else {
+			g.record(st, ev)
 		}
-		st.load = ev.Load
-		if ev.Load {
-			st.cause, st.by = g.causeOf(name)
-		}
-		for _, e := range ev.Evicted {
-			if e.Verified {
-				g.noteGone(e.Model, st.client, "made room for "+name)
-			}
-		}
-		st.admission = g.summary(ev)
 		st.loadedFn = landed
-		g.log.Debug("admitted", "model", q.Model, "client", st.client, "admission", st.admission)
 		g.send(w, r.WithContext(ctx), q, st)
 		return nil
 	})
@@ -185,6 +187,24 @@ func (g *gate) forward(w http.ResponseWriter, r *http.Request, body []byte, q *r
 	default:
 		g.refuse(w, g.refusalOf(name, err), st.client)
 	}
+}
+
+// record records what the admission of a request did (ev): whether it
+// loads the model and why it was absent, the models unloaded for it, the
+// X-Vramgate-Admission header.
+func (g *gate) record(st *state, ev vramguard.AdmissionEvent) {
+	name := vramguard.NormalizeModelName(st.model)
+	st.load = ev.Load
+	if ev.Load {
+		st.cause, st.by = g.causeOf(name)
+	}
+	for _, e := range ev.Evicted {
+		if e.Verified {
+			g.noteGone(e.Model, st.client, "made room for "+name)
+		}
+	}
+	st.admission = g.summary(ev)
+	g.log.Debug("admitted", "model", name, "client", st.client, "admission", st.admission)
 }
 
 // requester names the HTTP client a load is admitted for, in the load's
@@ -218,6 +238,10 @@ func (g *gate) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	st.unlock()
+	if st.look != nil {
+		st.ev.Load = <-st.look
+		g.record(st, st.ev)
+	}
 	if st.admission != "" {
 		resp.Header.Set("X-Vramgate-Admission", st.admission)
 	}
