@@ -23,8 +23,11 @@
 //     GET /vramgate/can-load?model=M answers the same question without
 //     loading.
 //   - Leases over HTTP: POST /vramgate/leases takes a lease on a model,
-//     held by the gate in the host-wide lease directory with a TTL; its id
-//     extends (POST /vramgate/leases/ID) and releases (DELETE) it.
+//     held by the gate in the host-wide lease directory with a TTL, for
+//     the HTTP client (every vramguard program, the gate's own unloads and
+//     room-making included, keeps the model as the client's and names it:
+//     "render-box via vramgate (pid N, ...)"); its id extends (POST
+//     /vramgate/leases/ID) and releases (DELETE) it.
 //   - Reservations over HTTP (reserve.go): POST /vramgate/reservations
 //     {"device", "bytes", "for", "holder", "pid", "ttl", "make_room"} keeps
 //     free bytes of a device for a recipient, host-wide (every vramguard

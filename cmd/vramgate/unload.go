@@ -76,12 +76,10 @@ func (g *gate) verifiedUnload(ctx context.Context, model, client, why string) (*
 	var rep *vramguard.UnloadReport
 	var err error
 	wasListed := false
-	if held := g.leases.infosOn(model); len(held) > 0 {
-		// A lease an HTTP client took through the gate: the gate's own
-		// client is not kept by it, so the gate keeps it here.
-		err = &vramguard.Error{Op: "unload", Model: model, Kind: vramguard.KindRefused,
-			Err: &vramguard.LeasedError{Model: vramguard.NormalizeModelName(model), Leases: held}}
-	} else if err = g.awaitLoad(ctx, model); err == nil {
+	// A lease an HTTP client took through the gate keeps the gate's own
+	// client too (it is held for the client: ReserveOptions.Model), so
+	// UnloadModel refuses it, naming the client, as another program's.
+	if err = g.awaitLoad(ctx, model); err == nil {
 		// UnloadReport.WasLoaded is false when the model went before the
 		// library's first look; the gate's own look tells an eviction from
 		// an unload of a model already gone.
