@@ -35,7 +35,8 @@
 // this client has a generation on (EnsureFree takes such models last). Every unload is verified. "Leased"
 // is what the call does with a model another client's lease keeps
 // ([OllamaClient.HoldModel], or a phase of any other vramguard client on
-// the host, in any process): "left" (the report's
+// the host, in any process), or a lease this client holds for someone
+// else ([OllamaClient.Reserve] with ReserveOptions.Model): "left" (the report's
 // Leased says by whom; no failure), "refused" ([ErrLeased], KindRefused) or
 // "kept" (room-making leaves it, and fails with a [RoomError] naming it
 // when the room cannot be made without it). Options.Protected models are

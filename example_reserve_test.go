@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/vramguard/vramguard"
 )
@@ -68,4 +69,49 @@ func ExampleOllamaClient_Reserve() {
 	// reserved 20 GiB for render 42
 	// chat refused: render 42 true
 	// chat after release: <nil>
+}
+
+// A proxy holds a model for its HTTP client: every vramguard program on
+// the host sees the client's name on the lease, and the proxy's own
+// unloads keep the model as they keep another program's.
+func ExampleOllamaClient_Reserve_holdForAClient() {
+	s, leases, stop := sharedHost("llama3.2", 2<<30)
+	defer stop()
+	opts := vramguard.Options{Host: s.URL().String(), Leases: leases}
+	proxy, err := vramguard.NewClient(opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer proxy.Close()
+	orchestrator, err := vramguard.NewClient(opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer orchestrator.Close()
+	ctx := context.Background()
+	if _, err := proxy.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "llama3.2", Prompt: "hi"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		log.Fatal(err)
+	}
+
+	lease, err := proxy.Reserve(ctx, 0, 0, vramguard.ReserveOptions{Model: "llama3.2", For: "chat-ui", TTL: time.Minute})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var le *vramguard.LeasedError
+	_, err = orchestrator.UnloadModel(ctx, "llama3.2")
+	if errors.As(err, &le) {
+		fmt.Println("orchestrator refused: held for", le.Leases[0].For)
+	}
+	_, err = proxy.UnloadModel(ctx, "llama3.2")
+	fmt.Println("proxy refused:", errors.Is(err, vramguard.ErrLeased), s.Listed("llama3.2"))
+
+	if err := lease.Release(); err != nil { // or Extend, while the client keeps it
+		log.Fatal(err)
+	}
+	rep, err := proxy.UnloadModel(ctx, "llama3.2")
+	fmt.Println(err, rep.Verified)
+	// Output:
+	// orchestrator refused: held for chat-ui
+	// proxy refused: true true
+	// <nil> true
 }

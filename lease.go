@@ -14,10 +14,11 @@ import (
 	"github.com/vramguard/vramguard/internal/lease"
 )
 
-// ErrLeased: a lease keeps the model: another program's, another client's
-// or a phase's (see OllamaClient.HoldModel). UnloadModel of a leased model
-// fails with it (KindRefused); every other unload leaves the model and
-// says so in UnloadReport.Leased.
+// ErrLeased: a lease keeps the model: another program's, another client's,
+// a phase's (see OllamaClient.HoldModel) or one this client holds for
+// someone else (OllamaClient.Reserve with ReserveOptions.Model).
+// UnloadModel of a leased model fails with it (KindRefused); every other
+// unload leaves the model and says so in UnloadReport.Leased.
 var ErrLeased = errors.New("model is leased")
 
 // ErrProtected: Options.Protected keeps the model out of room-making
@@ -55,9 +56,10 @@ type LeaseOptions struct {
 }
 
 // LeaseInfo describes a lease, as every vramguard client on the host sees
-// it: a hold on a model (HoldModel, a phase's), or a reservation of free
-// memory on a device (Reserve, a hand-over's), which has Bytes above zero
-// and no Model.
+// it: a hold on a model (HoldModel, a phase's, or one taken for someone
+// else: Reserve with ReserveOptions.Model, which names them in For), or a
+// reservation of free memory on a device (Reserve, a hand-over's), which
+// has Bytes above zero and no Model.
 type LeaseInfo struct {
 	ID      string
 	Model   string
@@ -68,8 +70,11 @@ type LeaseInfo struct {
 	Created time.Time
 	Until   time.Time // zero: until released, or until the holder exits
 
-	// A reservation's device, bytes, recipient (ReserveOptions.For) and
-	// recipient's process (0: not known). Taken is what the recipient has
+	// A reservation's device and bytes; the recipient (For, as
+	// ReserveOptions.For) and the recipient's process (ForPID, 0: not
+	// known) of a reservation or of a hold taken for someone else (a
+	// proxy's HTTP client, say: Reserve with ReserveOptions.Model; "" and 0
+	// for any other hold). Taken is what a reservation's recipient has
 	// allocated of Bytes as the device showed it at the reading that
 	// listed the reservation (DeviceMemory.Reserved); zero where not
 	// measured.
@@ -84,10 +89,23 @@ type LeaseInfo struct {
 }
 
 // String names the holder for a message: "caption (pid 42, phase
-// prompts, until 12:00:01)"; for a reservation "orchestrator (pid 42, 10.0
-// GiB on device 0 for ComfyUI render 42, until 12:00:01)".
+// prompts, until 12:00:01)"; for a hold taken for someone else the
+// recipient first, "chat-ui via vramgate (pid 42, until 12:00:01)" (with
+// the recipient's process, "chat-ui (pid 7) via vramgate ..."); for a
+// reservation "orchestrator (pid 42, 10.0 GiB on device 0 for ComfyUI
+// render 42, until 12:00:01)".
 func (l LeaseInfo) String() string {
 	s := fmt.Sprintf("%s (pid %d", l.Program, l.PID)
+	if l.Bytes == 0 && (l.For != "" || l.ForPID != 0) {
+		who := printable(l.For)
+		switch {
+		case who == "":
+			who = fmt.Sprintf("pid %d", l.ForPID)
+		case l.ForPID != 0:
+			who += fmt.Sprintf(" (pid %d)", l.ForPID)
+		}
+		s = who + " via " + s
+	}
 	if l.Bytes > 0 {
 		s += fmt.Sprintf(", %s on device %d", vramFormatBytes(l.Bytes), l.Device)
 		if l.Taken > 0 {
@@ -107,7 +125,7 @@ func (l LeaseInfo) String() string {
 }
 
 // printable is s, quoted when it holds a rune that is not printable (a
-// reservation's For as another program wrote it).
+// lease's For as another program wrote it).
 func printable(s string) string {
 	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
 		return strconv.Quote(s)
@@ -166,8 +184,10 @@ func (c *OllamaClient) leaseDir() (*lease.Dir, error) {
 }
 
 // heldLeases returns the live leases on model ("": on every model) at
-// this client's server that other holders have: this client's own leases
-// (its phases', its HoldModel's) keep other clients' unloads, not its own.
+// this client's server that keep this client's calls: other holders',
+// and the holds this client took for someone else (Reserve with
+// ReserveOptions.Model). Its own leases (its phases', its HoldModel's)
+// keep other clients' unloads, not its own.
 func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
 	d, _ := c.leaseDir()
 	if d == nil {
@@ -194,15 +214,12 @@ func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
 	}
 	var out []LeaseInfo
 	for _, r := range rs {
-		if !c.ownsLease(r.ID) {
+		if own := c.ownLease(r.ID); own == nil || own.forOther {
 			out = append(out, infoOf(r))
 		}
 	}
 	return out
 }
-
-// ownsLease reports whether this client holds the lease id.
-func (c *OllamaClient) ownsLease(id string) bool { return c.ownLease(id) != nil }
 
 // ownLease is this client's lease id; nil when it holds none of that id.
 func (c *OllamaClient) ownLease(id string) *Lease {
@@ -226,15 +243,20 @@ func (c *OllamaClient) isProtected(model string) bool {
 // on a model (HoldModel, a phase's), while it lasts their unloads leave
 // the model (UnloadModel is refused with ErrLeased) and their room-making
 // does not evict it; on free memory (Reserve, a hand-over's reservation),
-// their admissions and room-making count its bytes as not free. It ends at
-// Release, at its Until, when the client is closed, or when the holding
-// process exits, SIGKILL included (the operating system drops its lock);
-// a reservation also when its recipient has taken it whole. A Lease is
-// safe for concurrent use.
+// their admissions and room-making count its bytes as not free. A hold on
+// a model taken for someone else (Reserve with ReserveOptions.Model) is
+// honoured by its own client too. It ends at Release, at its Until, when
+// the client is closed, or when the holding process exits, SIGKILL
+// included (the operating system drops its lock); a reservation also when
+// its recipient has taken it whole. A Lease is safe for concurrent use.
 type Lease struct {
 	c    *OllamaClient
 	held *lease.Held
-	info LeaseInfo // ID, Model, Device and Bytes never change: read without mu
+	info LeaseInfo // ID, Model, Device, Bytes, For and ForPID never change: read without mu
+	// forOther marks a hold taken for someone else (Reserve with
+	// ReserveOptions.Model): it keeps this client's calls as another
+	// holder's lease does, and it always has an end, as a reservation.
+	forOther bool
 	// mu guards timer and info's Until: a short lease's timer may fire
 	// before track stores it, and Extend moves both.
 	mu    sync.Mutex
@@ -253,11 +275,12 @@ func (l *Lease) Info() LeaseInfo {
 
 // Extend makes the lease end d from now instead of at its Until: every
 // client on the host sees the new end at its next reading. Zero d, for a
-// lease on a model, makes it last until Release; a reservation always has
-// an end, at most an hour away (ReserveOptions.TTL). A released or expired
-// lease cannot be extended (KindInvalidInput wrapping ErrClosed); a
-// negative or too long d fails with KindInvalidInput; a failure to write
-// the lease's file with KindUnavailable, the lease unchanged.
+// lease on a model, makes it last until Release; a lease Reserve took (a
+// reservation, or a hold for someone else) always has an end, at most an
+// hour away (ReserveOptions.TTL). A released or expired lease cannot be
+// extended (KindInvalidInput wrapping ErrClosed); a negative or too long d
+// fails with KindInvalidInput; a failure to write the lease's file with
+// KindUnavailable, the lease unchanged.
 func (l *Lease) Extend(d time.Duration) error {
 	const op = "extend"
 	switch {
@@ -265,6 +288,8 @@ func (l *Lease) Extend(d time.Duration) error {
 		return invalid(op, l.info.Model, "negative lease span %v", d)
 	case l.info.Bytes > 0 && (d == 0 || d > maxReserveTTL):
 		return invalid(op, "", "reservation span %v: it must be above 0 and at most %v", d, maxReserveTTL)
+	case l.forOther && (d == 0 || d > maxReserveTTL):
+		return invalid(op, l.info.Model, "span %v of a hold for someone else: it must be above 0 and at most %v", d, maxReserveTTL)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -314,7 +339,10 @@ func (l *Lease) Release() error {
 // keeps every other vramguard client on the host, in this process or any
 // other, from unloading it while it lasts (ForceUnloadModel overrides it).
 // This client's own calls are not kept by its own leases: to keep a model
-// from this client's room-making, name it in Options.Protected.
+// from this client's room-making, name it in Options.Protected. To hold a
+// model for someone else (a proxy for its HTTP client), so that every
+// program on the host, this client included, keeps it as that someone's
+// and names them, call Reserve with ReserveOptions.Model.
 //
 // It fails with KindInvalidInput for a bad name or a negative d, with
 // ErrClosed on a closed client, and with KindUnavailable when leases are
@@ -333,10 +361,14 @@ func (c *OllamaClient) HoldModel(ctx context.Context, model string, d time.Durat
 	if err := ctx.Err(); err != nil {
 		return nil, newError(op, model, KindCanceled, context.Cause(ctx))
 	}
-	return c.hold(op, model, d, "")
+	return c.hold(op, model, d, lease.Record{}, false)
 }
 
-func (c *OllamaClient) hold(op, model string, d time.Duration, note string) (*Lease, error) {
+// hold takes a lease on model at this client's server for d (zero: until
+// Release). who carries what the lease says of its holder beyond its
+// process: Note, and for a hold taken for someone else (forOther) the
+// recipient, For and ForPID.
+func (c *OllamaClient) hold(op, model string, d time.Duration, who lease.Record, forOther bool) (*Lease, error) {
 	dir, err := c.leaseDir()
 	if dir == nil {
 		if err == nil {
@@ -347,7 +379,7 @@ func (c *OllamaClient) hold(op, model string, d time.Duration, note string) (*Le
 	if c.host == "" {
 		return nil, newError(op, model, KindUnavailable, errors.New("the client does not know its server's address (a caller's api.Client without Options.Host): a lease could not name it"))
 	}
-	r := lease.Record{Server: lease.NormalizeServer(c.host), Model: NormalizeModelName(model), Note: note}
+	r := lease.Record{Server: lease.NormalizeServer(c.host), Model: NormalizeModelName(model), Note: who.Note, For: who.For, ForPID: who.ForPID}
 	if d > 0 {
 		r.Until = time.Now().Add(d)
 	}
@@ -355,13 +387,14 @@ func (c *OllamaClient) hold(op, model string, d time.Duration, note string) (*Le
 	if err != nil {
 		return nil, newError(op, model, KindUnavailable, err)
 	}
-	return c.track(h, d), nil
+	return c.track(h, d, forOther), nil
 }
 
 // track makes h a Lease of this client (released by Close), ended by its
-// own timer after d when d is above zero.
-func (c *OllamaClient) track(h *lease.Held, d time.Duration) *Lease {
-	l := &Lease{c: c, held: h, info: infoOf(h.Record())}
+// own timer after d when d is above zero; forOther marks a hold taken for
+// someone else.
+func (c *OllamaClient) track(h *lease.Held, d time.Duration, forOther bool) *Lease {
+	l := &Lease{c: c, held: h, info: infoOf(h.Record()), forOther: forOther}
 	c.leases.mu.Lock()
 	if c.leases.held == nil {
 		c.leases.held = make(map[*Lease]struct{})
@@ -440,14 +473,15 @@ func (c *OllamaClient) leftLeased(model string, mode unloadMode) (rep *UnloadRep
 	return rep, nil, true
 }
 
-// ownLeases are the leases on models this client holds.
+// ownLeases are the leases on models this client holds as its own (not
+// those it holds for someone else, which heldLeases lists).
 func (c *OllamaClient) ownLeases() []LeaseInfo {
 	c.leases.mu.Lock()
 	defer c.leases.mu.Unlock()
 	out := make([]LeaseInfo, 0, len(c.leases.held))
 	for l := range c.leases.held {
-		if l.info.Bytes > 0 {
-			continue // a reservation holds no model
+		if l.info.Bytes > 0 || l.forOther {
+			continue // a reservation holds no model; a hold for another is not this client's
 		}
 		info := l.Info()
 		info.Model = NormalizeModelName(info.Model)
@@ -456,14 +490,14 @@ func (c *OllamaClient) ownLeases() []LeaseInfo {
 	return out
 }
 
-// ownLeased is the set of models (normalized) this client holds leases on:
-// its phases' and HoldModel's.
+// ownLeased is the set of models (normalized) this client holds leases on
+// as its own: its phases' and HoldModel's.
 func (c *OllamaClient) ownLeased() map[string]bool {
 	c.leases.mu.Lock()
 	defer c.leases.mu.Unlock()
 	out := make(map[string]bool, len(c.leases.held))
 	for l := range c.leases.held {
-		if l.info.Bytes == 0 {
+		if l.info.Bytes == 0 && !l.forOther {
 			out[NormalizeModelName(l.info.Model)] = true
 		}
 	}

@@ -435,7 +435,7 @@ func (p *Phase) enter(model string) (leave func(), err error) {
 	if !slices.ContainsFunc(p.models, func(m string) bool { return NormalizeModelName(m) == key }) {
 		p.models = append(p.models, model)
 		if !p.opts.NoLease && !p.c.opts.Leases.Off {
-			if l, err := p.c.hold("phase "+p.name, model, 0, "phase "+p.name); err == nil {
+			if l, err := p.c.hold("phase "+p.name, model, 0, lease.Record{Note: "phase " + p.name}, false); err == nil {
 				p.leases = append(p.leases, l)
 			} else if _, derr := p.c.leaseDir(); derr != nil {
 				// The refused directory was logged once, at WARN.

@@ -21,17 +21,21 @@ const (
 )
 
 // ReserveOptions describes a reservation: free memory of one device kept
-// for a recipient (Reserve, EnsureRequest.Reservation, a phase's hand-over).
-// The zero value keeps the bytes for two minutes for an unnamed recipient,
+// for a recipient (Reserve, EnsureRequest.Reservation, a phase's hand-over);
+// or, with Model, a hold on a model kept for a recipient (Reserve). The
+// zero value keeps the bytes for two minutes for an unnamed recipient,
 // not consumed as it allocates.
 type ReserveOptions struct {
-	// For names the recipient in every refusal the reservation causes,
-	// e.g. "ComfyUI render 42" (at most 256 bytes of printable UTF-8).
+	// For names the recipient in every refusal the reservation or hold
+	// causes, e.g. "ComfyUI render 42" (at most 256 bytes of printable
+	// UTF-8): LeaseInfo.For, as every vramguard program on the host reads
+	// it.
 	For string
 	// Note says what holds it, as LeaseInfo.Note ("phase prompts", or
 	// the name of a client a proxy holds it for), under the same rules.
 	Note string
-	// PID is the recipient's process, when known. Where the VRAM reader
+	// PID is the recipient's process, when known (LeaseInfo.ForPID). For a
+	// hold (Model) it only names the process. Where the VRAM reader
 	// lists processes, the reservation is consumed as the device shows
 	// that process's memory grow: it shrinks by as much (what it held when
 	// the reservation was taken is the base), so reserved plus taken stays
@@ -39,9 +43,11 @@ type ReserveOptions struct {
 	// a PID, or where the reader lists no processes, it stays whole until
 	// released or until its TTL: consumption is measured, never assumed.
 	PID uint32
-	// TTL is how long the reservation lasts unless released, extended
-	// (Lease.Extend) or consumed first; zero means two minutes. It must
-	// not be negative or above an hour.
+	// TTL is how long the reservation or hold lasts unless released,
+	// extended (Lease.Extend) or consumed first; zero means two minutes.
+	// It must not be negative or above an hour: what is kept for someone
+	// else always has an end, so that a recipient who went away does not
+	// keep memory or a model for long.
 	TTL time.Duration
 	// Load, when set, names the model whose load in flight the
 	// reservation stands for: a load admitted that the server does not
@@ -51,21 +57,43 @@ type ReserveOptions struct {
 	// the model) and plans with the loaded model, instead of refusing the
 	// room or handing over bytes the load is about to take. A budget's
 	// admission takes one for each load it admits; so does vramgate.
+	// A hold (Model) has none.
 	Load string
+	// Model, when set, makes Reserve hold that model at this client's
+	// server for the recipient instead of reserving memory: a lease on
+	// the model, as HoldModel's, that names the recipient (For, PID) and
+	// Note to every vramguard program on the host (LeaseInfo), and that
+	// keeps this client's own calls too, as another program's lease does
+	// (its UnloadModel is refused with ErrLeased, its room-making and
+	// budget keep the model; ForceUnloadModel overrides it): a proxy
+	// holding a model for its HTTP client holds it as the client's, not
+	// its own. A reservation of room (EnsureRequest.Reservation,
+	// PhaseOptions.Reserve, an admission's) takes no Model.
+	Model string
 }
 
-// validate checks o for op and returns its TTL, defaults applied.
+// validate checks o, a reservation of room, for op and returns its TTL,
+// defaults applied.
 func (o ReserveOptions) validate(op string) (time.Duration, error) {
+	if o.Model != "" {
+		return 0, invalid(op, o.Model, "a reservation of room names no model (ReserveOptions.Model is for Reserve's hold on a model)")
+	}
+	return o.check(op, "reservation", "")
+}
+
+// check checks o's TTL and names for op, a "reservation" or a "hold"
+// (of model), and returns its TTL, defaults applied.
+func (o ReserveOptions) check(op, what, model string) (time.Duration, error) {
 	switch {
 	case o.TTL < 0 || o.TTL > maxReserveTTL:
-		return 0, invalid(op, "", "reservation TTL %v: it must be between 0 (two minutes) and %v", o.TTL, maxReserveTTL)
+		return 0, invalid(op, model, "%s TTL %v: it must be between 0 (two minutes) and %v", what, o.TTL, maxReserveTTL)
 	}
 	for _, f := range []struct{ name, s string }{{"For", o.For}, {"Note", o.Note}, {"Load", o.Load}} {
 		switch {
 		case len(f.s) > maxReserveFor:
-			return 0, invalid(op, "", "reservation's %s is %d bytes, more than %d", f.name, len(f.s), maxReserveFor)
+			return 0, invalid(op, model, "%s's %s is %d bytes, more than %d", what, f.name, len(f.s), maxReserveFor)
 		case !utf8.ValidString(f.s) || slices.ContainsFunc([]rune(f.s), func(r rune) bool { return !unicode.IsPrint(r) }):
-			return 0, invalid(op, "", "reservation's %s %q is not printable UTF-8", f.name, f.s)
+			return 0, invalid(op, model, "%s's %s %q is not printable UTF-8", what, f.name, f.s)
 		}
 	}
 	if o.TTL == 0 {
@@ -104,8 +132,27 @@ func (o ReserveOptions) validate(op string) (time.Duration, error) {
 // negative device, zero bytes or more than the device holds, or options
 // that ReserveOptions rules out fail with KindInvalidInput; a closed
 // client fails with ErrClosed.
+//
+// With opts.Model set, Reserve holds that model for the recipient
+// instead: device and bytes must be 0 (else KindInvalidInput). It takes
+// a lease on the model at this client's server, as HoldModel does
+// (neither loading nor unloading it, no VRAM reader needed), that lasts
+// opts.TTL (zero: two minutes; Lease.Extend moves it, never past an hour
+// from then) and names opts.For, opts.PID and opts.Note to every
+// vramguard program on the host (LeaseInfo.For, ForPID, Note; its
+// String puts the recipient first: "chat-ui via vramgate (pid 42, ...)").
+// Unlike HoldModel's, this lease is not the client's own: the client's
+// UnloadModel is refused with ErrLeased naming the recipient, and its
+// room-making, budget and EnsureFree keep the model, as for another
+// program's lease (KeptModel.Leases lists it); ForceUnloadModel
+// overrides it, and Close releases it. It fails as HoldModel does: with
+// KindUnavailable when leases are off, the directory is refused, or the
+// client does not know its server's address.
 func (c *OllamaClient) Reserve(ctx context.Context, device int, bytes uint64, opts ReserveOptions) (*Lease, error) {
 	const op = "reserve"
+	if opts.Model != "" {
+		return c.holdFor(ctx, device, bytes, opts)
+	}
 	if device < 0 || bytes == 0 || bytes > maxBytes {
 		return nil, invalid(op, "", "reserve %d bytes on device %d: want 1 to %d bytes on a device of index 0 or more", bytes, device, uint64(maxBytes))
 	}
@@ -123,6 +170,38 @@ func (c *OllamaClient) Reserve(ctx context.Context, device int, bytes uint64, op
 		return nil, newError(op, "", KindCanceled, context.Cause(ctx))
 	}
 	return c.reserve(ctx, roomRequest{op: op, device: device, need: bytes}, opts, ttl)
+}
+
+// holdFor is Reserve with opts.Model: a hold on the model for the
+// recipient opts names, kept from this client's own calls too.
+func (c *OllamaClient) holdFor(ctx context.Context, device int, bytes uint64, opts ReserveOptions) (*Lease, error) {
+	const op = "reserve"
+	model := opts.Model
+	if err := validModelName(op, model); err != nil {
+		return nil, err
+	}
+	switch {
+	case device != 0 || bytes != 0:
+		return nil, invalid(op, model, "a hold on a model (ReserveOptions.Model) keeps no memory: it takes device 0 and bytes 0, not device %d and %d bytes", device, bytes)
+	case opts.Load != "":
+		return nil, invalid(op, model, "a hold on a model (ReserveOptions.Model) has no Load (%q): Load names the load a reservation stands for", opts.Load)
+	}
+	ttl, err := opts.check(op, "hold", model)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkOpen(op, model); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, newError(op, model, KindCanceled, context.Cause(ctx))
+	}
+	l, err := c.hold(op, model, ttl, lease.Record{For: opts.For, ForPID: int(opts.PID), Note: opts.Note}, true)
+	if err != nil {
+		return nil, err
+	}
+	c.log.Debug("model held for a recipient", "model", l.info.Model, "for", opts.For, "until", l.Info().Until.Format(time.TimeOnly))
+	return l, nil
 }
 
 // reserve takes a reservation of rq.need bytes on rq.device, under the
@@ -170,7 +249,7 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 	if err != nil {
 		return nil, newError(rq.op, "", KindUnavailable, err)
 	}
-	l := c.track(h, ttl)
+	l := c.track(h, ttl, false)
 	level := slog.LevelInfo
 	if opts.Load != "" {
 		level = slog.LevelDebug // one per admitted load

@@ -60,7 +60,9 @@ type EnsureRequest struct {
 	// KeepOwn keeps the models this client's own leases hold (its phases',
 	// HoldModel's) as another program's leases are kept (KeptModel.Leases
 	// names them), instead of taking them last: a caller that would rather
-	// make room elsewhere than unload what its phases keep warm.
+	// make room elsewhere than unload what its phases keep warm. The holds
+	// it took for someone else (Reserve with ReserveOptions.Model) are not
+	// its own: they are kept with or without it.
 	KeepOwn bool
 	// Reservation, when set, keeps the room once made (Bytes plus
 	// Reserve) for the recipient it names, as Reserve does: the report's

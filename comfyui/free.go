@@ -67,7 +67,8 @@ type FreeRequest struct {
 // others' reservations taken out, must still have it free), is in
 // Receipt.Reservation. Its recipient is ReserveOptions.For (with PID, it
 // ends as that process allocates); its holder releases it, or its TTL
-// ends it. A free that gave nothing back, or whose reservation was
+// ends it. ReserveOptions.Model (a hold on a model, not memory) has no
+// place here: with it set the reservation is refused as invalid input. A free that gave nothing back, or whose reservation was
 // refused, reserves nothing, and the receipt's NotChecked says why; the
 // free's own outcome stands.
 type FreeReservation struct {

@@ -21,15 +21,17 @@ import (
 const defaultLeaseTTL = time.Minute
 
 // httpLease is a lease an HTTP client took through the gate: a host-wide
-// vramguard lease the gate holds for it, until its TTL unless extended.
+// vramguard lease the gate holds for it (Reserve with
+// ReserveOptions.Model: every vramguard program, the gate's own client
+// included, sees it as the client's, named), until its TTL unless
+// extended.
 type httpLease struct {
 	token  string // the secret id only its taker knows
 	model  string // as the lease names it
 	holder string // the name the client gave
 	remote string // the client's address when it took the lease
-	// lease and timer change at an extension: read them under the
-	// table's lock.
-	lease *vramguard.Lease
+	lease  *vramguard.Lease
+	// timer changes at an extension: read it under the table's lock.
 	timer *time.Timer
 }
 
@@ -113,7 +115,7 @@ func (t *leaseTable) take(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	l, err := t.g.client.HoldModel(r.Context(), q.Model, ttl)
+	l, err := t.g.client.Reserve(r.Context(), 0, 0, vramguard.ReserveOptions{Model: q.Model, For: q.Holder, Note: leaseNote(r), TTL: ttl})
 	if err != nil {
 		writeError(w, leaseStatus(err), "lease %s: %s", q.Model, oneLine(err.Error()))
 		return
@@ -129,9 +131,17 @@ func (t *leaseTable) take(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, ans)
 }
 
+// leaseNote is what the host-wide lease says of where a take came from.
+func leaseNote(r *http.Request) string {
+	if r.RemoteAddr == "" {
+		return "HTTP lease"
+	}
+	return "HTTP lease from " + r.RemoteAddr
+}
+
 // extend answers POST /vramgate/leases/ID {"ttl"}: the lease now ends ttl
-// from now (a new host-wide lease replaces the old one, so that it never
-// lapses in between).
+// from now (the host-wide lease's file is rewritten in place, locked
+// throughout: Lease.Extend, so that it never lapses in between).
 func (t *leaseTable) extend(w http.ResponseWriter, r *http.Request) {
 	hl := t.lookup(w, r)
 	if hl == nil {
@@ -141,27 +151,24 @@ func (t *leaseTable) extend(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	nl, err := t.g.client.HoldModel(r.Context(), hl.model, ttl)
-	if err != nil {
+	if err := hl.lease.Extend(ttl); err != nil {
+		if errors.Is(err, vramguard.ErrClosed) { // ended at its TTL meanwhile
+			writeError(w, http.StatusNotFound, "no such lease (it ended)")
+			return
+		}
 		writeError(w, leaseStatus(err), "extend the lease: %s", oneLine(err.Error()))
 		return
 	}
 	t.mu.Lock()
 	if t.by[hl.token] != hl { // released or expired meanwhile
 		t.mu.Unlock()
-		_ = nl.Release()
 		writeError(w, http.StatusNotFound, "no such lease (it ended)")
 		return
 	}
-	old := hl.lease
-	hl.lease = nl
 	hl.timer.Stop()
 	hl.timer = time.AfterFunc(ttl, func() { t.expire(hl) })
 	ans := answerOf(hl, true)
 	t.mu.Unlock()
-	if err := old.Release(); err != nil {
-		t.g.log.Warn("release of the lease an extension replaced failed", "err", err)
-	}
 	writeJSON(w, http.StatusOK, ans)
 }
 
@@ -214,10 +221,9 @@ func (t *leaseTable) drop(hl *httpLease) error {
 	}
 	delete(t.by, hl.token)
 	hl.timer.Stop()
-	l := hl.lease
 	t.mu.Unlock()
 	t.g.metrics.leases.Dec()
-	return l.Release()
+	return hl.lease.Release()
 }
 
 // expire ends a lease at its TTL: its taker did not extend it (it may be

@@ -23,8 +23,11 @@
 //     GET /vramgate/can-load?model=M answers the same question without
 //     loading.
 //   - Leases over HTTP: POST /vramgate/leases takes a lease on a model,
-//     held by the gate in the host-wide lease directory with a TTL; its id
-//     extends (POST /vramgate/leases/ID) and releases (DELETE) it.
+//     held by the gate in the host-wide lease directory with a TTL, for
+//     the HTTP client (every vramguard program, the gate's own unloads and
+//     room-making included, keeps the model as the client's and names it:
+//     "render-box via vramgate (pid N, ...)"); its id extends (POST
+//     /vramgate/leases/ID) and releases (DELETE) it.
 //   - Reservations over HTTP (reserve.go): POST /vramgate/reservations
 //     {"device", "bytes", "for", "holder", "pid", "ttl", "make_room"} keeps
 //     free bytes of a device for a recipient, host-wide (every vramguard
@@ -172,7 +175,7 @@ func (c *cmd) parse(args []string) (*config, error) {
 	var reserve uint64
 	fs.Uint64Var(&reserve, "reserve", 0, "`bytes` that must stay free on the device after a load (with a GPU reader)")
 	fs.StringVar(&cfg.leaseDir, "lease-dir", "", "the host-wide lease directory (default: vramguard's, $XDG_RUNTIME_DIR/vramguard/leases); one given here that cannot be used (another owner, a mode other than 0700) stops the start, the default only turns leases off, with a WARN line")
-	fs.DurationVar(&cfg.leaseMax, "lease-max", 10*time.Minute, "longest TTL an HTTP lease may ask for")
+	fs.DurationVar(&cfg.leaseMax, "lease-max", 10*time.Minute, "longest TTL an HTTP lease or reservation may ask for (at most 1h)")
 	fs.DurationVar(&cfg.unloadWait, "unload-timeout", 30*time.Second, "bound of each verified unload")
 	fs.DurationVar(&cfg.stopWait, "stop-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to end")
 	fs.BoolVar(&cfg.keepOnExit, "keep-on-exit", false, "leave the models that loaded through the gate resident when it stops")
@@ -212,6 +215,8 @@ func (c *cmd) parse(args []string) (*config, error) {
 		return nil, usage("-device %d: want a device index (0, 1, ...)", cfg.device)
 	case cfg.admitWait < 0, cfg.retryAfter <= 0, cfg.leaseMax <= 0, cfg.unloadWait <= 0, cfg.stopWait <= 0:
 		return nil, usage("-admit-wait must be 0 or more, -retry-after, -lease-max, -unload-timeout and -stop-timeout more than 0")
+	case cfg.leaseMax > time.Hour:
+		return nil, usage("-lease-max %v: want at most 1h (what vramguard keeps for someone else always ends within an hour; a client extends it)", cfg.leaseMax)
 	case cfg.reserve > vramguard.MaxBytes:
 		return nil, usage("-reserve %d: more than any device", cfg.reserve)
 	}

@@ -200,6 +200,7 @@ func TestUsage(t *testing.T) {
 		{"argument", []string{"extra"}, 2, "unexpected argument"},
 		{"small -max-body", []string{"-max-body", "10"}, 2, "-max-body"},
 		{"negative -max-loaded", []string{"-max-loaded", "-1"}, 2, "-max-loaded"},
+		{"-lease-max over an hour", []string{"-lease-max", "61m"}, 2, "-lease-max 1h1m0s: want at most 1h"},
 		{"Ollama does not answer", []string{"-ollama", "127.0.0.1:1"}, 1, "does not answer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -73,22 +73,18 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 // verifiedUnload unloads model through the library, verified, and
 // remembers it for the next load's cause and the metrics.
 func (g *gate) verifiedUnload(ctx context.Context, model, client, why string) (*vramguard.UnloadReport, error) {
-	var rep *vramguard.UnloadReport
-	var err error
-	wasListed := false
-	if held := g.leases.infosOn(model); len(held) > 0 {
-		// A lease an HTTP client took through the gate: the gate's own
-		// client is not kept by it, so the gate keeps it here.
-		err = &vramguard.Error{Op: "unload", Model: model, Kind: vramguard.KindRefused,
-			Err: &vramguard.LeasedError{Model: vramguard.NormalizeModelName(model), Leases: held}}
-	} else {
-		// UnloadReport.WasLoaded is false when the model went before the
-		// library's first look; the gate's own look tells an eviction from
-		// an unload of a model already gone.
-		before, _ := g.resident(ctx)
-		wasListed = slices.Contains(before, vramguard.NormalizeModelName(model))
-		rep, err = g.client.UnloadModel(ctx, model)
-	}
+	// A lease an HTTP client took through the gate keeps the gate's own
+	// client too (it is held for the client: ReserveOptions.Model), so
+	// UnloadModel refuses it, naming the client, as another program's. A
+	// load through the gate not answered yet is the library's to cut
+	// (OllamaClient.Admit): an unload sent during a load is lost.
+	//
+	// UnloadReport.WasLoaded is false when the model went before the
+	// library's first look; the gate's own look tells an eviction from an
+	// unload of a model already gone.
+	before, _ := g.resident(ctx)
+	wasListed := slices.Contains(before, vramguard.NormalizeModelName(model))
+	rep, err := g.client.UnloadModel(ctx, model)
 	outcome := "verified"
 	switch {
 	case errors.Is(err, vramguard.ErrLeased):

@@ -7,7 +7,9 @@
 // # Leases
 //
 // A lease says: process PID (program Program) is using Model on the Ollama
-// server Server, since Created, until Until or until released (zero Until).
+// server Server, since Created, until Until or until released (zero Until);
+// or, with For (and ForPID) set, holds it there for that recipient (a
+// proxy's HTTP client, say).
 // [Dir.Acquire] takes one and returns it [Held]; [Held.Release] ends it;
 // [Dir.Live] lists those in force. A lease is advice among cooperating
 // clients: it keeps vramguard from unloading a model, not Ollama, and not

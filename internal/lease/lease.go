@@ -98,10 +98,13 @@ type Record struct {
 	// and its file is "<ID>.reserve" (see # Reservations in the package
 	// doc). Device is the device's index as the holder's VRAM reader
 	// numbers it, UUID its UUID where the reader gives one (the name that
-	// is the same for every reader on the host); For names the recipient the bytes are kept for (free
-	// text); ForPID is the recipient's process when known and ForBase what
-	// that process held on the device when the reservation was taken, so
-	// that a reader can see the reservation consumed as the process grows.
+	// is the same for every reader on the host); For names the recipient
+	// the bytes are kept for (free text); ForPID is the recipient's
+	// process when known and ForBase what that process held on the device
+	// when the reservation was taken, so that a reader can see the
+	// reservation consumed as the process grows. A lease on a model may
+	// name a recipient too (For, ForPID: the one a proxy holds it for);
+	// the other reservation fields it never has.
 	Device  int    `json:"device,omitempty"`
 	UUID    string `json:"uuid,omitempty"` // the device's UUID, when its reader gives one
 	Bytes   uint64 `json:"bytes,omitempty"`

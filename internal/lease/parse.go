@@ -19,9 +19,10 @@ import (
 // and appear once, with v 1, an id of 16 lower-case hex digits, a pid
 // above 0 and a created time (the times are returned in UTC, and must lie
 // in years 1 to 9999 there); a lease on a model has a server and a model
-// that are not empty and no reservation field, a reservation (bytes above
-// zero, at most MaxBytes) no model, a device and for_pid of at least zero
-// and a for_base of at most MaxBytes.
+// that are not empty and no field of a reservation's own (device, uuid,
+// for_base, load), though it may name a recipient (for, for_pid); a
+// reservation (bytes above zero, at most MaxBytes) no model, a device and
+// for_pid of at least zero and a for_base of at most MaxBytes.
 // Unknown keys are allowed and ignored, so that a later version can add
 // fields. Anything else is an *Error of Kind ErrMalformed. Path and UID
 // are left empty. Parse keeps no state and is safe for concurrent use.
@@ -125,7 +126,7 @@ func parse(b []byte) (Record, error) {
 		return r, fmt.Errorf("device %d", r.Device)
 	case r.ForPID < 0:
 		return r, fmt.Errorf("for_pid %d", r.ForPID)
-	case !r.IsReservation() && (r.Device != 0 || r.UUID != "" || r.For != "" || r.ForPID != 0 || r.ForBase != 0 || r.Load != ""):
+	case !r.IsReservation() && (r.Device != 0 || r.UUID != "" || r.ForBase != 0 || r.Load != ""):
 		return r, errors.New("a lease on a model has reservation fields")
 	case !r.IsReservation() && r.Server == "":
 		return r, errors.New("no server")

@@ -54,6 +54,27 @@ func TestReservationAcquireReservedRelease(t *testing.T) {
 	}
 }
 
+// A lease on a model may name a recipient (a proxy's client): it is a
+// lease, listed by Live with For and ForPID as written, never by
+// Reserved; a lease's other reservation fields are refused.
+func TestLeaseForARecipient(t *testing.T) {
+	d := openDir(t, Options{})
+	l := acquire(t, d, Record{Server: "127.0.0.1:11434", Model: "qwen3:8b", For: "chat-ui", ForPID: 77, Note: "HTTP lease"})
+	r := l.Record()
+	if r.Path != filepath.Join(d.Path(), r.ID+".lease") {
+		t.Fatalf("Record() = %+v: want <ID>.lease", r)
+	}
+	if got := live(t, d, "127.0.0.1:11434", "qwen3:8b"); len(got) != 1 || got[0] != r {
+		t.Fatalf("Live = %+v, want the lease %+v", got, r)
+	}
+	if got := reserved(t, d, -1); len(got) != 0 {
+		t.Fatalf("Reserved = %+v, want none", got)
+	}
+	if _, err := d.Acquire(Record{Server: "s", Model: "m", For: "x", ForBase: 5}); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("Acquire of a lease with for_base = %v, want ErrMalformed", err)
+	}
+}
+
 // Extend moves Until with the file locked throughout: another Dir sees
 // the reservation live before, at and after, with the new Until; an Until
 // in the past ends it for readers; a released Held cannot be extended.
@@ -137,7 +158,11 @@ func TestReservationParse(t *testing.T) {
 		{"for_base over MaxBytes", `,"bytes":1,"for_base":1125899906842625}`, false},
 		{"negative for_pid", `,"bytes":1,"for_pid":-3}`, false},
 		{"lease with a device", `,"server":"s","model":"m","device":1}`, false},
-		{"lease with for", `,"server":"s","model":"m","for":"x"}`, false},
+		{"lease for a recipient", `,"server":"s","model":"m","for":"x","for_pid":9}`, true},
+		{"lease with a uuid", `,"server":"s","model":"m","uuid":"GPU-1"}`, false},
+		{"lease with for_base", `,"server":"s","model":"m","for":"x","for_base":5}`, false},
+		{"lease with load", `,"server":"s","model":"m","load":"m"}`, false},
+		{"lease with a negative for_pid", `,"server":"s","model":"m","for_pid":-1}`, false},
 		{"neither model nor bytes", `,"server":"s"}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
