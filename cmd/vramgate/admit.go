@@ -19,10 +19,6 @@ import (
 	"github.com/vramguard/vramguard/comfyui"
 )
 
-// admitPoll is how often a load kept out by leases looks again while it
-// waits (-admit-wait).
-const admitPoll = 250 * time.Millisecond
-
 // verdict is what can-load answers for one model: the admission's answer,
 // asked without loading or unloading anything.
 type verdict struct {

@@ -266,21 +266,6 @@ func (t *leaseTable) holderOf(id string) string {
 	return ""
 }
 
-// infosOn lists the HTTP leases on model.
-func (t *leaseTable) infosOn(model string) []vramguard.LeaseInfo {
-	name := vramguard.NormalizeModelName(model)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var out []vramguard.LeaseInfo
-	for _, hl := range t.by {
-		if info := hl.lease.Info(); info.Model == name {
-			info.Note = "vramgate lease of " + hl.holder
-			out = append(out, info)
-		}
-	}
-	return out
-}
-
 // checkHolder accepts a name a person can read: 1 to 64 printable
 // characters.
 func checkHolder(h string) error {
