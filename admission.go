@@ -171,7 +171,8 @@ func (c *OllamaClient) budgetOn() bool {
 //
 // ctx bounds the admission, within Options.Timeouts.FirstChunk (the
 // admission comes before any chunk, as for this client's generations),
-// and is run's parent. While run runs the model counts as in use by this
+// and is run's parent; run itself is bounded by ctx alone, not by the
+// client's Timeouts (its request is the caller's). While run runs the model counts as in use by this
 // client: its room-making, a budget's and MaxLoaded's keep it
 // (KeptModel.InUse). run calls landed once the server has answered the
 // request (the load landed, or failed): that releases the load's
@@ -182,9 +183,12 @@ func (c *OllamaClient) budgetOn() bool {
 // lost by the server. Run returning ends all of it, a panic included.
 //
 // A refusal is an *Error of KindOutOfMemory whose cause is the
-// *RoomError (ErrOverBudget; ErrLeased when leases keep the room), a
-// model the server does not have is KindNotFound (run is not called),
-// a bad name or opts KindInvalidInput, a closed client ErrClosed; a wait
+// *RoomError (ErrOverBudget; ErrLeased when leases keep the room). A
+// model the server does not have is KindNotFound, run not called, where
+// the admission asks the server about it: its estimate (the memory
+// checks) or a slot to make for it; else run is called and
+// the server answers the request with its own 404. Otherwise a bad
+// name or opts is KindInvalidInput, a closed client ErrClosed; a wait
 // cut by FirstChunk is KindTimeout.
 func (c *OllamaClient) Admit(ctx context.Context, model string, options map[string]any, opts ReserveOptions, run func(ctx context.Context, ev AdmissionEvent, landed func()) error) error {
 	const op = "admit"

@@ -35,13 +35,18 @@ func ExampleOllamaClient_Admit() {
 		log.Fatal(err)
 	}
 
-	proxy := httputil.NewSingleHostReverseProxy(s.URL())
 	forward := func(w http.ResponseWriter, r *http.Request, model string) {
 		err := c.Admit(r.Context(), model, nil, vramguard.ReserveOptions{For: r.RemoteAddr},
 			func(ctx context.Context, ev vramguard.AdmissionEvent, landed func()) error {
-				defer landed() // the reply's headers came: the load landed, or failed
 				for _, e := range ev.Evicted {
 					fmt.Println("unloaded", e.Model, "verified:", e.Verified)
+				}
+				proxy := &httputil.ReverseProxy{
+					Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(s.URL()) },
+					// Ollama's reply headers come once the load has landed
+					// (or failed): the load's reservation ends there, not at
+					// the end of the generation.
+					ModifyResponse: func(*http.Response) error { landed(); return nil },
 				}
 				proxy.ServeHTTP(w, r.WithContext(ctx))
 				return nil

@@ -263,7 +263,13 @@ func TestHoldForSomeoneElseRefuses(t *testing.T) {
 	off := leaseClient(t, s, dir, vramguard.Options{Leases: vramguard.LeaseOptions{Off: true}})
 	closed := leaseClient(t, s, dir, vramguard.Options{})
 	_ = closed.Close()
-	hold := func(o vramguard.ReserveOptions) vramguard.ReserveOptions { o.Model = "small"; return o }
+	hold := func(o vramguard.ReserveOptions) vramguard.ReserveOptions {
+		o.Model = "small"
+		if o.For == "" {
+			o.For = "chat-ui"
+		}
+		return o
+	}
 	for _, tc := range []struct {
 		name   string
 		c      *vramguard.OllamaClient
@@ -276,6 +282,7 @@ func TestHoldForSomeoneElseRefuses(t *testing.T) {
 		{"bytes with a model", c, 0, gib, hold(vramguard.ReserveOptions{}), vramguard.KindInvalidInput, nil},
 		{"device with a model", c, 1, 0, hold(vramguard.ReserveOptions{}), vramguard.KindInvalidInput, nil},
 		{"bad model name", c, 0, 0, vramguard.ReserveOptions{Model: "a b"}, vramguard.KindInvalidInput, nil},
+		{"no recipient named", c, 0, 0, vramguard.ReserveOptions{Model: "small", For: " "}, vramguard.KindInvalidInput, nil},
 		{"blank model name", c, 0, 0, vramguard.ReserveOptions{Model: " "}, vramguard.KindInvalidInput, nil},
 		{"recipient not printable", c, 0, 0, hold(vramguard.ReserveOptions{For: "a\x00b"}), vramguard.KindInvalidInput, nil},
 		{"recipient too long", c, 0, 0, hold(vramguard.ReserveOptions{For: strings.Repeat("x", 300)}), vramguard.KindInvalidInput, nil},

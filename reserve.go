@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -126,15 +127,17 @@ func (o ReserveOptions) check(op, what, model string) (time.Duration, error) {
 // (ReserveOptions.Load), so it is counted before its runner shows it; a
 // load sent around them (a program talking to Ollama's own port) is not.
 //
-// It needs Options.VRAM (KindInvalidInput wrapping ErrNoVRAMReader
-// without: nothing would be verified) and host-wide leases
+// A reservation of memory needs Options.VRAM (KindInvalidInput wrapping
+// ErrNoVRAMReader without: nothing would be verified; a hold, below,
+// needs none) and host-wide leases
 // (KindUnavailable when LeaseOptions.Off or the directory is refused). A
 // negative device, zero bytes or more than the device holds, or options
 // that ReserveOptions rules out fail with KindInvalidInput; a closed
 // client fails with ErrClosed.
 //
 // With opts.Model set, Reserve holds that model for the recipient
-// instead: device and bytes must be 0 (else KindInvalidInput). It takes
+// instead: device and bytes must be 0, and For (or PID) must name the
+// recipient (else KindInvalidInput). It takes
 // a lease on the model at this client's server, as HoldModel does
 // (neither loading nor unloading it, no VRAM reader needed), that lasts
 // opts.TTL (zero: two minutes; Lease.Extend moves it, never past an hour
@@ -185,6 +188,8 @@ func (c *OllamaClient) holdFor(ctx context.Context, device int, bytes uint64, op
 		return nil, invalid(op, model, "a hold on a model (ReserveOptions.Model) keeps no memory: it takes device 0 and bytes 0, not device %d and %d bytes", device, bytes)
 	case opts.Load != "":
 		return nil, invalid(op, model, "a hold on a model (ReserveOptions.Model) has no Load (%q): Load names the load a reservation stands for", opts.Load)
+	case strings.TrimSpace(opts.For) == "" && opts.PID == 0:
+		return nil, invalid(op, model, "a hold for someone else (ReserveOptions.Model) names them: set For (or PID); HoldModel holds a model for this client itself")
 	}
 	ttl, err := opts.check(op, "hold", model)
 	if err != nil {
