@@ -113,6 +113,10 @@ var errBudgetOff = errors.New("budget off")
 func (c *OllamaClient) budgetOff(why string) {
 	c.admission.offOnce.Do(func() {
 		c.admission.off.Store(true)
+		if c.opts.Budget.MaxLoaded > 0 {
+			c.log.Info("VRAM budget's memory checks off: "+why+"; loads are checked for slots only (MaxLoaded)", "device", c.opts.Budget.Device, "max_loaded", c.opts.Budget.MaxLoaded)
+			return
+		}
 		c.log.Info("VRAM budget off: "+why+"; loads are not checked", "device", c.opts.Budget.Device)
 	})
 }

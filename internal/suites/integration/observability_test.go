@@ -320,7 +320,9 @@ func testHTTPClient(t *testing.T) *http.Client {
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 
-// lineBuffer keeps a process's output and sends its first line on first.
+// lineBuffer keeps a process's output and sends its first line that is
+// not a log record (slog's "time=..." lines, which the library's client
+// may write while the program starts) on first.
 type lineBuffer struct {
 	mu    sync.Mutex
 	b     bytes.Buffer
@@ -332,9 +334,16 @@ func (l *lineBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.b.Write(p)
-	if line, _, ok := bytes.Cut(l.b.Bytes(), []byte("\n")); ok && !l.sent {
-		l.sent = true
-		l.first <- string(line)
+	for rest := l.b.Bytes(); !l.sent; {
+		line, after, ok := bytes.Cut(rest, []byte("\n"))
+		if !ok {
+			break
+		}
+		if !bytes.HasPrefix(line, []byte("time=")) {
+			l.sent = true
+			l.first <- string(line)
+		}
+		rest = after
 	}
 	return len(p), nil
 }
