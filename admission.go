@@ -272,7 +272,7 @@ func (c *OllamaClient) admit(ctx context.Context, op, model string, options map[
 		return nil, nil, ev, newError(op, model, KindCanceled, err)
 	}
 	defer a.release()
-	ms, err := c.running(ctx)
+	ms, err := c.runningNow(ctx)
 	if err != nil {
 		return nil, nil, ev, err
 	}
@@ -452,7 +452,7 @@ func (c *OllamaClient) admitSlot(ctx context.Context, op, model string, b *Budge
 				return newError(op, model, KindOutOfMemory, re)
 			}
 		}
-		if ms, err = c.running(ctx); err != nil {
+		if ms, err = c.runningNow(ctx); err != nil {
 			return err
 		}
 		if findRunning(ms, model) != nil {

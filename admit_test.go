@@ -366,3 +366,23 @@ func TestAdmitBadInput(t *testing.T) {
 		t.Errorf("resident %v; want nothing unloaded", s.Running())
 	}
 }
+
+// Admissions in a row read the server each time without waiting for the
+// interval that paces unloads' polls (a proxy's requests one after
+// another paid up to Options.PollInterval each: 38 ms per 10-chunk
+// request through vramgate with -max-loaded, against 2 ms straight).
+// The interval here is 2 s: three admissions that each waited for it
+// would take 4 s at least.
+func TestAdmitInARowDoesNotWaitThePollInterval(t *testing.T) {
+	const interval = 2 * time.Second
+	s, c := slotSim(t, vramguard.Options{PollInterval: interval, UnloadTimeout: 3 * interval})
+	start := time.Now()
+	for range 3 {
+		if err := c.Admit(t.Context(), "big", nil, vramguard.ReserveOptions{}, forward(s, "big")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); took >= interval {
+		t.Errorf("three admissions of a listed model took %v; want less than one poll interval (%v)", took, interval)
+	}
+}

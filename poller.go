@@ -104,6 +104,42 @@ func (p *poller) fetch() (any, error) {
 	return l, nil
 }
 
+// now makes a request at once, outside the interval that paces the
+// unloads' polls, and shares its listing as the latest: an admission must
+// see the server as it is when its request is about to go out, and one
+// admission after another (a proxy's requests in a row) must not wait an
+// interval each. It is counted for join, and bounded by ctx and the
+// poller's timeout.
+func (p *poller) now(ctx context.Context) (listing, error) {
+	p.mu.Lock()
+	p.running++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		if p.running--; p.running == 0 && p.idle != nil {
+			close(p.idle)
+			p.idle = nil
+		}
+		p.mu.Unlock()
+	}()
+	rctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	l := listing{sent: time.Now()}
+	l.resp, l.err = p.list(rctx)
+	if ctx.Err() != nil {
+		return listing{}, context.Cause(ctx)
+	}
+	if p.seen != nil {
+		p.seen(l)
+	}
+	p.mu.Lock()
+	if l.sent.After(p.last.sent) {
+		p.last = l
+	}
+	p.mu.Unlock()
+	return l, nil
+}
+
 // join waits for the shared request in flight, if any, or until ctx is
 // done: Shutdown leaves no request of the client running.
 func (p *poller) join(ctx context.Context) error {

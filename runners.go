@@ -115,6 +115,31 @@ func (c *OllamaClient) running(ctx context.Context) ([]api.ProcessModelResponse,
 	return resp.Models, nil
 }
 
+// runningNow is running with a listing requested at once (poller.now),
+// read again once when the server fails it (Ollama up to v0.32.3
+// sometimes answers /api/ps during a load or unload with a bodiless 500):
+// for an admission, which reads the server before each load it admits.
+func (c *OllamaClient) runningNow(ctx context.Context) ([]api.ProcessModelResponse, error) {
+	const op = "list running"
+	var l listing
+	var err error
+	for try := 0; try < 2; try++ {
+		if l, err = c.ps.now(ctx); err == nil && l.err == nil {
+			return l.resp.Models, nil
+		}
+		if err != nil || ctx.Err() != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = l.err
+	}
+	if ctx.Err() != nil {
+		return nil, newError(op, "", KindCanceled, context.Cause(ctx))
+	}
+	return nil, newError(op, "", classify(err), err)
+}
+
 // ListModels lists the models installed on the server (GET /api/tags),
 // with failures classified like every other call. On a closed client it
 // fails with ErrClosed and sends nothing.

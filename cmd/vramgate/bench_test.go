@@ -98,14 +98,18 @@ func BenchmarkStreamThroughGate(b *testing.B) {
 	for _, c := range []struct {
 		chunks    int
 		flushEach bool
-	}{{benchChunks, false}, {benchChunks, true}, {10, false}} {
+		flags     []string
+	}{{benchChunks, false, nil}, {benchChunks, true, nil}, {10, false, nil}, {10, false, []string{"-max-loaded", "2"}}} {
 		name := "once"
 		if c.flushEach {
 			name = "flushed"
 		}
+		if c.flags != nil {
+			name += "/rules=slots" // the admission reads /api/ps (OllamaClient.Admit)
+		}
 		b.Run(fmt.Sprintf("chunks=%d/body=%s", c.chunks, name), func(b *testing.B) {
 			up := streamFixture(b, c.chunks, c.flushEach)
-			g := startGate(b, up.URL, nil)
+			g := startGate(b, up.URL, nil, c.flags...)
 			straight, through := apiClient(b, up.URL), apiClient(b, g.URL)
 			for _, cl := range []*api.Client{straight, through} { // the connections, untimed
 				if err := readStream(cl, c.chunks); err != nil {
