@@ -232,7 +232,7 @@ func kept(ks []vramguard.KeptModel, model string, why func(vramguard.KeptModel) 
 // run's ctx with ErrUnloadedWhileLoading (an unload sent during a load is
 // lost by the server); after landed it does not.
 func TestAdmitUnloadCutsALoadingRun(t *testing.T) {
-	s, c := slotSim(t, vramguard.Options{})
+	_, c := slotSim(t, vramguard.Options{})
 	for _, land := range []bool{false, true} {
 		inRun := make(chan struct{})
 		var cause atomic.Value
@@ -263,7 +263,6 @@ func TestAdmitUnloadCutsALoadingRun(t *testing.T) {
 			t.Errorf("landed %v: run's ctx ended with %v; cut by the unload: want %v", land, got, want)
 		}
 	}
-	_ = s
 }
 
 // Two admissions together against one device's memory: the first one's
@@ -306,7 +305,7 @@ func TestAdmitReservesTheLoadForItsRequester(t *testing.T) {
 	c, _ := countedClient(t, s, vramguard.Options{VRAM: s.GPU(), Budget: &vramguard.Budget{}, Leases: vramguard.LeaseOptions{Dir: dir}})
 	other, _ := countedClient(t, s, vramguard.Options{VRAM: s.GPU(), Leases: vramguard.LeaseOptions{Dir: dir}})
 	reservedFor := func() []string {
-		rep, err := other.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 7 * gib, DryRun: true})
+		_, err := other.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 7 * gib, DryRun: true})
 		var re *vramguard.RoomError
 		if err != nil && !errors.As(err, &re) {
 			t.Fatal(err)
@@ -317,7 +316,6 @@ func TestAdmitReservesTheLoadForItsRequester(t *testing.T) {
 				fors = append(fors, r.For+"|"+r.Note)
 			}
 		}
-		_ = rep
 		return fors
 	}
 	var during []string

@@ -81,18 +81,27 @@ func (p *poller) fetch() (any, error) {
 	}
 	p.running++
 	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		if p.running--; p.running == 0 && p.idle != nil {
-			close(p.idle)
-			p.idle = nil
-		}
-		p.mu.Unlock()
-	}()
+	defer p.done()
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
 	l := listing{sent: time.Now()}
 	l.resp, l.err = p.list(ctx)
+	p.record(l)
+	return l, nil
+}
+
+// done ends a request counted in running, waking join at the last.
+func (p *poller) done() {
+	p.mu.Lock()
+	if p.running--; p.running == 0 && p.idle != nil {
+		close(p.idle)
+		p.idle = nil
+	}
+	p.mu.Unlock()
+}
+
+// record tells seen of l and keeps it as the latest, unless a newer one is.
+func (p *poller) record(l listing) {
 	if p.seen != nil {
 		p.seen(l)
 	}
@@ -101,7 +110,6 @@ func (p *poller) fetch() (any, error) {
 		p.last = l
 	}
 	p.mu.Unlock()
-	return l, nil
 }
 
 // now makes a request at once, outside the interval that paces the
@@ -114,14 +122,7 @@ func (p *poller) now(ctx context.Context) (listing, error) {
 	p.mu.Lock()
 	p.running++
 	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		if p.running--; p.running == 0 && p.idle != nil {
-			close(p.idle)
-			p.idle = nil
-		}
-		p.mu.Unlock()
-	}()
+	defer p.done()
 	rctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	l := listing{sent: time.Now()}
@@ -129,14 +130,7 @@ func (p *poller) now(ctx context.Context) (listing, error) {
 	if ctx.Err() != nil {
 		return listing{}, context.Cause(ctx)
 	}
-	if p.seen != nil {
-		p.seen(l)
-	}
-	p.mu.Lock()
-	if l.sent.After(p.last.sent) {
-		p.last = l
-	}
-	p.mu.Unlock()
+	p.record(l)
 	return l, nil
 }
 
