@@ -381,7 +381,19 @@ func (g *gate) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	writeError(w, http.StatusBadGateway, "Ollama at %s did not answer: %v", g.upstream, err)
 }
 
-// passThrough forwards a request as it is.
+// passThrough forwards a request as it is, its body streamed (an upload
+// to /api/blobs may be gigabytes), full duplex: Ollama may answer before
+// the gate has forwarded the body's end (it reads what it needs, or
+// answers an error at once). Half duplex, Go's server would close the
+// request body as the answer's header goes out; the proxy's last read of
+// the body then fails and cuts Ollama's answer short (a 200 /api/show
+// with a truncated body, seen on v0.34.4). The routes the gate reads
+// (forward) send a body already read whole.
 func (g *gate) passThrough(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+			g.log.Debug("half duplex: Ollama's answer may be cut if it comes before the body's end", "path", r.URL.Path, "err", err)
+		}
+	}
 	g.proxy.ServeHTTP(w, r)
 }

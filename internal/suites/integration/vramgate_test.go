@@ -754,7 +754,7 @@ func TestGateKeepsOllamasGuards(t *testing.T) {
 			defer resp.Body.Close()
 			b, err := io.ReadAll(resp.Body)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s %s at %s: %d, reading the body: %v", method, path, base, resp.StatusCode, err)
 			}
 			lastHeader = resp.Header
 			return resp.StatusCode, string(b)
