@@ -36,6 +36,8 @@ type Budget struct {
 	// fewest bytes of Ollama's models on that device, never protected,
 	// leased or in-use ones, the other tenants), verified, and wait for
 	// the driver to give the memory back, instead of failing at once.
+	// The room is kept host-wide while it is made, then held for the load
+	// (its load reservation) until the load lands, as EnsureFree's is.
 	// Every wait counts against the generation's Timeouts (FirstChunk
 	// covers the admission): one that ends refuses the load with the
 	// *RoomError naming the holders.
@@ -378,7 +380,9 @@ func (c *OllamaClient) admitMemory(ctx context.Context, op, model string, b *Bud
 	}
 	if berr != nil && b.MakeRoom {
 		var made bool
-		berr, made, err = c.budgetRoom(ctx, b, model, need, berr, ev)
+		var kept *Lease // the room made, held until the load's reservation stands
+		berr, kept, made, err = c.budgetRoom(ctx, b, model, need, berr, ev)
+		defer c.endKeep(kept)
 		ev.MadeRoom = ev.MadeRoom || made
 		if errors.Is(err, errListedMeanwhile) {
 			return nil, true, nil
@@ -613,8 +617,10 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 // refused, and checks the budget again; madeRoom says whether a model was
 // unloaded, verified. errListedMeanwhile: another party loaded the model
 // meanwhile, so there is no load to admit. A room-making that refused or whose wait ended
-// refuses the load with its *RoomError (Budget set).
-func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, need uint64, berr *RoomError, ev *AdmissionEvent) (_ *RoomError, madeRoom bool, err error) {
+// refuses the load with its *RoomError (Budget set). kept is room-making's
+// hold on the room it made (keepRoom), for the caller to end once the
+// load's own reservation stands.
+func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, need uint64, berr *RoomError, ev *AdmissionEvent) (_ *RoomError, kept *Lease, madeRoom bool, err error) {
 	target := need
 	if b.MaxBytes > 0 && berr.Held+need > b.MaxBytes {
 		// Unloading Ollama models lowers what they hold as much as it
@@ -625,11 +631,12 @@ func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, 
 	rq, err := c.roomRequestOf(EnsureRequest{Device: b.Device, Bytes: target, Reserve: b.Headroom, WaitForLeases: b.WaitForLeases},
 		unloadMode{keepLoads: true, cause: CauseBudget})
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	rq.forLoad = model
+	rq.forLoad, rq.keep = model, true
 	erep, eerr := c.makeRoom(ctx, rq)
 	if erep != nil {
+		kept = erep.keep
 		for _, r := range erep.Evicted {
 			madeRoom = madeRoom || r.Verified
 		}
@@ -639,22 +646,22 @@ func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, 
 		// Another party loaded the model while room was made: a listed
 		// model is no load, and is not checked.
 		c.log.Debug("making room: the model was loaded meanwhile", "model", model)
-		return nil, madeRoom, errListedMeanwhile
+		return nil, kept, madeRoom, errListedMeanwhile
 	}
 	var re *RoomError
 	if errors.As(eerr, &re) {
 		c.log.Debug("making room failed", "model", model, "err", eerr)
 		re.Model, re.Budget, re.Held = model, berr.Budget, berr.Held
-		return re, madeRoom, nil
+		return re, kept, madeRoom, nil
 	}
 	if eerr != nil {
 		c.log.Debug("making room failed", "model", model, "err", eerr)
 		if KindOf(eerr) == KindCanceled || ctx.Err() != nil {
-			return nil, madeRoom, eerr
+			return nil, kept, madeRoom, eerr
 		}
 	}
 	if berr, err = c.checkBudget(ctx, b, model, need); err != nil {
-		return nil, madeRoom, err
+		return nil, kept, madeRoom, err
 	}
-	return berr, madeRoom, nil
+	return berr, kept, madeRoom, nil
 }

@@ -263,6 +263,76 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 	return l, nil
 }
 
+// keepRoom keeps, host-wide, the room rq is about to make on its device
+// while it is made: a reservation of rq.need bytes, taken with plan p
+// before its first step and without the free check of reserve (the bytes
+// are still the victims'; other programs see the device overdrawn until
+// the victims leave, DeviceMemory.Overdrawn), so that no other vramguard
+// program's admission, Reserve or room-making takes what p's unloads and
+// releases free before this call sees it free (composition oracle seeds
+// 1796429849072189095, 1796429849072185979: a chat program's budget
+// loaded into room a pool's placement and an EnsureFree had made, and the
+// maker was refused after evicting). The call ends it (room.go, makeRoom)
+// or turns it into the reservation it was asked for (EnsureFree's, a
+// budget's load reservation) before ending it. Taken under the lease
+// directory's lock, with the device read again: fresh is false when that
+// reading no longer lets p make the room (another holder reserved or took
+// memory since the plan), and nothing is taken: the caller plans again.
+// nil, true where leases are off or the directory or reader fails: the
+// room is then made as before, anyone's until taken (logged at debug).
+func (c *OllamaClient) keepRoom(ctx context.Context, rq roomRequest, p roomPlan) (l *Lease, fresh bool) {
+	dir, _ := c.leaseDir()
+	if dir == nil {
+		return nil, true
+	}
+	unlock, err := dir.Lock(ctx)
+	if err != nil {
+		c.log.Debug("room-making: the room is not kept while it is made", "device", rq.device, "err", err)
+		return nil, true
+	}
+	defer unlock()
+	_, d, err := c.readDevice(ctx, rq)
+	if err != nil {
+		return nil, true // the plan's own readings report it
+	}
+	if !p.unknown && d.Free+p.known() < rq.need+d.Overdrawn {
+		return nil, false
+	}
+	ttl := rq.timeout * (maxRoomRounds + 1)
+	if dl, ok := ctx.Deadline(); ok {
+		ttl = time.Until(dl)
+	}
+	ttl = min(max(ttl, time.Second), maxReserveTTL)
+	note := rq.op
+	if rq.model != "" {
+		note += " " + rq.model
+	}
+	if len(note) > maxReserveFor || !utf8.ValidString(note) {
+		note = rq.op
+	}
+	r := lease.Record{Device: d.Index, UUID: d.UUID, Bytes: rq.need, For: "the room it is making", Note: note, Until: time.Now().Add(ttl)}
+	if c.host != "" {
+		r.Server = lease.NormalizeServer(c.host)
+	}
+	h, err := dir.Acquire(r)
+	if err != nil {
+		c.log.Debug("room-making: the room is not kept while it is made", "device", rq.device, "err", err)
+		return nil, true
+	}
+	return c.track(h, ttl, false), true
+}
+
+// endKeep ends the hold keepRoom took, if any; a failure is logged (the
+// hold's TTL ends it anyway, and this process's exit).
+func (c *OllamaClient) endKeep(l *Lease) {
+	if l == nil {
+		return
+	}
+	if err := l.Release(); err != nil {
+		c.log.Warn("room-making: the hold on the room made was not released; it ends at its TTL", "until", l.Info().Until.Format(time.TimeOnly), "err", err)
+	}
+}
+
 // pidBytes is what process pid holds on d, as the reader lists it.
 func pidBytes(d *DeviceMemory, pid uint32) uint64 {
 	var n uint64

@@ -520,3 +520,103 @@ func TestOverdrawnReservationIsOwedFirst(t *testing.T) {
 		t.Fatalf("after: free %d, overdrawn %d; want the room with the reservation whole", d.Free, d.Overdrawn)
 	}
 }
+
+// Room-making keeps the room it makes, host-wide, from its plan on: what
+// its steps free is not another program's to take before the device shows
+// it free to the maker (composition oracle seeds 1796429849072189095 and
+// 1796429849072185979: a chat program's budget loaded into room a pool's
+// placement and an EnsureFree were making, and the maker was refused after
+// evicting, or waited out its bound). Here the plan's first step, a
+// tenant's release, frees 20 GiB, and in that window another client's
+// Reserve and a budget's load are tried: both are refused, naming the room
+// being made, and the maker gets its room. The hold ends with the call, or
+// becomes the reservation the call asked for; nothing is left behind.
+func TestRoomKeptWhileItIsMade(t *testing.T) {
+	const making = "the room it is making"
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, orch *vramguard.OllamaClient) (*vramguard.Lease, error)
+		// reserved: the recipient the maker's call left a reservation for
+		reserved string
+	}{
+		{"EnsureFree", func(t *testing.T, orch *vramguard.OllamaClient) (*vramguard.Lease, error) {
+			rep, err := orch.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 12 * gib})
+			if err == nil && rep.FreeAfter < 12*gib {
+				t.Errorf("EnsureFree: FreeAfter %d, want the 12 GiB", rep.FreeAfter)
+			}
+			return nil, err
+		}, ""},
+		{"EnsureFree with Reservation", func(t *testing.T, orch *vramguard.OllamaClient) (*vramguard.Lease, error) {
+			rep, err := orch.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 12 * gib, Reservation: &vramguard.ReserveOptions{For: "render 7"}})
+			if err != nil {
+				return nil, err
+			}
+			return rep.Reservation, nil
+		}, "render 7"},
+		{"a budget's MakeRoom", func(t *testing.T, orch *vramguard.OllamaClient) (*vramguard.Lease, error) {
+			_, err := orch.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "big", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
+			return nil, err
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+			if err := s.Reserve("desktop", 12*gib); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Reserve("comfy", 10*gib); err != nil {
+				t.Fatal(err)
+			}
+			dir := leaseDir(t)
+			gpu := &vramguardtest.GPU{Server: s}
+			orch := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Budget: &vramguard.Budget{MakeRoom: true}})
+			other := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+			chat := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Budget: &vramguard.Budget{}})
+			var tried bool
+			var rerr, gerr error // what the others got in the window
+			unregister, err := orch.RegisterTenant(vramguard.Tenant{Name: "comfy", Bytes: 10 * gib, First: true, Release: func(ctx context.Context) error {
+				s.Release("comfy")
+				tried = true
+				_, rerr = other.Reserve(ctx, 0, 6*gib, vramguard.ReserveOptions{For: "someone else"})
+				_, gerr = chat.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
+				return nil
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unregister()
+			res, err := tc.make(t, orch)
+			if err != nil {
+				t.Fatalf("the maker: %v", err)
+			}
+			if !tried {
+				t.Fatal("the tenant was not asked: the room was there")
+			}
+			checkNamesReservation(t, rerr, making)
+			checkNamesReservation(t, gerr, making)
+			if s.Loads("mid") != 0 {
+				t.Fatal("the chat program's load was admitted into the room being made")
+			}
+			if tc.reserved != "" {
+				if res == nil || res.Info().For != tc.reserved || res.Info().Bytes != 12*gib {
+					t.Fatalf("reservation %v, want 12 GiB for %s", res, tc.reserved)
+				}
+				if reservationFiles(t, dir) != 1 {
+					t.Fatalf("%d reservation files, want the reservation only (the hold on the room ended)", reservationFiles(t, dir))
+				}
+				_, err := other.Reserve(t.Context(), 0, 6*gib, vramguard.ReserveOptions{For: "someone else"})
+				checkNamesReservation(t, err, tc.reserved)
+				if err := res.Release(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := reservationFiles(t, dir); n != 0 {
+				t.Fatalf("%d reservation files after the call: the hold on the room was left", n)
+			}
+			l, err := other.Reserve(t.Context(), 0, 2*gib, vramguard.ReserveOptions{For: "after"})
+			if err != nil {
+				t.Fatalf("Reserve after the room was made: %v", err)
+			}
+			_ = l.Release()
+		})
+	}
+}

@@ -631,7 +631,15 @@ type roomRequest struct {
 	// server lists it, loaded meanwhile by another party, since a listed
 	// model is no load.
 	forLoad string
+	// keep: the caller turns the hold keepRoom took on the room into the
+	// reservation it was asked for, then ends it; makeRoom leaves the
+	// hold in EnsureReport.keep when it made the room.
+	keep bool
 }
+
+// maxKeepPlans bounds how often room-making plans again when the device
+// changed between its plan and the hold on the room (keepRoom).
+const maxKeepPlans = 2
 
 // maxRoomRounds bounds the steps of one room-making call: one per tier,
 // and one more for a model another program loaded meanwhile.
@@ -670,6 +678,10 @@ func (c *OllamaClient) makeRoom(ctx context.Context, rq roomRequest) (*EnsureRep
 	start := time.Now()
 	rep := &EnsureReport{Source: SourceNone}
 	err := c.makeRoomSteps(ctx, rq, rep)
+	if rep.keep != nil && (err != nil || !rq.keep) {
+		c.endKeep(rep.keep)
+		rep.keep = nil
+	}
 	rep.Elapsed = time.Since(start)
 	return rep, err
 }
@@ -679,6 +691,17 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		return c.makeRoomAll(ctx, rq, rep)
 	}
 	v, p, err := c.firstPlan(ctx, rq, rep)
+	for plans := 1; err == nil && !rq.dryRun && len(p.steps) > 0; plans++ {
+		// The room is kept host-wide from before the first step (keepRoom):
+		// what the steps free is this call's, not the first admission's
+		// elsewhere that reads the device before this call does.
+		var fresh bool
+		if rep.keep, fresh = c.keepRoom(ctx, rq, p); fresh || plans > maxKeepPlans {
+			break
+		}
+		c.log.Debug("room-making: the device changed since the plan; planning again", "device", rq.device, "need", rq.need)
+		v, p, err = c.firstPlan(ctx, rq, rep)
+	}
 	if err != nil || rq.dryRun || len(p.steps) == 0 {
 		return err
 	}

@@ -111,6 +111,9 @@ type EnsureReport struct {
 	// has allocated, or leave it to its TTL or consumption.
 	Reservation *Lease
 	Elapsed     time.Duration
+	// keep is room-making's host-wide hold on the room it made, left for
+	// a caller that turns it into its reservation (roomRequest.keep).
+	keep *Lease
 }
 
 // EnsureFree makes room for a load of req.Bytes (plus req.Reserve) on
@@ -160,6 +163,16 @@ type EnsureReport struct {
 // as for leases. This client's own reservations are its to use. With
 // req.Reservation the room, once made, is reserved in turn.
 //
+// From its plan until it returns, the room it makes is kept host-wide: a
+// reservation of the room's bytes held by this client (LeaseInfo.For
+// "the room it is making", Note the call) that every other vramguard
+// client on the host counts as not free, the device shown overdrawn
+// (DeviceMemory.Overdrawn) while the victims leave, so that what the
+// unloads free is not taken by another program's admission, Reserve or
+// room-making before this call sees it. It ends when the call returns, or
+// becomes req.Reservation's reservation first. A program that loads around
+// vramguard (Ollama's own port) is not kept out.
+//
 // Without a VRAM reader it cannot measure. With req.AllModels it unloads
 // every listed model not kept, other programs' included, runs the
 // release step and reports Source SourceNone; without AllModels it fails with an *Error
@@ -194,12 +207,16 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 	if req.Reservation != nil {
 		ttl, _ = req.Reservation.validate(rq.op) // checked by roomRequestOf
 	}
+	rq.keep = req.Reservation != nil
 	for attempt := 0; ; attempt++ {
 		rep, err := c.makeRoom(ctx, rq)
 		if err != nil || req.Reservation == nil {
 			return rep, err
 		}
+		// The room made is held until the reservation stands.
 		res, err := c.reserve(ctx, rq, *req.Reservation, ttl)
+		c.endKeep(rep.keep)
+		rep.keep = nil
 		var re *RoomError
 		if err != nil && attempt < maxReserveAttempts && ctx.Err() == nil && errors.As(err, &re) && slices.ContainsFunc(re.Reserved, func(r LeaseInfo) bool { return r.Load != "" }) {
 			// Another program admitted a load after the room was made:
