@@ -521,13 +521,55 @@ func TestOverdrawnReservationIsOwedFirst(t *testing.T) {
 	}
 }
 
+// Room-making beside an overdrawn reservation, in two steps: the first
+// step's unload pays part of the debt and the view shows nothing free yet;
+// the wait after it measures the step, not the view's free memory, and
+// the second step makes the room (composition oracle seed
+// 1796437259495622033: the wait after the first unload waited its whole
+// bound for bytes the view could not show, and the call was refused after
+// evicting).
+func TestRoomMadeInStepsBesideAnOverdrawnReservation(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	loadForever(t, s, "small") // another program's idle model: the first tier
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	render := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	maker := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	warmModel(t, maker, "mid")
+	held, err := maker.HoldModel(t.Context(), "mid", 0) // its own leased model: the second tier
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	if _, err := render.Reserve(t.Context(), 0, 16*gib, vramguard.ReserveOptions{For: "render", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reserve("intruder", 4*gib); err != nil { // the reservation lacks 4 GiB
+		t.Fatal(err)
+	}
+	rep, err := maker.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 4 * gib, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("EnsureFree(4 GiB) beside a reservation overdrawn by 4 GiB: %v; want small, then mid, unloaded and the room made", err)
+	}
+	var evicted []string
+	for _, r := range rep.Evicted {
+		evicted = append(evicted, r.Model)
+	}
+	if strings.Join(evicted, ",") != "small:latest,mid:latest" {
+		t.Fatalf("evicted %v; want small, then mid", evicted)
+	}
+	if d := rep.Snapshot.Device(0); d.Overdrawn != 0 || d.Free < 4*gib {
+		t.Fatalf("after: free %d, overdrawn %d; want the room with the reservation whole", d.Free, d.Overdrawn)
+	}
+}
+
 // Room-making keeps the room it makes, host-wide, from its plan on: what
 // its steps free is not another program's to take before the device shows
 // it free to the maker (composition oracle seeds 1796429849072189095 and
 // 1796429849072185979: a chat program's budget loaded into room a pool's
 // placement and an EnsureFree were making, and the maker was refused after
 // evicting, or waited out its bound). Here the plan's first step, a
-// tenant's release, frees 20 GiB, and in that window another client's
+// tenant's release, frees 10 GiB, and in that window another client's
 // Reserve and a budget's load are tried: both are refused, naming the room
 // being made, and the maker gets its room. The hold ends with the call, or
 // becomes the reservation the call asked for; nothing is left behind.

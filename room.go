@@ -726,7 +726,7 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 			break // the final wait, after the release step, shows the room
 		}
 		if target > 0 { // a tenant's release was waited for already
-			if _, werr := c.awaitRoom(ctx, rq, v, rep, target); werr != nil {
+			if _, werr := c.awaitRoom(ctx, rq, v, rep, target, v.owed); werr != nil {
 				return errors.Join(append([]error{werr}, errs...)...)
 			}
 		}
@@ -746,7 +746,7 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if _, werr := c.awaitRoom(ctx, rq, v, rep, rq.need); werr != nil {
+	if _, werr := c.awaitRoom(ctx, rq, v, rep, rq.need, 0); werr != nil {
 		errs = append([]error{werr}, errs...) // the outcome first: KindOf reads it
 	}
 	return errors.Join(errs...)
@@ -851,7 +851,7 @@ func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *Ensur
 				// then too, and the room is planned with it.
 				rechecked = true
 				wctx, stop := c.untilListed(ctx, v.unlistedModels, rq.interval)
-				_, _ = c.awaitBounded(wctx, rq, min(v.total, v.free+v.unlisted))
+				_, _ = c.awaitBounded(wctx, rq, min(v.total, v.free+v.unlisted), v.owed)
 				stop()
 				if ctx.Err() == nil {
 					continue
@@ -1025,7 +1025,7 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 		for _, s := range group {
 			target += s.bytes
 		}
-		target = min(target, rq.need)
+		target = min(target, rq.need+v.owed) // the room, the debt paid first (debtFree)
 		names := make([]string, len(group))
 		for i, s := range group {
 			names[i] = s.name
@@ -1036,9 +1036,10 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 		return target, err
 	}
 	var errs []error
+	base := v.free // free as the waits count it, the plan's debt counted back (debtFree)
 	for _, s := range group {
 		released[s.tenant] = true
-		tr := c.releaseTenant(ctx, rq, s, v.free)
+		tr, after := c.releaseTenant(ctx, rq, s, v.free, base, v.owed)
 		rep.Tenants = append(rep.Tenants, tr)
 		if tr.Err != nil {
 			kind := KindInternal
@@ -1052,7 +1053,7 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 			}
 			errs = append(errs, newError(rq.op, "", kind, fmt.Errorf("tenant %s: %w", s.name, tr.Err)))
 		}
-		v.free = tr.FreeAfter
+		v.free, base = tr.FreeAfter, after
 	}
 	return 0, errors.Join(errs...)
 }
@@ -1061,7 +1062,10 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 // rq.timeout (for a budget's load by ctx alone), and waits, within
 // rq.timeout, for the device to show it: s.bytes more than before or the
 // room, whichever is less; for a tenant of unknown size the room itself.
-func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s roomCand, before uint64) TenantRelease {
+// before is the view's free memory; base is what the wait counts as free
+// then, the plan's debt owed counted back (debtFree), and after is that
+// count once the tenant released.
+func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s roomCand, before, base, owed uint64) (_ TenantRelease, after uint64) {
 	start := time.Now()
 	tr := TenantRelease{Name: s.name, FreeBefore: before, FreeAfter: before}
 	c.log.Debug("asking a tenant for memory", "tenant", s.name, "device", rq.device, "bytes", s.bytes)
@@ -1076,37 +1080,40 @@ func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s room
 	}
 	tr.Err = runRelease(rctx, s.release)
 	cancel()
+	after = base
 	if tr.Err != nil { // no wait for a release that failed: one reading says what it left
 		if snap, err := c.view(ctx); err == nil {
 			if d := snap.Device(rq.device); d != nil {
-				tr.FreeAfter = d.Free
+				tr.FreeAfter, after = d.Free, debtFree(d, owed)
 			}
 		}
 		tr.Elapsed = time.Since(start)
-		return tr
+		return tr, after
 	}
-	// What it gives back, but never more than the room: a tenant that
-	// overstates its bytes (past the device's total) is still verified by
-	// the room it makes.
-	target := rq.need
+	// What it gives back, but never more than the room (the debt paid
+	// first): a tenant that overstates its bytes (past the device's
+	// total) is still verified by the room it makes.
+	target := rq.need + owed
 	if s.known {
-		target = min(before+s.bytes, rq.need)
+		target = min(base+s.bytes, target)
 	}
-	snap, err := c.awaitBounded(ctx, rq, target)
+	snap, err := c.awaitBounded(ctx, rq, target, owed)
 	if d := snap.Device(rq.device); d != nil {
-		tr.FreeAfter = d.Free
+		tr.FreeAfter, after = d.Free, debtFree(d, owed)
 	}
-	tr.Verified = err == nil && tr.FreeAfter > before
+	tr.Verified = err == nil && after > base
 	tr.Elapsed = time.Since(start)
-	return tr
+	return tr, after
 }
 
 // awaitRoom waits, within rq.timeout and ctx, for target free bytes on
-// the device. When the wait ends first, the error is KindOutOfMemory with
+// the device, counted with the debt owed back (debtFree: a plan's step
+// that pays others' overdrawn reservations shows nothing free in the view
+// until it is paid; 0 for the room itself). When the wait ends first, the error is KindOutOfMemory with
 // the *RoomError of the last reading (the wait's cause kept in Err).
-func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView, rep *EnsureReport, target uint64) (*VRAMSnapshot, error) {
+func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView, rep *EnsureReport, target, owed uint64) (*VRAMSnapshot, error) {
 	waitStart := time.Now()
-	snap, err := c.awaitBounded(ctx, rq, target)
+	snap, err := c.awaitBounded(ctx, rq, target, owed)
 	ev := VRAMWaitEvent{Device: rq.device, Server: c.host, Need: target, Waited: time.Since(waitStart), Err: err}
 	if snap != nil {
 		rep.Snapshot, rep.Source = snap, snap.Source
@@ -1127,7 +1134,7 @@ func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView
 // awaitBounded is AwaitFree for target bytes within rq.timeout, whose
 // passing is the cause (it wraps context.DeadlineExceeded and names the
 // bound).
-func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target uint64) (*VRAMSnapshot, error) {
+func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target, owed uint64) (*VRAMSnapshot, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, rq.timeout,
 		fmt.Errorf("the device did not show it within %v (EnsureRequest.Timeout, else Options.UnloadTimeout): %w", rq.timeout, context.DeadlineExceeded))
 	defer cancel()
@@ -1136,11 +1143,60 @@ func (c *OllamaClient) awaitBounded(ctx context.Context, rq roomRequest, target 
 		ctx, stop = c.untilListed(ctx, []string{rq.forLoad}, rq.interval)
 		defer stop()
 	}
-	snap, err := AwaitFree(ctx, viewReader{c}, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval})
+	var r VRAMReader = viewReader{c}
+	var dr *debtReader
+	if owed > 0 {
+		dr = &debtReader{c: c, device: rq.device, owed: owed}
+		r = dr
+	}
+	snap, err := AwaitFree(ctx, r, AwaitRequest{Device: rq.device, Bytes: target, PollInterval: rq.interval})
+	if dr != nil && snap != nil {
+		snap = dr.last // as the client's view shows it, not as the wait counted it
+	}
 	if err != nil && errors.Is(context.Cause(ctx), errListedMeanwhile) {
 		return snap, errListedMeanwhile
 	}
 	return snap, err
+}
+
+// debtFree is d's free memory with owed bytes of debt counted back: what a
+// plan that began with others' reservations owed bytes past the driver's
+// free memory (roomView.owed, DeviceMemory.Overdrawn) counts as free. The
+// view shows nothing free until that debt is paid, so a wait for what a
+// step frees measures the step in these terms, and never waits for bytes
+// the step was planned to pay the debt with (composition oracle seed
+// 1796437259495622033: room-making unloaded a model beside a reservation
+// overdrawn by 2 GiB and waited its bound for the view to show the model's
+// 2 GiB).
+func debtFree(d *DeviceMemory, owed uint64) uint64 {
+	if d.Overdrawn > 0 {
+		return owed - min(owed, d.Overdrawn) // the view's Free is 0 then
+	}
+	return d.Free + owed
+}
+
+// debtReader is the client's view with a plan's debt counted back on one
+// device (debtFree), for AwaitFree; last is its last snapshot as the view
+// showed it (AwaitFree reads one at a time).
+type debtReader struct {
+	c      *OllamaClient
+	device int
+	owed   uint64
+	last   *VRAMSnapshot
+}
+
+func (r *debtReader) Snapshot(ctx context.Context) (*VRAMSnapshot, error) {
+	snap, err := r.c.view(ctx)
+	if err != nil || snap == nil {
+		return snap, err
+	}
+	r.last = snap
+	out := *snap
+	out.Devices = slices.Clone(snap.Devices)
+	if d := out.Device(r.device); d != nil {
+		d.Free, d.Overdrawn = debtFree(d, r.owed), 0
+	}
+	return &out, nil
 }
 
 // errListedMeanwhile ends a budget's wait for room when the server lists
@@ -1251,7 +1307,7 @@ func (c *OllamaClient) makeRoomAll(ctx context.Context, rq roomRequest, rep *Ens
 	rep.Release = rr
 	errs = append(errs, err)
 	if c.opts.VRAM != nil {
-		_, err := c.awaitRoom(ctx, rq, v, rep, rq.need)
+		_, err := c.awaitRoom(ctx, rq, v, rep, rq.need, 0)
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
