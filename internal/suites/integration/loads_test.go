@@ -218,9 +218,15 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 				}
 				resp, err := tr.RoundTrip(r)
 				if r.URL.Path == "/api/generate" && err == nil {
-					mu.Lock()
-					replied = time.Now()
-					mu.Unlock()
+					// The reply counts once read whole, as the library
+					// counts it (its settle window starts when it has the
+					// reply, not when the headers came: on a busy machine
+					// the two are milliseconds apart, a poll's worth).
+					resp.Body = &readBody{ReadCloser: resp.Body, done: func() {
+						mu.Lock()
+						replied = time.Now()
+						mu.Unlock()
+					}}
 				}
 				return resp, err
 			})},
@@ -319,6 +325,27 @@ func TestUnloadCutsOwnLoad(t *testing.T) {
 		}
 		watchAbsent(t, s, blob, watch)
 	})
+}
+
+// readBody calls done once, when the body has been read to its end or
+// closed.
+type readBody struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (b *readBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.once.Do(b.done)
+	}
+	return n, err
+}
+
+func (b *readBody) Close() error {
+	b.once.Do(b.done)
+	return b.ReadCloser.Close()
 }
 
 // roundTripFunc is an http.RoundTripper made of a func.
