@@ -792,8 +792,15 @@ func playSteps(t *testing.T, steps [][]composeOp, shape composeShape) ([]compose
 			// which of two calls of one step the library saw begin first.
 			// So can another holder's reservation, or a reservation's
 			// recipient allocating, in the same step; and a load of the
-			// chat program, as one of the other client's.
-			taken := slices.ContainsFunc(step, func(o composeOp) bool { return o.kind == "reserve" && asked[o.device] }) ||
+			// chat program, as one of the other client's. A lease the
+			// other client takes in the same step on a model of the device
+			// keeps a later step of the plan from being carried out (seed
+			// 1796442412968310332: EnsureFree planned b, then its own
+			// phase's d; the other client's hold on d came between):
+			// nothing keeps another holder from leasing.
+			taken := slices.ContainsFunc(step, func(o composeOp) bool {
+				return o.kind == "reserve" && asked[o.device] || o.kind == "hold" && on(o.model, asked)
+			}) ||
 				rsvTaken(step, asked, w.pool) ||
 				slices.ContainsFunc(stepLoads, func(l composeLoad) bool {
 					return on(l.model, asked) && l.end.After(callStart[u.call]) &&

@@ -690,7 +690,7 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 	if rq.all {
 		return c.makeRoomAll(ctx, rq, rep)
 	}
-	v, p, err := c.firstPlan(ctx, rq, rep)
+	v, p, err := c.firstPlan(ctx, rq, rep, nil)
 	for plans := 1; err == nil && !rq.dryRun && len(p.steps) > 0; plans++ {
 		// The room is kept host-wide from before the first step (keepRoom):
 		// what the steps free is this call's, not the first admission's
@@ -700,7 +700,7 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 			break
 		}
 		c.log.Debug("room-making: the device changed since the plan; planning again", "device", rq.device, "need", rq.need)
-		v, p, err = c.firstPlan(ctx, rq, rep)
+		v, p, err = c.firstPlan(ctx, rq, rep, nil)
 	}
 	if err != nil || rq.dryRun || len(p.steps) == 0 {
 		return err
@@ -733,7 +733,20 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		if v, _, err = c.viewRoom(ctx, rq, released); err != nil {
 			return errors.Join(append(errs, err)...)
 		}
-		p = planRoom(v, rq.need)
+		if p = planRoom(v, rq.need); !p.enough && !p.unknown && len(errs) == 0 {
+			// The rest of the plan no longer makes the room (another
+			// holder leased a model it counted on, another program took
+			// memory): planned as at the start, which waits for leases
+			// (WaitForLeases), runners leaving and loads landing, and
+			// otherwise refuses at once, naming what keeps the room,
+			// instead of waiting out the bound for memory nothing frees.
+			first := *rep
+			v, p, err = c.firstPlan(ctx, rq, rep, released)
+			rep.FreeBefore, rep.Plan = first.FreeBefore, first.Plan
+			if err != nil {
+				return err
+			}
+		}
 	}
 	if refused := tenantRefusal(errs); refused != nil {
 		if err := c.refusedRoom(ctx, rq, v, rep, refused); err != nil {
@@ -816,12 +829,13 @@ func (c *OllamaClient) refusedRoom(ctx context.Context, rq roomRequest, v roomVi
 // firstPlan takes the first view and plan, fills in what the report says
 // before anything is done, and refuses a plan that cannot make the room
 // (waiting for leases instead, with rq.waitLeases, under ctx and
-// rq.timeout).
-func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *EnsureReport) (roomView, roomPlan, error) {
+// rq.timeout). released are the tenants the call asked already (nil at
+// its start), which no plan asks again.
+func (c *OllamaClient) firstPlan(ctx context.Context, rq roomRequest, rep *EnsureReport, released map[int]bool) (roomView, roomPlan, error) {
 	var deadline <-chan time.Time
 	rechecked, loadsAwaited := false, false
 	for waited := false; ; waited = true {
-		v, snap, err := c.viewRoom(ctx, rq, nil)
+		v, snap, err := c.viewRoom(ctx, rq, released)
 		if errors.Is(err, errListedMeanwhile) {
 			return v, roomPlan{}, err
 		}
@@ -1030,7 +1044,7 @@ func (c *OllamaClient) roomStep(ctx context.Context, rq roomRequest, rep *Ensure
 		for i, s := range group {
 			names[i] = s.name
 		}
-		c.log.Debug("making room", "device", rq.device, "need", rq.need, "unload", names)
+		c.log.Debug("making room", "device", rq.device, "need", rq.need, "free", v.free, "owed", v.owed, "unload", names)
 		reps, err := c.unloadMany(ctx, names, rq.mode)
 		rep.Evicted = append(rep.Evicted, reps...)
 		return target, err

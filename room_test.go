@@ -754,3 +754,74 @@ func TestEnsureFreeAllModelsOnCPU(t *testing.T) {
 		t.Errorf("protected model kept as %+v", k)
 	}
 }
+
+// A plan whose later step another holder's lease rules out, after its
+// first step ran, is planned again as at the start: refused at once,
+// naming the lease, rather than after waiting out the bound for memory
+// nothing frees; with WaitForLeases it waits for the lease instead, and
+// makes the room once it ends (composition oracle seed
+// 1796442412968310332). The first step is a tenant's release, in which the
+// other client leases the model the second step counted on.
+func TestRoomPlannedAgainWhenALeaseComesBetweenSteps(t *testing.T) {
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("WaitForLeases=%v", wait), func(t *testing.T) {
+			s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+			if err := s.Reserve("desktop", 14*gib); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Reserve("comfy", 2*gib); err != nil {
+				t.Fatal(err)
+			}
+			dir := leaseDir(t)
+			gpu := &vramguardtest.GPU{Server: s}
+			maker := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+			other := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+			warmModel(t, maker, "mid") // 6 GiB; 2 GiB free of 24
+			own, err := maker.HoldModel(t.Context(), "mid", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer own.Release()
+			var leased *vramguard.Lease
+			var lerr error
+			unregister, err := maker.RegisterTenant(vramguard.Tenant{Name: "comfy", Bytes: 2 * gib, First: true, Release: func(ctx context.Context) error {
+				s.Release("comfy")
+				leased, lerr = other.HoldModel(ctx, "mid", 300*time.Millisecond)
+				return nil
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unregister()
+			// 2 free + comfy's 2 + mid's 6 make the 10 GiB: comfy first,
+			// then mid, this client's own leased model.
+			rep, err := maker.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib, Timeout: 10 * time.Second, WaitForLeases: wait})
+			if lerr != nil {
+				t.Fatal(lerr)
+			}
+			defer leased.Release()
+			if rep == nil || len(rep.Tenants) != 1 {
+				t.Fatalf("report %+v; want comfy asked once (a plan made again asks no tenant twice)", rep)
+			}
+			if wait {
+				if err != nil || !slices.ContainsFunc(rep.Evicted, func(u vramguard.UnloadReport) bool { return u.Model == "mid:latest" && u.Verified }) {
+					t.Fatalf("EnsureFree with WaitForLeases: %v, evicted %+v; want mid unloaded once the other's lease ended", err, rep.Evicted)
+				}
+				return
+			}
+			var re *vramguard.RoomError
+			if !errors.As(err, &re) || !errors.Is(err, vramguard.KindOutOfMemory) || !errors.Is(err, vramguard.ErrLeased) {
+				t.Fatalf("EnsureFree: %v; want a *RoomError matching ErrLeased", err)
+			}
+			if errors.Is(err, context.DeadlineExceeded) || re.Err != nil {
+				t.Fatalf("EnsureFree: %v; want refused by arithmetic once the lease came, not after waiting out its bound", err)
+			}
+			if len(re.Kept) != 1 || re.Kept[0].Model != "mid:latest" || len(re.Kept[0].Leases) != 1 || re.RetryAfter <= 0 {
+				t.Fatalf("kept %+v, retry after %v; want mid, kept by the other's lease, and its end", re.Kept, re.RetryAfter)
+			}
+			if len(rep.Plan) != 2 || rep.Plan[0] != "comfy" || rep.Plan[1] != "mid:latest" {
+				t.Fatalf("Plan %v; want the first plan, comfy then mid", rep.Plan)
+			}
+		})
+	}
+}

@@ -148,7 +148,11 @@ type EnsureReport struct {
 // the room. Each wait is bounded by req.Timeout; one that
 // ends is KindOutOfMemory with the *RoomError of the last reading, its
 // cause kept (errors.Is sees ctx's). With req.WaitForLeases it waits for
-// leases that keep it from making room instead of refusing. A reader that
+// leases that keep it from making room instead of refusing. When, after a
+// step, the rest of the plan can no longer make the room (another holder
+// leased a model it counted on, another program took memory), it plans
+// again as at the start: it refuses at once, or waits for the leases with
+// req.WaitForLeases, asking no tenant twice. A reader that
 // lists several devices but does not say which a model is on keeps that
 // model (ErrUnattributed) rather than evict it blind. A runner the device
 // shows and the server does not list is leaving or loading: when its
