@@ -38,6 +38,9 @@ type Budget struct {
 	// the driver to give the memory back, instead of failing at once.
 	// The room is kept host-wide while it is made, then held for the load
 	// (its load reservation) until the load lands, as EnsureFree's is.
+	// What is kept while it is made is the room its arithmetic counts on:
+	// with MaxBytes, the free memory its target includes too (the room
+	// is made by lowering what Ollama holds), not only the load's need.
 	// Every wait counts against the generation's Timeouts (FirstChunk
 	// covers the admission): one that ends refuses the load with the
 	// *RoomError naming the holders.

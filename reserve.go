@@ -298,14 +298,19 @@ func (c *OllamaClient) keepRoom(ctx context.Context, rq roomRequest, p roomPlan)
 	if !p.unknown && d.Free+p.known() < rq.need+d.Overdrawn {
 		return nil, false
 	}
-	ttl := rq.timeout * (maxRoomRounds + 1)
+	// Past every wait the call may make: per round an unload (its
+	// verification bounded by Options.UnloadTimeout) and up to four waits
+	// of rq.timeout (the step's, and a plan made again: runners leaving,
+	// loads landing, leases); or the caller's deadline. The call ends it
+	// sooner; the TTL only bounds a hold whose call is stuck.
+	ttl := time.Duration(maxRoomRounds+1) * (max(rq.timeout, c.opts.UnloadTimeout) + 4*rq.timeout)
 	if dl, ok := ctx.Deadline(); ok {
-		ttl = time.Until(dl)
+		ttl = min(ttl, time.Until(dl)+time.Second)
 	}
 	ttl = min(max(ttl, time.Second), maxReserveTTL)
 	note := rq.op
-	if rq.model != "" {
-		note += " " + rq.model
+	if rq.forLoad != "" {
+		note = "budget, for the load of " + rq.forLoad
 	}
 	if len(note) > maxReserveFor || !utf8.ValidString(note) {
 		note = rq.op

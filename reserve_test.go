@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -660,5 +661,115 @@ func TestRoomKeptWhileItIsMade(t *testing.T) {
 			}
 			_ = l.Release()
 		})
+	}
+}
+
+// A budget's room-making keeps the room its arithmetic counts on, and its
+// hold names the load: with Budget.MaxBytes the target counts the memory
+// already free (the room is made by lowering what Ollama's runners hold),
+// so that memory is kept too while the room is made (were it not, another
+// program taking it would leave the maker refused after evicting). Here,
+// while comfy releases, another client's Reserve of 6 GiB is refused,
+// naming the load, and the load is admitted.
+func TestBudgetHoldNamesItsLoad(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	loadForever(t, s, "mid", "small") // Ollama holds 8 GiB
+	if err := s.Reserve("comfy", 2*gib); err != nil {
+		t.Fatal(err)
+	}
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	orch := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Budget: &vramguard.Budget{MakeRoom: true, MaxBytes: 11 * gib}})
+	other := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	var rerr error
+	unregister, err := orch.RegisterTenant(vramguard.Tenant{Name: "comfy", Bytes: 2 * gib, First: true, Release: func(ctx context.Context) error {
+		s.Release("comfy")
+		_, rerr = other.Reserve(ctx, 0, 6*gib, vramguard.ReserveOptions{For: "someone else"})
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unregister()
+	if _, err := orch.GenerateStreaming(t.Context(), &vramguard.GenerateRequest{Model: "big", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil); err != nil {
+		t.Fatalf("the budget's load: %v", err)
+	}
+	checkNamesReservation(t, rerr, "the room it is making")
+	if re := roomErr(t, rerr); re.Reserved[0].Note != "budget, for the load of big" {
+		t.Errorf("the hold's Note %q; want it to name the load", re.Reserved[0].Note)
+	}
+	if n := reservationFiles(t, dir); n != 0 {
+		t.Fatalf("%d reservation files after the load landed", n)
+	}
+}
+
+// The hold lasts as long as its call: an unload whose verification takes
+// longer than room-making's own wait bound (EnsureRequest.Timeout) does
+// not outlive it. Seen at the end of the unload, 1.5 s after the hold was
+// taken, with a 100 ms Timeout.
+func TestRoomHeldThroughASlowUnload(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true, UnloadDelay: 1500 * time.Millisecond})
+	if err := s.Reserve("desktop", 12*gib); err != nil {
+		t.Fatal(err)
+	}
+	loadForever(t, s, "mid") // 6 GiB free of 24
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	other := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	var files int
+	var rerr error
+	maker := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, UnloadTimeout: 10 * time.Second, Hooks: vramguard.Hooks{
+		OnUnloadEnd: func(ctx context.Context, _ vramguard.UnloadEnd) {
+			files = reservationFiles(t, dir)
+			_, rerr = other.Reserve(ctx, 0, 6*gib, vramguard.ReserveOptions{For: "someone else"})
+		}}})
+	if _, err := maker.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 12 * gib, Timeout: 100 * time.Millisecond}); err != nil {
+		t.Fatalf("EnsureFree: %v", err)
+	}
+	if files != 1 {
+		t.Fatalf("%d reservation files as the unload ended; want the hold on the room", files)
+	}
+	checkNamesReservation(t, rerr, "the room it is making")
+	if n := reservationFiles(t, dir); n != 0 {
+		t.Fatalf("%d reservation files after the call", n)
+	}
+}
+
+// holdPanicReader panics once, at the first reading after the lease
+// directory holds a reservation file.
+type holdPanicReader struct {
+	vramguard.VRAMReader
+	dir      string
+	panicked atomic.Bool
+}
+
+func (r *holdPanicReader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	if m, _ := filepath.Glob(filepath.Join(r.dir, "*.reserve")); len(m) > 0 && r.panicked.CompareAndSwap(false, true) {
+		panic("reader broke")
+	}
+	return r.VRAMReader.Snapshot(ctx)
+}
+
+// A panic in the middle of room-making (a reader's, here) ends the hold
+// on the room as a return does; the client stays usable.
+func TestRoomHoldEndsOnAPanic(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	loadForever(t, s, "mid")
+	dir := leaseDir(t)
+	r := &holdPanicReader{VRAMReader: &vramguardtest.GPU{Server: s}, dir: dir}
+	maker := leaseClient(t, s, dir, vramguard.Options{VRAM: r})
+	func() {
+		defer func() {
+			if p := recover(); p != "reader broke" {
+				t.Fatalf("recovered %v; want the reader's panic", p)
+			}
+		}()
+		_, _ = maker.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib})
+	}()
+	if n := reservationFiles(t, dir); n != 0 {
+		t.Fatalf("%d reservation files after the panic: the hold on the room was left", n)
+	}
+	if _, err := maker.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib}); err != nil {
+		t.Fatalf("EnsureFree after the panic: %v", err)
 	}
 }

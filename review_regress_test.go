@@ -79,8 +79,17 @@ func TestPollerJoinedByClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if fetching(t.Name()) {
-		t.Error("a shared /api/ps request still runs after Close returned")
+	// Close returns once the request has ended; its goroutine may still
+	// be returning through fetch's frame (a few instructions, which a busy
+	// machine under -race stretched past the first look). Gone within a
+	// tenth of the 1 s the request itself would take (the server's
+	// injected delay) is joined; a request Close did not wait for would
+	// still be in flight then.
+	for deadline := time.Now().Add(100 * time.Millisecond); fetching(t.Name()); {
+		if time.Now().After(deadline) {
+			t.Fatal("a shared /api/ps request still runs 100 ms after Close returned (the request takes 1 s)")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

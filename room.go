@@ -674,14 +674,21 @@ func (c *OllamaClient) ownRules(mode unloadMode) func() roomRules {
 // tenants on no device, then the GC: releaseVRAM), and waits
 // for the room. A wait that ends is the *RoomError of KindOutOfMemory
 // naming the holders, with the cause kept.
-func (c *OllamaClient) makeRoom(ctx context.Context, rq roomRequest) (*EnsureReport, error) {
+func (c *OllamaClient) makeRoom(ctx context.Context, rq roomRequest) (rep *EnsureReport, err error) {
 	start := time.Now()
-	rep := &EnsureReport{Source: SourceNone}
-	err := c.makeRoomSteps(ctx, rq, rep)
-	if rep.keep != nil && (err != nil || !rq.keep) {
-		c.endKeep(rep.keep)
-		rep.keep = nil
-	}
+	rep = &EnsureReport{Source: SourceNone}
+	returned := false
+	defer func() {
+		// The hold on the room ends with the call, a panic (a reader's, a
+		// tenant's) included, unless the caller turns it into its
+		// reservation.
+		if rep.keep != nil && (!returned || err != nil || !rq.keep) {
+			c.endKeep(rep.keep)
+			rep.keep = nil
+		}
+	}()
+	err = c.makeRoomSteps(ctx, rq, rep)
+	returned = true
 	rep.Elapsed = time.Since(start)
 	return rep, err
 }
@@ -696,8 +703,15 @@ func (c *OllamaClient) makeRoomSteps(ctx context.Context, rq roomRequest, rep *E
 		// what the steps free is this call's, not the first admission's
 		// elsewhere that reads the device before this call does.
 		var fresh bool
-		if rep.keep, fresh = c.keepRoom(ctx, rq, p); fresh || plans > maxKeepPlans {
+		if rep.keep, fresh = c.keepRoom(ctx, rq, p); fresh {
 			break
+		}
+		if plans > maxKeepPlans {
+			// Memory taken between each plan and its hold: refused before
+			// anything is unloaded, as a plan that cannot make the room is.
+			re := v.refusal(rq)
+			re.Err = fmt.Errorf("the device changed between each of %d plans and the hold on its room (another program allocating)", plans)
+			return newError(rq.op, rq.model, KindOutOfMemory, re)
 		}
 		c.log.Debug("room-making: the device changed since the plan; planning again", "device", rq.device, "need", rq.need)
 		v, p, err = c.firstPlan(ctx, rq, rep, nil)
@@ -1128,15 +1142,22 @@ func (c *OllamaClient) releaseTenant(ctx context.Context, rq roomRequest, s room
 func (c *OllamaClient) awaitRoom(ctx context.Context, rq roomRequest, v roomView, rep *EnsureReport, target, owed uint64) (*VRAMSnapshot, error) {
 	waitStart := time.Now()
 	snap, err := c.awaitBounded(ctx, rq, target, owed)
-	ev := VRAMWaitEvent{Device: rq.device, Server: c.host, Need: target, Waited: time.Since(waitStart), Err: err}
+	// The event and the error speak of the view, not of the debt the wait
+	// counted back (debtFree): what it waited for, in the view's terms.
+	ev := VRAMWaitEvent{Device: rq.device, Server: c.host, Need: target - min(target, owed), Waited: time.Since(waitStart), Err: err}
+	free, known := uint64(0), false
 	if snap != nil {
 		rep.Snapshot, rep.Source = snap, snap.Source
 		if d := snap.Device(rq.device); d != nil {
 			rep.FreeAfter, ev.Free = d.Free, d.Free
+			free, known = d.Free, true
 		}
 	}
 	var re *RoomError
 	if errors.As(err, &re) {
+		if known {
+			re.Free = free
+		}
 		re.Model, re.Need, re.Kept, re.RetryAfter = rq.model, rq.need, v.kept, retryAfter(v.kept, v.reserved, time.Now())
 		err = newError(rq.op, rq.model, KindOutOfMemory, re)
 		ev.Err = err

@@ -217,9 +217,12 @@ func (c *OllamaClient) ensureFree(ctx context.Context, req EnsureRequest, mode u
 		if err != nil || req.Reservation == nil {
 			return rep, err
 		}
-		// The room made is held until the reservation stands.
-		res, err := c.reserve(ctx, rq, *req.Reservation, ttl)
-		c.endKeep(rep.keep)
+		// The room made is held until the reservation stands (a panic
+		// of the reader's included).
+		res, err := func() (*Lease, error) {
+			defer c.endKeep(rep.keep)
+			return c.reserve(ctx, rq, *req.Reservation, ttl)
+		}()
 		rep.keep = nil
 		var re *RoomError
 		if err != nil && attempt < maxReserveAttempts && ctx.Err() == nil && errors.As(err, &re) && slices.ContainsFunc(re.Reserved, func(r LeaseInfo) bool { return r.Load != "" }) {
