@@ -383,7 +383,7 @@ func (c *OllamaClient) admitMemory(ctx context.Context, op, model string, b *Bud
 	}
 	if berr != nil && b.MakeRoom {
 		var made bool
-		var kept *Lease // the room made, held until the load's reservation stands
+		var kept *roomHold // the room made, held until the load's reservation stands
 		berr, kept, made, err = c.budgetRoom(ctx, b, model, need, berr, ev)
 		defer c.endKeep(kept)
 		ev.MadeRoom = ev.MadeRoom || made
@@ -623,7 +623,7 @@ func (c *OllamaClient) checkBudget(ctx context.Context, b *Budget, model string,
 // refuses the load with its *RoomError (Budget set). kept is room-making's
 // hold on the room it made (keepRoom), for the caller to end once the
 // load's own reservation stands.
-func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, need uint64, berr *RoomError, ev *AdmissionEvent) (_ *RoomError, kept *Lease, madeRoom bool, err error) {
+func (c *OllamaClient) budgetRoom(ctx context.Context, b *Budget, model string, need uint64, berr *RoomError, ev *AdmissionEvent) (_ *RoomError, kept *roomHold, madeRoom bool, err error) {
 	target := need
 	if b.MaxBytes > 0 && berr.Held+need > b.MaxBytes {
 		// Unloading Ollama models lowers what they hold as much as it

@@ -58,8 +58,10 @@ type LeaseOptions struct {
 // LeaseInfo describes a lease, as every vramguard client on the host sees
 // it: a hold on a model (HoldModel, a phase's, or one taken for someone
 // else: Reserve with ReserveOptions.Model, which names them in For), or a
-// reservation of free memory on a device (Reserve, a hand-over's), which
-// has Bytes above zero and no Model.
+// reservation of free memory on a device (Reserve, a hand-over's,
+// EnsureRequest.Reservation's, a budget's admitted load's, or room-making's
+// hold on the room it is making, whose For is "the room it is making"),
+// which has Bytes above zero and no Model.
 type LeaseInfo struct {
 	ID      string
 	Model   string
@@ -165,7 +167,17 @@ type leases struct {
 
 	mu   sync.Mutex
 	held map[*Lease]struct{}
+	// gone are the IDs of leases this client released in the last
+	// goneFor, with when: a reading of the directory that began before a
+	// release may still list the lease, and it is this client's own.
+	gone map[string]time.Time
+	// taking are the IDs of leases this client is taking (acquire).
+	taking map[string]bool
 }
+
+// goneFor is how long a released lease's ID is remembered as this
+// client's (leases.gone): far longer than one reading of the directory.
+const goneFor = time.Minute
 
 // leaseDir opens the lease directory on first use; nil when leases are off
 // or the directory was refused (logged once).
@@ -212,25 +224,14 @@ func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
 			rs = append(rs, more...)
 		}
 	}
+	own := c.ownAfterReading()
 	var out []LeaseInfo
 	for _, r := range rs {
-		if own := c.ownLease(r.ID); own == nil || own.forOther {
+		if l, ok := own(r.ID); !ok || l != nil && l.forOther {
 			out = append(out, infoOf(r))
 		}
 	}
 	return out
-}
-
-// ownLease is this client's lease id; nil when it holds none of that id.
-func (c *OllamaClient) ownLease(id string) *Lease {
-	c.leases.mu.Lock()
-	defer c.leases.mu.Unlock()
-	for l := range c.leases.held {
-		if l.info.ID == id {
-			return l
-		}
-	}
-	return nil
 }
 
 // isProtected reports whether Options.Protected names model.
@@ -329,6 +330,16 @@ func (l *Lease) Release() error {
 		l.err = l.held.Release()
 		l.c.leases.mu.Lock()
 		delete(l.c.leases.held, l)
+		now := time.Now()
+		if l.c.leases.gone == nil {
+			l.c.leases.gone = make(map[string]time.Time)
+		}
+		for id, at := range l.c.leases.gone {
+			if now.Sub(at) > goneFor {
+				delete(l.c.leases.gone, id)
+			}
+		}
+		l.c.leases.gone[l.info.ID] = now
 		l.c.leases.mu.Unlock()
 	})
 	return l.err
@@ -383,9 +394,37 @@ func (c *OllamaClient) hold(op, model string, d time.Duration, who lease.Record,
 	if d > 0 {
 		r.Until = time.Now().Add(d)
 	}
-	h, err := dir.Acquire(r)
+	l, err := c.acquire(dir, r, d, forOther)
 	if err != nil {
 		return nil, newError(op, model, KindUnavailable, err)
+	}
+	return l, nil
+}
+
+// acquire takes lease r in dir and tracks it (track). Its ID is chosen
+// first and counted as this client's (leases.taking) until it is tracked:
+// a reading of the directory meanwhile lists it, and it is this client's
+// own (ownAfterReading).
+func (c *OllamaClient) acquire(dir *lease.Dir, r lease.Record, d time.Duration, forOther bool) (*Lease, error) {
+	id, err := lease.NewID()
+	if err != nil {
+		return nil, err
+	}
+	r.ID = id
+	c.leases.mu.Lock()
+	if c.leases.taking == nil {
+		c.leases.taking = make(map[string]bool)
+	}
+	c.leases.taking[id] = true
+	c.leases.mu.Unlock()
+	defer func() {
+		c.leases.mu.Lock()
+		delete(c.leases.taking, id)
+		c.leases.mu.Unlock()
+	}()
+	h, err := dir.Acquire(r)
+	if err != nil {
+		return nil, err
 	}
 	return c.track(h, d, forOther), nil
 }

@@ -114,7 +114,8 @@ func (o ReserveOptions) check(op, what, model string) (time.Duration, error) {
 // exits, SIGKILL included.
 //
 // It takes the reservation only when the device, read now with the
-// reservations of others taken out, has bytes free: otherwise it fails
+// reservations of others taken out (room another client is making among
+// them: EnsureFree), has bytes free: otherwise it fails
 // with KindOutOfMemory and the *RoomError that names the holders (other
 // reservations as HolderReserved, with their end as RetryAfter). To make
 // the room first, call EnsureFree with EnsureRequest.Reservation set. The
@@ -250,17 +251,34 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 	if opts.PID != 0 && d.ProcessesKnown {
 		r.ForBase = pidBytes(d, opts.PID)
 	}
-	h, err := dir.Acquire(r)
+	l, err := c.acquire(dir, r, ttl, false)
 	if err != nil {
 		return nil, newError(rq.op, "", KindUnavailable, err)
 	}
-	l := c.track(h, ttl, false)
 	level := slog.LevelInfo
 	if opts.Load != "" {
 		level = slog.LevelDebug // one per admitted load
 	}
 	c.log.Log(ctx, level, "memory reserved", "device", d.Index, "bytes", rq.need, "for", opts.For, "until", l.Info().Until.Format(time.TimeOnly))
 	return l, nil
+}
+
+// The span of room-making's hold on the room it is making (keepRoom),
+// renewed every holdRenew while its call runs: its end, and so the
+// RetryAfter of a refusal it causes, stays a few seconds away, and the
+// hold of a call that stopped renewing (its process stuck) ends within
+// that span. A holder that exits ends it at once, as any lease.
+const (
+	holdSpan  = 5 * time.Second
+	holdRenew = time.Second
+)
+
+// roomHold is room-making's hold on the room it is making: a reservation
+// renewed while the call runs.
+type roomHold struct {
+	l    *Lease
+	stop chan struct{}
+	done chan struct{}
 }
 
 // keepRoom keeps, host-wide, the room rq is about to make on its device
@@ -272,15 +290,16 @@ func (c *OllamaClient) reserve(ctx context.Context, rq roomRequest, opts Reserve
 // releases free before this call sees it free (composition oracle seeds
 // 1796429849072189095, 1796429849072185979: a chat program's budget
 // loaded into room a pool's placement and an EnsureFree had made, and the
-// maker was refused after evicting). The call ends it (room.go, makeRoom)
-// or turns it into the reservation it was asked for (EnsureFree's, a
-// budget's load reservation) before ending it. Taken under the lease
-// directory's lock, with the device read again: fresh is false when that
-// reading no longer lets p make the room (another holder reserved or took
-// memory since the plan), and nothing is taken: the caller plans again.
-// nil, true where leases are off or the directory or reader fails: the
-// room is then made as before, anyone's until taken (logged at debug).
-func (c *OllamaClient) keepRoom(ctx context.Context, rq roomRequest, p roomPlan) (l *Lease, fresh bool) {
+// maker was refused after evicting). It lasts holdSpan, renewed every
+// holdRenew until the call ends it (room.go, makeRoom) or turns it into
+// the reservation it was asked for (EnsureFree's, a budget's load
+// reservation) before ending it. Taken under the lease directory's lock,
+// with the device read again: fresh is false when that reading no longer
+// lets p make the room (another holder reserved or took memory since the
+// plan), and nothing is taken: the caller plans again. nil, true where
+// leases are off or the directory or reader fails: the room is then made
+// as before, anyone's until taken (logged at debug).
+func (c *OllamaClient) keepRoom(ctx context.Context, rq roomRequest, p roomPlan) (h *roomHold, fresh bool) {
 	dir, _ := c.leaseDir()
 	if dir == nil {
 		return nil, true
@@ -298,16 +317,6 @@ func (c *OllamaClient) keepRoom(ctx context.Context, rq roomRequest, p roomPlan)
 	if !p.unknown && d.Free+p.known() < rq.need+d.Overdrawn {
 		return nil, false
 	}
-	// Past every wait the call may make: per round an unload (its
-	// verification bounded by Options.UnloadTimeout) and up to four waits
-	// of rq.timeout (the step's, and a plan made again: runners leaving,
-	// loads landing, leases); or the caller's deadline. The call ends it
-	// sooner; the TTL only bounds a hold whose call is stuck.
-	ttl := time.Duration(maxRoomRounds+1) * (max(rq.timeout, c.opts.UnloadTimeout) + 4*rq.timeout)
-	if dl, ok := ctx.Deadline(); ok {
-		ttl = min(ttl, time.Until(dl)+time.Second)
-	}
-	ttl = min(max(ttl, time.Second), maxReserveTTL)
 	note := rq.op
 	if rq.forLoad != "" {
 		note = "budget, for the load of " + rq.forLoad
@@ -315,26 +324,51 @@ func (c *OllamaClient) keepRoom(ctx context.Context, rq roomRequest, p roomPlan)
 	if len(note) > maxReserveFor || !utf8.ValidString(note) {
 		note = rq.op
 	}
-	r := lease.Record{Device: d.Index, UUID: d.UUID, Bytes: rq.need, For: "the room it is making", Note: note, Until: time.Now().Add(ttl)}
+	r := lease.Record{Device: d.Index, UUID: d.UUID, Bytes: rq.need, For: roomHoldFor, Note: note, Until: time.Now().Add(holdSpan)}
 	if c.host != "" {
 		r.Server = lease.NormalizeServer(c.host)
 	}
-	h, err := dir.Acquire(r)
+	l, err := c.acquire(dir, r, holdSpan, false)
 	if err != nil {
 		c.log.Debug("room-making: the room is not kept while it is made", "device", rq.device, "err", err)
 		return nil, true
 	}
-	return c.track(h, ttl, false), true
+	h = &roomHold{l: l, stop: make(chan struct{}), done: make(chan struct{})}
+	go h.renew()
+	return h, true
+}
+
+// roomHoldFor is the recipient a hold on a room being made names.
+const roomHoldFor = "the room it is making"
+
+// renew extends the hold every holdRenew until stopped, or until an
+// extension fails (the hold ended: the client closed, say).
+func (h *roomHold) renew() {
+	defer close(h.done)
+	t := time.NewTicker(holdRenew)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+			if h.l.Extend(holdSpan) != nil {
+				return
+			}
+		}
+	}
 }
 
 // endKeep ends the hold keepRoom took, if any; a failure is logged (the
-// hold's TTL ends it anyway, and this process's exit).
-func (c *OllamaClient) endKeep(l *Lease) {
-	if l == nil {
+// hold's span ends it anyway, and this process's exit).
+func (c *OllamaClient) endKeep(h *roomHold) {
+	if h == nil {
 		return
 	}
-	if err := l.Release(); err != nil {
-		c.log.Warn("room-making: the hold on the room made was not released; it ends at its TTL", "until", l.Info().Until.Format(time.TimeOnly), "err", err)
+	close(h.stop)
+	<-h.done
+	if err := h.l.Release(); err != nil {
+		c.log.Warn("room-making: the hold on the room made was not released; it ends at its span", "until", h.l.Info().Until.Format(time.TimeOnly), "err", err)
 	}
 }
 
@@ -387,6 +421,7 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 	if len(rs) == 0 {
 		return snap, nil
 	}
+	own := c.ownAfterReading()
 	out := *snap
 	out.Devices = slices.Clone(snap.Devices)
 	for _, r := range rs {
@@ -395,10 +430,10 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 			continue // a device this reader does not list
 		}
 		took := taken(r, d)
-		if own := c.ownLease(r.ID); own != nil {
-			if took >= r.Bytes {
+		if l, ok := own(r.ID); ok {
+			if l != nil && took >= r.Bytes {
 				c.log.Info("reservation consumed: its recipient took the whole room", "device", r.Device, "bytes", r.Bytes, "for", r.For)
-				_ = own.Release() // its file goes; nothing to report to a reader
+				_ = l.Release() // its file goes; nothing to report to a reader
 			}
 			continue
 		}
@@ -413,6 +448,38 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 		d.Reserved = append(d.Reserved, info)
 	}
 	return &out, nil
+}
+
+// ownAfterReading, called once a reading of the lease directory is done,
+// says which of the leases it listed are this client's: those it holds
+// (the *Lease), those it released since the reading began and those it is
+// taking (nil, true: the file was listed before it went, or before the
+// client tracked it). A lease this client took and
+// released while the directory was read, or released a moment before a
+// reading that listed it, is its own, never another holder's (composition
+// oracle seed 1796445258199302218: a pool's phase hand-over was refused,
+// naming the hold on the room its own client's EnsureFree had just
+// released).
+func (c *OllamaClient) ownAfterReading() func(id string) (*Lease, bool) {
+	c.leases.mu.Lock()
+	defer c.leases.mu.Unlock()
+	held := make(map[string]*Lease, len(c.leases.held))
+	for l := range c.leases.held {
+		held[l.info.ID] = l
+	}
+	gone := make(map[string]bool, len(c.leases.gone)+len(c.leases.taking))
+	for id := range c.leases.gone {
+		gone[id] = true
+	}
+	for id := range c.leases.taking {
+		gone[id] = true // being taken: listed, not tracked yet
+	}
+	return func(id string) (*Lease, bool) {
+		if l, ok := held[id]; ok {
+			return l, true
+		}
+		return nil, gone[id]
+	}
 }
 
 // reservedDevice is the device of snap that reservation r is on: by its

@@ -636,6 +636,11 @@ func TestRoomKeptWhileItIsMade(t *testing.T) {
 			}
 			checkNamesReservation(t, rerr, making)
 			checkNamesReservation(t, gerr, making)
+			// The hold is renewed while its call runs, a few seconds at a
+			// time: a refusal it causes says to retry within those.
+			if ra := roomErr(t, rerr).RetryAfter; ra > 5*time.Second {
+				t.Errorf("RetryAfter %v of a refusal by a room being made; want at most the hold's 5 s span", ra)
+			}
 			if s.Loads("mid") != 0 {
 				t.Fatal("the chat program's load was admitted into the room being made")
 			}
@@ -704,11 +709,12 @@ func TestBudgetHoldNamesItsLoad(t *testing.T) {
 }
 
 // The hold lasts as long as its call: an unload whose verification takes
-// longer than room-making's own wait bound (EnsureRequest.Timeout) does
-// not outlive it. Seen at the end of the unload, 1.5 s after the hold was
+// longer than room-making's own wait bound (EnsureRequest.Timeout), and
+// longer than the hold's own 5 s span, does not outlive it (the call
+// renews it). Seen at the end of the unload, 6 s after the hold was
 // taken, with a 100 ms Timeout.
 func TestRoomHeldThroughASlowUnload(t *testing.T) {
-	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true, UnloadDelay: 1500 * time.Millisecond})
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true, UnloadDelay: 6 * time.Second})
 	if err := s.Reserve("desktop", 12*gib); err != nil {
 		t.Fatal(err)
 	}
@@ -730,6 +736,9 @@ func TestRoomHeldThroughASlowUnload(t *testing.T) {
 		t.Fatalf("%d reservation files as the unload ended; want the hold on the room", files)
 	}
 	checkNamesReservation(t, rerr, "the room it is making")
+	if ra := roomErr(t, rerr).RetryAfter; ra > 5*time.Second {
+		t.Errorf("RetryAfter %v, 6 s into the call; want at most the renewed hold's 5 s span", ra)
+	}
 	if n := reservationFiles(t, dir); n != 0 {
 		t.Fatalf("%d reservation files after the call", n)
 	}
@@ -771,5 +780,49 @@ func TestRoomHoldEndsOnAPanic(t *testing.T) {
 	}
 	if _, err := maker.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib}); err != nil {
 		t.Fatalf("EnsureFree after the panic: %v", err)
+	}
+}
+
+// A client never sees its own reservations as another holder's, not even
+// one it releases or takes while it reads the lease directory: it looks
+// at its own before the reading and after it (composition oracle seed
+// 1796445258199302218: a pool's phase hand-over was refused, naming the
+// hold on the room its own client's EnsureFree had released a moment
+// before). One goroutine takes and releases reservations while the other
+// reads the device through the client's view.
+func TestOwnReservationNeverAnothers(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	c := leaseClient(t, s, leaseDir(t), vramguard.Options{VRAM: &vramguardtest.GPU{Server: s}})
+	stop := make(chan struct{})
+	churned := make(chan error, 1)
+	go func() {
+		var err error
+		for n := 0; err == nil; n++ {
+			select {
+			case <-stop:
+				churned <- nil
+				return
+			default:
+			}
+			var l *vramguard.Lease
+			if l, err = c.Reserve(t.Context(), 0, gib, vramguard.ReserveOptions{For: fmt.Sprint("churn ", n)}); err == nil {
+				err = l.Release()
+			}
+		}
+		churned <- err
+	}()
+	for range 500 {
+		rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1, DryRun: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rep.Snapshot.Device(0).Reserved; len(r) != 0 {
+			close(stop)
+			t.Fatalf("the client's view lists %+v as another holder's: the reservation is its own", r)
+		}
+	}
+	close(stop)
+	if err := <-churned; err != nil {
+		t.Fatal(err)
 	}
 }

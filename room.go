@@ -98,7 +98,8 @@ type RoomError struct {
 	// Kept are the models room-making could not unload.
 	Kept []KeptModel
 	// Reserved are other holders' reservations on the device (Reserve,
-	// a phase's hand-over), with what each has left: bytes that are free
+	// a phase's hand-over, a load admitted elsewhere, room another client
+	// is making: LeaseInfo), with what each has left: bytes that are free
 	// to the driver but not to this call, and that room-making cannot
 	// free. Holders names them too (HolderReserved) where the reader lists
 	// processes.

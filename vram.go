@@ -63,7 +63,8 @@ type DeviceMemory struct {
 	Processes      []GPUProcess
 	ProcessesKnown bool
 	// Reserved are other holders' reservations on the device (see
-	// OllamaClient.Reserve), with what each has left (LeaseInfo.Bytes
+	// OllamaClient.Reserve and LeaseInfo: room another client is making
+	// is among them), with what each has left (LeaseInfo.Bytes
 	// less Taken), already taken out of Free: set in the snapshots an
 	// OllamaClient reports (EnsureReport.Snapshot, a RoomError's
 	// holders), never by a VRAMReader, whose Free is the driver's.

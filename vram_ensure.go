@@ -113,7 +113,7 @@ type EnsureReport struct {
 	Elapsed     time.Duration
 	// keep is room-making's host-wide hold on the room it made, left for
 	// a caller that turns it into its reservation (roomRequest.keep).
-	keep *Lease
+	keep *roomHold
 }
 
 // EnsureFree makes room for a load of req.Bytes (plus req.Reserve) on
@@ -168,14 +168,18 @@ type EnsureReport struct {
 // req.Reservation the room, once made, is reserved in turn.
 //
 // From its plan until it returns, the room it makes is kept host-wide: a
-// reservation of the room's bytes held by this client (LeaseInfo.For
-// "the room it is making", Note the call) that every other vramguard
-// client on the host counts as not free, the device shown overdrawn
-// (DeviceMemory.Overdrawn) while the victims leave, so that what the
-// unloads free is not taken by another program's admission, Reserve or
-// room-making before this call sees it. It ends when the call returns, or
-// becomes req.Reservation's reservation first. A program that loads around
-// vramguard (Ollama's own port) is not kept out.
+// reservation of req.Bytes plus req.Reserve held by this client
+// (LeaseInfo.For "the room it is making", Note the call) that every other
+// vramguard client on the host counts as not free, the device shown
+// overdrawn (DeviceMemory.Overdrawn) while the victims leave, so that what
+// the unloads free is not taken by another program's admission, Reserve
+// or room-making before this call sees it. They are refused with the
+// usual *RoomError naming it, matching ErrLeased as every reservation's
+// refusal does. Its Until stays a few seconds away, renewed while the call
+// runs, so such a refusal's RetryAfter is seconds; it ends when the call
+// returns (a panic included), or becomes req.Reservation's reservation
+// first. A program that loads around vramguard (Ollama's own port) is not
+// kept out.
 //
 // Without a VRAM reader it cannot measure. With req.AllModels it unloads
 // every listed model not kept, other programs' included, runs the

@@ -5,8 +5,6 @@ package lease
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -252,7 +250,9 @@ type Held struct {
 // r.Version to 1, a fresh random ID, PID to this process, Created to
 // Options.Now (UTC), Program to filepath.Base(os.Args[0]) if empty, and
 // r.Server to NormalizeServer(r.Server) (when not empty); any value given
-// for Version, ID, PID or Created is replaced. A lease needs a Server and
+// for Version, PID or Created is replaced. r.ID is kept when set (one of
+// NewID's, so that the caller knows the lease's ID before its file
+// exists; ErrMalformed when it is not 16 lower-case hex digits), else made. A lease needs a Server and
 // a Model, a reservation no Model, and the record must encode in
 // MaxFileBytes (else ErrMalformed). Until may be in the past: the lease is
 // then never live. Acquire does not check that a reservation's bytes are
@@ -270,12 +270,17 @@ func (d *Dir) Acquire(r Record) (*Held, error) {
 	if !r.IsReservation() && r.Model == "" {
 		return nil, &Error{Op: op, Path: d.path, Kind: ErrMalformed, Err: errors.New("no model")}
 	}
-	var raw [8]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return nil, &Error{Op: op, Path: d.path, Err: err}
+	switch {
+	case r.ID == "":
+		id, err := NewID()
+		if err != nil {
+			return nil, &Error{Op: op, Path: d.path, Err: err}
+		}
+		r.ID = id
+	case !validID(r.ID):
+		return nil, &Error{Op: op, Path: d.path, Kind: ErrMalformed, Err: fmt.Errorf("id %q is not 16 lower-case hex digits", r.ID)}
 	}
 	r.Version = 1
-	r.ID = hex.EncodeToString(raw[:])
 	if r.Server != "" {
 		r.Server = NormalizeServer(r.Server)
 	}

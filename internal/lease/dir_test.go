@@ -20,9 +20,9 @@ import (
 func TestAcquireLiveRelease(t *testing.T) {
 	d := openDir(t, Options{})
 	before := time.Now().UTC()
-	h := acquire(t, d, Record{Server: "http://LOCALHOST:11434/", Model: "qwen3:8b", Note: "caption", Version: 7, ID: "ffffffffffffffff", PID: 1})
+	h := acquire(t, d, Record{Server: "http://LOCALHOST:11434/", Model: "qwen3:8b", Note: "caption", Version: 7, PID: 1})
 	r := h.Record()
-	if r.Version != 1 || !validID(r.ID) || r.ID == "ffffffffffffffff" || r.PID != os.Getpid() || r.Server != "127.0.0.1:11434" ||
+	if r.Version != 1 || !validID(r.ID) || r.PID != os.Getpid() || r.Server != "127.0.0.1:11434" ||
 		r.Program != filepath.Base(os.Args[0]) || r.Created.Before(before) || r.Created.Location() != time.UTC || !r.Until.IsZero() ||
 		r.Path != filepath.Join(d.Path(), r.ID+".lease") || r.UID != os.Geteuid() {
 		t.Fatalf("Record() = %+v: fields not filled as documented", r)
@@ -809,5 +809,28 @@ func BenchmarkLive5000Stale(b *testing.B) {
 		if recs, err := d.Live("", ""); err != nil || len(recs) != 0 {
 			b.Fatal(len(recs), err)
 		}
+	}
+}
+
+// An ID the caller chose (NewID's) is the lease's, so that the caller
+// knows it before the file exists; one that is not 16 lower-case hex
+// digits is refused, and nothing is written.
+func TestAcquireKeepsTheCallersID(t *testing.T) {
+	d := openDir(t, Options{})
+	id, err := NewID()
+	if err != nil || !validID(id) {
+		t.Fatalf("NewID() = %q, %v", id, err)
+	}
+	h := acquire(t, d, Record{Server: "127.0.0.1:11434", Model: "qwen3:8b", ID: id})
+	if r := h.Record(); r.ID != id || r.Path != filepath.Join(d.Path(), id+".lease") {
+		t.Fatalf("Record() = %+v; want the ID %s", r, id)
+	}
+	for _, bad := range []string{"FFFFFFFFFFFFFFFF", "fff", "../../etc/passw", "ffffffffffffffffff"} {
+		if _, err := d.Acquire(Record{Server: "127.0.0.1:11434", Model: "qwen3:8b", ID: bad}); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Acquire with ID %q: %v; want ErrMalformed", bad, err)
+		}
+	}
+	if entries, _ := os.ReadDir(d.Path()); len(entries) != 1 {
+		t.Fatalf("%d files in the directory; want the one lease", len(entries))
 	}
 }

@@ -1,6 +1,8 @@
 package lease
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"strings"
@@ -167,3 +169,12 @@ const (
 	reserveSuffix = ".reserve"
 	tempPrefix    = ".tmp-"
 )
+
+// NewID returns a new random lease ID: 16 lower-case hex digits.
+func NewID() (string, error) {
+	var raw [8]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(raw[:]), nil
+}
