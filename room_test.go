@@ -825,3 +825,43 @@ func TestRoomPlannedAgainWhenALeaseComesBetweenSteps(t *testing.T) {
 		})
 	}
 }
+
+// flickerReader shows the device's own free memory at odd readings and
+// 8 GiB less (another program allocating and freeing) at even ones.
+type flickerReader struct {
+	vramguard.VRAMReader
+	n atomic.Int64
+}
+
+func (r *flickerReader) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	snap, err := r.VRAMReader.Snapshot(ctx)
+	if err != nil || r.n.Add(1)%2 == 1 {
+		return snap, err
+	}
+	out := *snap
+	out.Devices = slices.Clone(snap.Devices)
+	out.Devices[0].Free -= min(out.Devices[0].Free, 8*gib)
+	return &out, nil
+}
+
+// Room-making whose plan the device contradicts at each hold on the room
+// (keepRoom reads it again, under the lease directory's lock: another
+// program allocating meanwhile) plans again, twice, then refuses before
+// anything is unloaded, saying so, as a plan that cannot make the room is.
+func TestRoomRefusedWhenEachPlanIsStale(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	loadForever(t, s, "mid") // 18 GiB free of 24
+	r := &flickerReader{VRAMReader: &vramguardtest.GPU{Server: s}}
+	c := leaseClient(t, s, leaseDir(t), vramguard.Options{VRAM: r})
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 20 * gib, Timeout: time.Second})
+	var re *vramguard.RoomError
+	if !errors.As(err, &re) || !errors.Is(err, vramguard.KindOutOfMemory) || re.Err == nil || !strings.Contains(re.Err.Error(), "changed between each of 3 plans") {
+		t.Fatalf("EnsureFree: %v; want a *RoomError saying the device changed between each plan and its hold", err)
+	}
+	if rep != nil && len(rep.Evicted) != 0 || !s.Listed("mid") {
+		t.Fatalf("evicted %+v, mid listed %v; want nothing unloaded", rep.Evicted, s.Listed("mid"))
+	}
+	if got := r.n.Load(); got != 6 {
+		t.Errorf("%d readings; want 6 (three plans, three holds)", got)
+	}
+}
