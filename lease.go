@@ -224,10 +224,9 @@ func (c *OllamaClient) heldLeases(model string) []LeaseInfo {
 			rs = append(rs, more...)
 		}
 	}
-	own := c.ownAfterReading()
 	var out []LeaseInfo
 	for _, r := range rs {
-		if l, ok := own(r.ID); !ok || l != nil && l.forOther {
+		if l, ok := c.ownOf(r.ID); !ok || l != nil && l.forOther {
 			out = append(out, infoOf(r))
 		}
 	}
@@ -404,7 +403,7 @@ func (c *OllamaClient) hold(op, model string, d time.Duration, who lease.Record,
 // acquire takes lease r in dir and tracks it (track). Its ID is chosen
 // first and counted as this client's (leases.taking) until it is tracked:
 // a reading of the directory meanwhile lists it, and it is this client's
-// own (ownAfterReading).
+// own (ownOf).
 func (c *OllamaClient) acquire(dir *lease.Dir, r lease.Record, d time.Duration, forOther bool) (*Lease, error) {
 	id, err := lease.NewID()
 	if err != nil {

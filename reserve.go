@@ -421,7 +421,6 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 	if len(rs) == 0 {
 		return snap, nil
 	}
-	own := c.ownAfterReading()
 	out := *snap
 	out.Devices = slices.Clone(snap.Devices)
 	for _, r := range rs {
@@ -430,7 +429,7 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 			continue // a device this reader does not list
 		}
 		took := taken(r, d)
-		if l, ok := own(r.ID); ok {
+		if l, ok := c.ownOf(r.ID); ok {
 			if l != nil && took >= r.Bytes {
 				c.log.Info("reservation consumed: its recipient took the whole room", "device", r.Device, "bytes", r.Bytes, "for", r.For)
 				_ = l.Release() // its file goes; nothing to report to a reader
@@ -450,36 +449,25 @@ func (c *OllamaClient) view(ctx context.Context) (*VRAMSnapshot, error) {
 	return &out, nil
 }
 
-// ownAfterReading, called once a reading of the lease directory is done,
-// says which of the leases it listed are this client's: those it holds
-// (the *Lease), those it released since the reading began and those it is
+// ownOf, asked once a reading of the lease directory is done, says
+// whether lease id, which the reading listed, is this client's: one it
+// holds (the *Lease), or one it released since the reading began or is
 // taking (nil, true: the file was listed before it went, or before the
-// client tracked it). A lease this client took and
-// released while the directory was read, or released a moment before a
-// reading that listed it, is its own, never another holder's (composition
-// oracle seed 1796445258199302218: a pool's phase hand-over was refused,
-// naming the hold on the room its own client's EnsureFree had just
-// released).
-func (c *OllamaClient) ownAfterReading() func(id string) (*Lease, bool) {
+// client tracked it). A lease this client took and released while the
+// directory was read, or released a moment before a reading that listed
+// it, is its own, never another holder's (composition oracle seed
+// 1796445258199302218: a pool's phase hand-over was refused, naming the
+// hold on the room its own client's EnsureFree had just released).
+func (c *OllamaClient) ownOf(id string) (*Lease, bool) {
 	c.leases.mu.Lock()
 	defer c.leases.mu.Unlock()
-	held := make(map[string]*Lease, len(c.leases.held))
 	for l := range c.leases.held {
-		held[l.info.ID] = l
-	}
-	gone := make(map[string]bool, len(c.leases.gone)+len(c.leases.taking))
-	for id := range c.leases.gone {
-		gone[id] = true
-	}
-	for id := range c.leases.taking {
-		gone[id] = true // being taken: listed, not tracked yet
-	}
-	return func(id string) (*Lease, bool) {
-		if l, ok := held[id]; ok {
+		if l.info.ID == id {
 			return l, true
 		}
-		return nil, gone[id]
 	}
+	_, gone := c.leases.gone[id]
+	return nil, gone || c.leases.taking[id]
 }
 
 // reservedDevice is the device of snap that reservation r is on: by its
