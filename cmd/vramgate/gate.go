@@ -146,11 +146,15 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		return g, err
 	}
 	if cu != nil && g.reader != nil {
-		unregister, err := g.client.RegisterTenant(cu.Tenant(comfyui.TenantOptions{WhileBusy: comfyui.Refuse}))
-		if err != nil {
-			return g, err
+		// Both clients make room: the admissions' (-make-room) and the
+		// holder's (a reservation's make_room), each asking ComfyUI.
+		for _, c := range []*vramguard.OllamaClient{g.client, g.holder} {
+			unregister, err := c.RegisterTenant(cu.Tenant(comfyui.TenantOptions{WhileBusy: comfyui.Refuse}))
+			if err != nil {
+				return g, err
+			}
+			g.closers = append(g.closers, func() error { unregister(); return nil })
 		}
-		g.closers = append(g.closers, func() error { unregister(); return nil })
 	}
 	sctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()

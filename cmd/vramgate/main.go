@@ -33,7 +33,9 @@
 //     free bytes of a device for a recipient, host-wide (every vramguard
 //     program, and the gate's own admissions, count them as taken); with
 //     "make_room" it first makes the room (verified unloads of idle,
-//     unleased models) and answers a measured receipt, or a 503 naming
+//     unleased models, those requests through the gate are using kept;
+//     with -comfyui, ComfyUI asked last) and answers a measured receipt
+//     (models evicted, tenants asked, free bytes), or a 503 naming
 //     what keeps the room. Its id extends (POST .../ID) and releases
 //     (DELETE .../ID) it; GET lists them without ids, other programs'
 //     included. They need a GPU reader.

@@ -163,6 +163,22 @@ func load(t *testing.T, c *api.Client, model string) {
 	}
 }
 
+// post sends a POST to the gate and returns the reply as it begins, its
+// body closed at the test's end: for a stream read as it comes.
+func post(t *testing.T, u, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), "POST", u, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", u, err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
 // do sends one request to the gate and returns the status, headers and body.
 func do(t *testing.T, method, u, body string, hdr ...string) (int, http.Header, []byte) {
 	t.Helper()
@@ -348,15 +364,7 @@ func TestUnloadSaysWhatWasVerified(t *testing.T) {
 func TestKeepAliveZeroHoldsTheDoneLine(t *testing.T) {
 	sim := newSim(t, vramguardtest.Config{Version: "0.17.4", UnloadDelay: 150 * time.Millisecond})
 	g := startGate(t, sim.URL().String(), nil)
-	req, err := http.NewRequestWithContext(t.Context(), "POST", g.URL+"/api/generate", strings.NewReader(`{"model":"tiny","prompt":"hi","keep_alive":0}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp := post(t, g.URL+"/api/generate", `{"model":"tiny","prompt":"hi","keep_alive":0}`)
 	br := bufio.NewReader(resp.Body)
 	lines := 0
 	for {

@@ -38,10 +38,13 @@ func newReserveTable(g *gate) *reserveTable {
 
 // reservationAnswer is what the reservation routes answer about one.
 type reservationAnswer struct {
-	ID     string    `json:"id,omitempty"` // only to the taker: extends and releases it
-	Device int       `json:"device"`
-	Bytes  uint64    `json:"bytes"`
-	Taken  uint64    `json:"taken_bytes,omitempty"` // what its recipient allocated of it, as measured at the listing
+	ID     string `json:"id,omitempty"` // only to the taker: extends and releases it
+	Device int    `json:"device"`
+	Bytes  uint64 `json:"bytes"`
+	// Taken is what its recipient ("pid") allocated of it, as the
+	// listing's reading measured it. One taken whole is counted by no one
+	// from then on; the gate's stays listed until its TTL or release.
+	Taken  uint64    `json:"taken_bytes,omitempty"`
 	For    string    `json:"for"`
 	PID    uint32    `json:"pid,omitempty"` // the recipient's process: it ends as that process takes the room
 	Holder string    `json:"holder"`
@@ -56,11 +59,78 @@ type reservationAnswer struct {
 
 // receipt is the measured answer of a make-room-then-reserve.
 type receipt struct {
-	Evicted    []string `json:"evicted"` // models unloaded, verified
-	FreeBefore uint64   `json:"free_before_bytes"`
-	FreeAfter  uint64   `json:"free_after_bytes"`
-	Source     string   `json:"source"`     // the GPU reader the figures are from
-	ElapsedMS  int64    `json:"elapsed_ms"` // the room-making and the reservation
+	Evicted []string `json:"evicted"` // models unloaded, verified
+	// Tenants are the tenants asked to give memory back (ComfyUI, with
+	// -comfyui), each with what the device showed.
+	Tenants    []tenantReceipt `json:"tenants"`
+	FreeBefore uint64          `json:"free_before_bytes"`
+	FreeAfter  uint64          `json:"free_after_bytes"`
+	Source     string          `json:"source"`     // the GPU reader the figures are from
+	ElapsedMS  int64           `json:"elapsed_ms"` // the room-making and the reservation
+}
+
+// tenantReceipt is one tenant's release in a receipt.
+type tenantReceipt struct {
+	Name       string `json:"name"`
+	FreeBefore uint64 `json:"free_before_bytes"`
+	FreeAfter  uint64 `json:"free_after_bytes"`
+	Verified   bool   `json:"verified"` // the device showed the memory back
+	Error      string `json:"error,omitempty"`
+}
+
+// receiptOf is the receipt of a room-making's report.
+func receiptOf(rep *vramguard.EnsureReport) *receipt {
+	rc := &receipt{Evicted: []string{}, Tenants: []tenantReceipt{}, FreeBefore: rep.FreeBefore, FreeAfter: rep.FreeAfter, Source: rep.Source}
+	for _, u := range rep.Evicted {
+		if u.Verified {
+			rc.Evicted = append(rc.Evicted, u.Model)
+		}
+	}
+	for _, tr := range rep.Tenants {
+		x := tenantReceipt{Name: tr.Name, FreeBefore: tr.FreeBefore, FreeAfter: tr.FreeAfter, Verified: tr.Verified}
+		if tr.Err != nil {
+			x.Error = oneLine(tr.Err.Error())
+		}
+		rc.Tenants = append(rc.Tenants, x)
+	}
+	return rc
+}
+
+// inUseHoldTTL bounds the holds of holdInUse, which make_room releases as
+// it returns: the end of a hold whose release failed.
+const inUseHoldTTL = 10 * time.Minute
+
+// holdInUse holds, for a make_room on device, the models that requests
+// through the gate are using there, and returns the holds for the caller
+// to release. The room is made by the holder's client, which does not see
+// the requests the admissions' client runs (a client knows its own): with
+// no hold it would take a model serving a chat for an idle one. A hold
+// taken for someone else (ReserveOptions.Model) keeps its own client's
+// room-making too, and names why to every other program meanwhile. The
+// models are those the admissions' client keeps as in use (KeepInUse in a
+// dry run of the same room); a request that begins after this look is
+// not held, as the library's room-making does not hold one.
+func (t *reserveTable) holdInUse(r *http.Request, device int, bytes uint64) ([]*vramguard.Lease, error) {
+	rep, _ := t.g.client.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: device, Bytes: bytes, DryRun: true, KeepInUse: true})
+	if rep == nil {
+		return nil, nil // the room-making that follows meets the same failure and answers it
+	}
+	var holds []*vramguard.Lease
+	for _, k := range rep.Kept {
+		if !k.InUse {
+			continue
+		}
+		l, err := t.g.holder.Reserve(r.Context(), 0, 0, vramguard.ReserveOptions{Model: k.Model, For: "requests through vramgate",
+			Note: "vramgate: in use while a make_room runs", TTL: inUseHoldTTL})
+		if err != nil {
+			for _, h := range holds {
+				err = errors.Join(err, h.Release())
+			}
+			return nil, err
+		}
+		holds = append(holds, l)
+	}
+	return holds, nil
 }
 
 func answerOfReservation(hr *httpReservation, withID bool) reservationAnswer {
@@ -82,7 +152,8 @@ type reserveRequest struct {
 	PID    uint32          `json:"pid"`
 	TTL    json.RawMessage `json:"ttl"` // "90s", or seconds; default 60 s
 	// MakeRoom makes the room first (verified unloads of idle, unleased,
-	// unprotected models, the gate's tenants asked), then reserves it.
+	// unprotected models: a model a request through the gate is using is
+	// kept, holdInUse; the gate's tenants asked), then reserves it.
 	MakeRoom bool `json:"make_room"`
 }
 
@@ -129,15 +200,18 @@ func (t *reserveTable) take(w http.ResponseWriter, r *http.Request) {
 		err error
 	)
 	if q.MakeRoom {
-		var rep *vramguard.EnsureReport
-		rep, err = t.g.holder.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: *q.Device, Bytes: q.Bytes, Reservation: &opts})
-		if rep != nil {
-			res = rep.Reservation
-			rc = &receipt{Evicted: []string{}, FreeBefore: rep.FreeBefore, FreeAfter: rep.FreeAfter, Source: rep.Source}
-			for _, u := range rep.Evicted {
-				if u.Verified {
-					rc.Evicted = append(rc.Evicted, u.Model)
-				}
+		var holds []*vramguard.Lease
+		if holds, err = t.holdInUse(r, *q.Device, q.Bytes); err == nil {
+			var rep *vramguard.EnsureReport
+			rep, err = t.g.holder.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: *q.Device, Bytes: q.Bytes, Reservation: &opts})
+			if rep != nil {
+				res = rep.Reservation
+				rc = receiptOf(rep)
+			}
+		}
+		for _, l := range holds {
+			if rerr := l.Release(); rerr != nil {
+				t.g.log.Warn("make_room: a hold on a model in use through the gate was not released; it ends at its TTL", "model", l.Info().Model, "err", rerr)
 			}
 		}
 	} else {
@@ -230,30 +304,35 @@ func (t *reserveTable) release(w http.ResponseWriter, r *http.Request) {
 
 // list answers GET /vramgate/reservations: those the gate holds, without
 // their ids, and those of other vramguard programs on the host, as the
-// gate's client sees the devices (what each has left).
+// gate's client sees the devices (what each has left, and what its
+// recipient took: the gate's own with "pid" too, as the reading measured
+// them).
 func (t *reserveTable) list(w http.ResponseWriter, r *http.Request) {
-	t.mu.Lock()
-	out := make([]reservationAnswer, 0, len(t.by))
-	mine := map[string]bool{}
-	for _, hr := range t.by {
-		out = append(out, answerOfReservation(hr, false))
-		mine[hr.res.Info().ID] = true
-	}
-	t.mu.Unlock()
 	notChecked := []string{}
+	var seen []vramguard.DeviceMemory
 	if t.g.reader == nil {
 		notChecked = append(notChecked, "other programs' reservations: no GPU reader")
 	} else if rep, err := t.g.client.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: t.g.cfg.device, DryRun: true}); err != nil && (rep == nil || rep.Snapshot == nil) {
 		notChecked = append(notChecked, "other programs' reservations: "+oneLine(err.Error()))
 	} else if rep != nil && rep.Snapshot != nil {
-		for _, d := range rep.Snapshot.Devices {
-			for _, info := range d.Reserved {
-				if mine[info.ID] {
-					continue
-				}
-				out = append(out, reservationAnswer{Device: d.Index, Bytes: info.Bytes, Taken: info.Taken, For: info.For, PID: info.ForPID,
-					Holder: info.Program, Until: info.Until, Reservation: info.String(), Through: "host"})
+		seen = rep.Snapshot.Devices
+	}
+	t.mu.Lock()
+	out := make([]reservationAnswer, 0, len(t.by))
+	mine := map[string]int{}
+	for _, hr := range t.by {
+		mine[hr.res.Info().ID] = len(out)
+		out = append(out, answerOfReservation(hr, false))
+	}
+	t.mu.Unlock()
+	for _, d := range seen {
+		for _, info := range d.Reserved {
+			if i, ok := mine[info.ID]; ok {
+				out[i].Taken = info.Taken
+				continue
 			}
+			out = append(out, reservationAnswer{Device: d.Index, Bytes: info.Bytes, Taken: info.Taken, For: info.For, PID: info.ForPID,
+				Holder: info.Program, Until: info.Until, Reservation: info.String(), Through: "host"})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Until.Before(out[j].Until) })

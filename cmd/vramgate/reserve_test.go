@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -267,5 +271,98 @@ func TestSlotVictimFollowsTheLibrarysPolicy(t *testing.T) {
 				t.Fatalf("%s still listed", tc.victim)
 			}
 		})
+	}
+}
+
+// make_room keeps a model that a request through the gate is using: the
+// room is made from idle models (the smaller in-use one would have been
+// the library's pick), and a room that only the in-use model could make
+// is refused, naming it, with nothing unloaded. The request is never
+// disturbed: its stream, stalled by the fault for the whole make_room,
+// ends done. No hold is left behind.
+func TestMakeRoomKeepsModelsInUseThroughTheGate(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{TotalVRAM: 8 * gib})
+	g := startGate(t, sim.URL().String(), sim.GPU())
+	load(t, sim.APIClient(), "tiny")  // 2 GiB
+	load(t, sim.APIClient(), "small") // 3 GiB: 3 GiB free
+	if err := sim.FailNext("tiny", vramguardtest.StallAfter(1, 4*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(post(t, g.URL+"/api/generate", `{"model":"tiny","prompt":"hi"}`).Body)
+	if !lines.Scan() {
+		t.Fatalf("no first chunk: %v", lines.Err())
+	}
+	streamDone := make(chan bool, 1)
+	go func() {
+		done := false
+		for lines.Scan() {
+			done = done || strings.Contains(lines.Text(), `"done":true`)
+		}
+		streamDone <- done
+	}()
+
+	// 5 GiB: tiny alone (the smallest that is enough) or small alone.
+	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", `{"device":0,"bytes":5368709120,"for":"render","holder":"comfy-node","make_room":true}`)
+	var a reservedAnswer
+	if err := json.Unmarshal(body, &a); err != nil || code != 201 || a.Receipt == nil || !slices.Equal(a.Receipt.Evicted, []string{"small:latest"}) {
+		t.Fatalf("make_room beside a request on tiny: %d %s; want small evicted, tiny kept", code, body)
+	}
+	select {
+	case <-streamDone:
+		t.Fatal("the stream ended before make_room returned: the test's stall did not cover it")
+	default:
+	}
+	if !sim.Listed("tiny") || sim.Listed("small") {
+		t.Fatalf("tiny listed %v, small listed %v", sim.Listed("tiny"), sim.Listed("small"))
+	}
+	if code, _, body := do(t, "DELETE", g.URL+"/vramgate/reservations/"+a.Reservation.ID, ""); code != 200 {
+		t.Fatalf("release: %d %s", code, body)
+	}
+
+	// 7 GiB: only tiny's 2 GiB beside the 6 free could make it.
+	code, hdr, body := do(t, "POST", g.URL+"/vramgate/reservations", `{"device":0,"bytes":7516192768,"for":"render","holder":"comfy-node","make_room":true}`)
+	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), "in use while a make_room runs") {
+		t.Fatalf("make_room that needs the model in use: %d %s; want 503 naming the request's hold", code, body)
+	}
+	if !sim.Listed("tiny") {
+		t.Fatal("a refused make_room unloaded the model in use")
+	}
+	if done := <-streamDone; !done {
+		t.Fatal("the request through the gate did not end done")
+	}
+	if left, _ := filepath.Glob(filepath.Join(g.LeaseDir, "*.lease")); len(left) != 0 {
+		t.Fatalf("holds left after make_room: %v", left)
+	}
+}
+
+// A reservation taken through the gate for a recipient process ("pid")
+// lists what that process has allocated of it (taken_bytes), as the
+// listing's reading measured it; before, the gate's own listed none.
+func TestGateListsWhatItsRecipientTook(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{TotalVRAM: 24 * gib})
+	g := startGate(t, sim.URL().String(), sim.GPU())
+	if err := sim.Reserve("render", 1<<20); err != nil { // the render's process, before it loads
+		t.Fatal(err)
+	}
+	var pid uint32
+	for _, h := range sim.Holders() {
+		if h.Name == "render" {
+			pid = h.PID
+		}
+	}
+	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", fmt.Sprintf(`{"device":0,"bytes":%d,"for":"render","holder":"comfy-node","pid":%d}`, 10*gib, pid))
+	if code != 201 {
+		t.Fatalf("take: %d %s", code, body)
+	}
+	if err := sim.Reserve("render", 4*gib); err != nil {
+		t.Fatal(err)
+	}
+	code, _, body = do(t, "GET", g.URL+"/vramgate/reservations", "")
+	var l struct {
+		Reservations []reservationAnswer `json:"reservations"`
+	}
+	if err := json.Unmarshal(body, &l); err != nil || code != 200 || len(l.Reservations) != 1 ||
+		l.Reservations[0].Through != "vramgate" || l.Reservations[0].Taken != 4*gib {
+		t.Fatalf("list: %d %s; want the gate's reservation with 4 GiB taken", code, body)
 	}
 }
