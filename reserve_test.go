@@ -492,7 +492,8 @@ func TestAdmittedLoadReservedUntilItLands(t *testing.T) {
 // plans the need plus what the reservation lacks, so it unloads enough at
 // once (big, 8 GiB) instead of the least that would have done without the
 // reservation (small, 2 GiB) and then being refused (composition oracle,
-// seed 1796422898705029008).
+// seed 1796422898705029008). Its holder's share (DeviceMemory.Holders) is
+// the free memory it still keeps.
 func TestOverdrawnReservationIsOwedFirst(t *testing.T) {
 	s := threeModelSim(t, vramguardtest.Config{})
 	loadForever(t, s, "big", "small") // 14 GiB free of 24
@@ -509,6 +510,19 @@ func TestOverdrawnReservationIsOwedFirst(t *testing.T) {
 	dry, err := b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1, DryRun: true})
 	if err != nil || dry.FreeBefore != 0 || dry.Snapshot.Device(0).Overdrawn != 6*gib || len(dry.Plan) != 1 || dry.Plan[0] != "big:latest" {
 		t.Fatalf("dry run %+v, %v; want nothing free, 6 GiB owed, big planned", dry, err)
+	}
+	// Its share is the 4 GiB of free memory it keeps, not the 10 it has
+	// left: the shares still add up to the device's total.
+	d := dry.Snapshot.Device(0)
+	var sum, reserved uint64
+	for _, h := range d.Holders() {
+		sum += h.Bytes
+		if h.Kind == vramguard.HolderReserved {
+			reserved += h.Bytes
+		}
+	}
+	if sum != d.Total || reserved != 4*gib {
+		t.Fatalf("holders %+v: %d bytes of %d, reserved share %d; want the total, and 4 GiB reserved", d.Holders(), sum, d.Total, reserved)
 	}
 	rep, err := b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 2 * gib, Timeout: 2 * time.Second})
 	if err != nil {

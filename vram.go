@@ -171,10 +171,12 @@ type MemoryHolder struct {
 // Holders splits the device's memory by holder, for metrics and answers
 // to "who holds the rest": runners by model, then other processes, most
 // memory first, then what no listed process accounts for, then other
-// holders' reservations (DeviceMemory.Reserved, what each has left), then
-// the free memory. Processes whose memory the driver does not report are
-// left out (their memory is in the unattributed share); the shares add up
-// to Total when the driver's Used and Free do.
+// holders' reservations (DeviceMemory.Reserved: the free memory each
+// keeps, what it has left, less, from the last listed, what another
+// process took of it when the device is Overdrawn), then the free memory.
+// Processes whose memory the driver does not report are left out (their
+// memory is in the unattributed share); the shares add up to Total when
+// the driver's Used and Free do.
 func (d DeviceMemory) Holders() []MemoryHolder {
 	ps := slices.Clone(d.Processes)
 	vramSortHolders(ps)
@@ -202,8 +204,18 @@ func (d DeviceMemory) Holders() []MemoryHolder {
 	if d.Used > known {
 		out = append(out, MemoryHolder{Kind: HolderUnattributed, Bytes: d.Used - known})
 	}
+	// The reservations' shares are the driver's free memory they keep:
+	// what they have left less what another process took of it
+	// (Overdrawn, in Used already), taken from the last listed first.
+	var left uint64
 	for _, r := range d.Reserved {
-		out = append(out, MemoryHolder{Kind: HolderReserved, Name: r.String(), PID: uint32(r.PID), Bytes: r.Bytes - min(r.Bytes, r.Taken)})
+		left += r.Bytes - min(r.Bytes, r.Taken)
+	}
+	free := left - min(left, d.Overdrawn)
+	for _, r := range d.Reserved {
+		b := min(r.Bytes-min(r.Bytes, r.Taken), free)
+		free -= b
+		out = append(out, MemoryHolder{Kind: HolderReserved, Name: r.String(), PID: uint32(r.PID), Bytes: b})
 	}
 	return append(out, MemoryHolder{Kind: HolderFree, Bytes: d.Free})
 }
