@@ -120,11 +120,12 @@ func (o ReserveOptions) check(op, what, model string) (time.Duration, error) {
 // reservations as HolderReserved, with their end as RetryAfter). To make
 // the room first, call EnsureFree with EnsureRequest.Reservation set. The
 // check and the taking are one step across the host (the lease
-// directory's lock, so two holders' reservations never share bytes.
+// directory's lock), so two holders' reservations never share bytes.
 // This client's own reservations are its calls' to use, a new
 // reservation of its own included: release one whose recipient has
-// allocated before reserving its room for another. A load another vramguard client's budget or vramgate
-// admitted holds a reservation of its own until it lands
+// allocated before reserving its room for another. A load another
+// vramguard client's budget or vramgate admitted holds a reservation of
+// its own until it lands
 // (ReserveOptions.Load), so it is counted before its runner shows it; a
 // load sent around them (a program talking to Ollama's own port) is not.
 //
@@ -133,8 +134,8 @@ func (o ReserveOptions) check(op, what, model string) (time.Duration, error) {
 // needs none) and host-wide leases
 // (KindUnavailable when LeaseOptions.Off or the directory is refused). A
 // negative device, zero bytes or more than the device holds, or options
-// that ReserveOptions rules out fail with KindInvalidInput; a closed
-// client fails with ErrClosed.
+// that ReserveOptions rules out fail with KindInvalidInput; a device the
+// reader does not list with KindNotFound; a closed client with ErrClosed.
 //
 // With opts.Model set, Reserve holds that model for the recipient
 // instead: device and bytes must be 0, and For (or PID) must name the

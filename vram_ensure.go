@@ -69,11 +69,13 @@ type EnsureRequest struct {
 	// Reservation holds it, and every other vramguard client on the host
 	// counts those bytes as not free until it ends. It is taken under the
 	// host-wide lock from a reading made then; when that reading no longer
-	// has the room (taken meanwhile), the call fails with the *RoomError
-	// of that reading and reserves nothing. This client's own standing
-	// reservations are its to use here too: release one whose recipient
-	// has allocated. It needs a VRAM reader and cannot go with DryRun
-	// (KindInvalidInput).
+	// has the room, the call makes it again (twice at most) when a load
+	// another client admitted meanwhile took it, and otherwise fails with
+	// the *RoomError of that reading and reserves nothing. This client's
+	// own standing reservations are its to use here too: release one
+	// whose recipient has allocated. It needs a VRAM reader and cannot go
+	// with DryRun (KindInvalidInput), and host-wide leases
+	// (KindUnavailable when LeaseOptions.Off or the directory is refused).
 	Reservation *ReserveOptions
 }
 
