@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -838,5 +839,118 @@ func TestOwnReservationNeverAnothers(t *testing.T) {
 	close(stop)
 	if err := <-churned; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Reservations taken at the same moment by eight clients never share
+// bytes: of 5 GiB each on a device with 24 GiB free, exactly four stand,
+// and each of the other four is refused naming reservations; the four
+// add up to no more than the device had free.
+func TestConcurrentReservationsNeverShareBytes(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true}) // 24 GiB, nothing loaded
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	const n = 8
+	cs := make([]*vramguard.OllamaClient, n)
+	for i := range cs {
+		cs[i] = leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	}
+	start := make(chan struct{})
+	errs := make([]error, n)
+	res := make([]*vramguard.Lease, n)
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			res[i], errs[i] = c.Reserve(t.Context(), 0, 5*gib, vramguard.ReserveOptions{For: fmt.Sprintf("render %d", i)})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	var stood uint64
+	for i, err := range errs {
+		if err == nil {
+			stood += res[i].Info().Bytes
+			continue
+		}
+		if re := roomErr(t, err); len(re.Reserved) == 0 || !errors.Is(err, vramguard.ErrLeased) {
+			t.Errorf("client %d refused without naming the reservations: %v", i, err)
+		}
+	}
+	if stood != 4*5*gib || reservationFiles(t, dir) != 4 {
+		t.Fatalf("%d bytes reserved in %d files; want exactly four of 5 GiB (24 GiB free)", stood, reservationFiles(t, dir))
+	}
+}
+
+// EnsureRequest.WaitForLeases waits for other holders' reservations, as
+// for leases: with a Timeout shorter than the reservation it is refused
+// naming it; within its Timeout it waits for one to end (its TTL) and
+// makes the room, where without WaitForLeases it is refused at once.
+func TestWaitForLeasesWaitsForReservations(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	a := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	b := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	long, err := a.Reserve(t.Context(), 0, 20*gib, vramguard.ReserveOptions{For: "render", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib, WaitForLeases: true, Timeout: 200 * time.Millisecond})
+	checkNamesReservation(t, err, "render")
+	if err := long.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Reserve(t.Context(), 0, 20*gib, vramguard.ReserveOptions{For: "short render", TTL: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib})
+	checkNamesReservation(t, err, "short render")
+	rep, err := b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 10 * gib, WaitForLeases: true, Timeout: 10 * time.Second})
+	if err != nil || rep.FreeAfter < 10*gib {
+		t.Fatalf("EnsureFree waiting for a reservation's TTL: %+v, %v; want the room once it ended", rep, err)
+	}
+	if reservationFiles(t, dir) != 0 {
+		t.Fatal("the reservation outlived the wait that waited for its end")
+	}
+}
+
+// A phase's hand-over reserves for "the next stage", held by "phase
+// <name>", when PhaseOptions.Reserve names neither; where leases are off
+// it hands over without a reservation and without failing.
+func TestHandoverReservationDefaults(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{})
+	dir := leaseDir(t)
+	gpu := &vramguardtest.GPU{Server: s}
+	for _, off := range []bool{false, true} {
+		c := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Leases: vramguard.LeaseOptions{Dir: dir, Off: off}})
+		p, err := c.StartPhase(t.Context(), "prompts", vramguard.PhaseOptions{NeedBytes: 10 * gib})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := p.Guard()
+		if _, err := g.Generate(t.Context(), &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := p.End(t.Context())
+		if err != nil || rep.Handover == nil {
+			t.Fatalf("leases off %v: End = %+v, %v", off, rep, err)
+		}
+		res := rep.Handover.Reservation
+		switch {
+		case off && (res != nil || reservationFiles(t, dir) != 0):
+			t.Fatalf("leases off: a reservation %v, %d files", res, reservationFiles(t, dir))
+		case off:
+		case res == nil:
+			t.Fatal("no reservation from a hand-over with NeedBytes")
+		case res.Info().For != "the next stage" || res.Info().Note != "phase prompts" || res.Info().Bytes != 10*gib:
+			t.Fatalf("the hand-over's reservation %+v; want 10 GiB for \"the next stage\" held by \"phase prompts\"", res.Info())
+		default:
+			if err := res.Release(); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
