@@ -3,6 +3,8 @@ package comfyui_test
 import (
 	"errors"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,10 +62,48 @@ func TestFreeReservesOnlyWhatCameBack(t *testing.T) {
 	c := p.client(t, p.ollama.GPU())
 	holder := vramguardtest.NewClient(t, p.ollama, vramguard.Options{VRAM: p.ollama.GPU(), Leases: vramguard.LeaseOptions{Dir: filepath.Join(t.TempDir(), "leases")}})
 	rc, err := c.Free(t.Context(), comfyui.FreeRequest{Quiet: 200 * time.Millisecond, Reserve: &comfyui.FreeReservation{Client: holder}})
-	if err != nil || rc.Reservation != nil || len(rc.NotChecked) == 0 {
+	if err != nil || rc.Reservation != nil || !slices.ContainsFunc(rc.NotChecked, func(s string) bool { return strings.HasPrefix(s, "reservation: nothing") }) {
 		t.Fatalf("free of an idle ComfyUI holding nothing: %v, %v; want no reservation, said so", rc, err)
 	}
 	if _, err := c.Free(t.Context(), comfyui.FreeRequest{Reserve: &comfyui.FreeReservation{}}); !errors.Is(err, vramguard.KindInvalidInput) {
 		t.Fatalf("Reserve without a Client: %v, want KindInvalidInput", err)
+	}
+}
+
+// FreeReservation.Bytes caps the reservation below what came back; a
+// reservation the library refuses (here one naming a Model, which a
+// reservation of room cannot) is named in NotChecked while the free's
+// outcome stands, and nothing is reserved.
+func TestFreeReservationCappedOrRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fr   comfyui.FreeReservation
+	}{
+		{"capped", comfyui.FreeReservation{ReserveOptions: vramguard.ReserveOptions{For: "LLM load"}, Bytes: 1 << 20}},
+		{"refused", comfyui.FreeReservation{ReserveOptions: vramguard.ReserveOptions{For: "LLM load", Model: "llm"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, comfyuitest.Config{})
+			c := p.client(t, p.ollama.GPU())
+			if _, err := c.Run(t.Context(), workflow(2, nil)); err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(t.TempDir(), "leases")
+			tc.fr.Client = vramguardtest.NewClient(t, p.ollama, vramguard.Options{VRAM: p.ollama.GPU(), Leases: vramguard.LeaseOptions{Dir: dir}})
+			rc, err := c.Free(t.Context(), comfyui.FreeRequest{Wait: true, Reserve: &tc.fr})
+			if err != nil || rc.Outcome != comfyui.OutcomeFreed || rc.Released() <= 1<<20 {
+				t.Fatalf("Free = %v, %v; want freed, more than 1 MiB back", rc, err)
+			}
+			files, _ := filepath.Glob(filepath.Join(dir, "*.reserve"))
+			if tc.fr.Model == "" {
+				if rc.Reservation == nil || rc.Reservation.Info().Bytes != 1<<20 || len(files) != 1 {
+					t.Fatalf("capped: reservation %v, %d files; want 1 MiB of the %d back", rc.Reservation, len(files), rc.Released())
+				}
+				return
+			}
+			if rc.Reservation != nil || len(files) != 0 || !slices.ContainsFunc(rc.NotChecked, func(s string) bool { return strings.HasPrefix(s, "reservation: ") }) {
+				t.Fatalf("refused: reservation %v, %d files, not checked %q; want none, said so", rc.Reservation, len(files), rc.NotChecked)
+			}
+		})
 	}
 }
