@@ -31,11 +31,20 @@ type gate struct {
 	log      *slog.Logger
 	upstream *url.URL
 	client   *vramguard.OllamaClient // the gate's own client of Ollama
-	// holder holds the reservations HTTP clients take through the gate:
-	// a client of its own, so that the client the admissions run on
-	// counts them as another holder's (a client may use its own
-	// reservations, and the chat loads the gate admits must not).
-	holder   *vramguard.OllamaClient
+	// holder holds, while a reservation's make_room runs, the models
+	// requests through the gate are using (holdInUse): holds for someone
+	// else, which every client keeps, its own included.
+	holder *vramguard.OllamaClient
+	// holderOpts are the options of the client each HTTP reservation is
+	// held by (reserveTable.take): one client for each, so that the client
+	// the admissions run on counts it as another holder's (a client may
+	// use its own reservations, and the chat loads the gate admits must
+	// not), and so does every other HTTP client's (two HTTP clients'
+	// reservations never share bytes).
+	holderOpts vramguard.Options
+	// tenants are what each reservation's client asks to give memory
+	// back in its make_room, as the admissions' client does (ComfyUI).
+	tenants  []vramguard.Tenant
 	reader   vramguard.VRAMReader // nil without a GPU reader
 	probe    *probe.Handler
 	proxy    *httputil.ReverseProxy
@@ -138,6 +147,7 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		return g, err
 	}
 	g.closers = append(g.closers, g.client.Close)
+	g.holderOpts = opts
 	if g.holder, err = vramguard.NewClient(opts); err != nil {
 		return g, err
 	}
@@ -146,15 +156,14 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 		return g, err
 	}
 	if cu != nil && g.reader != nil {
-		// Both clients make room: the admissions' (-make-room) and the
-		// holder's (a reservation's make_room), each asking ComfyUI.
-		for _, c := range []*vramguard.OllamaClient{g.client, g.holder} {
-			unregister, err := c.RegisterTenant(cu.Tenant(comfyui.TenantOptions{WhileBusy: comfyui.Refuse}))
-			if err != nil {
-				return g, err
-			}
-			g.closers = append(g.closers, func() error { unregister(); return nil })
+		// The admissions' client (-make-room) and each reservation's (its
+		// make_room) ask ComfyUI.
+		g.tenants = append(g.tenants, cu.Tenant(comfyui.TenantOptions{WhileBusy: comfyui.Refuse}))
+		unregister, err := g.client.RegisterTenant(g.tenants[0])
+		if err != nil {
+			return g, err
 		}
+		g.closers = append(g.closers, func() error { unregister(); return nil })
 	}
 	sctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()

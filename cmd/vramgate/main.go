@@ -31,7 +31,8 @@
 //   - Reservations over HTTP (reserve.go): POST /vramgate/reservations
 //     {"device", "bytes", "for", "holder", "pid", "ttl", "make_room"} keeps
 //     free bytes of a device for a recipient, host-wide (every vramguard
-//     program, and the gate's own admissions, count them as taken); with
+//     program, the gate's own admissions and every other reservation
+//     taken through it count them as taken); with
 //     "make_room" it first makes the room (verified unloads of idle,
 //     unleased models, those requests through the gate are using kept;
 //     with -comfyui, ComfyUI asked last) and answers a measured receipt

@@ -14,15 +14,37 @@ import (
 )
 
 // httpReservation is a reservation an HTTP client took through the gate:
-// free bytes of a device kept for its recipient host-wide, held by the
-// gate's holder client (never the client its admissions run on, whose own
-// reservations would be its to use), until its TTL unless extended.
+// free bytes of a device kept for its recipient host-wide, held by a
+// client of its own (never the client the admissions run on, nor another
+// HTTP reservation's: a client's own reservations are its to use), until
+// its TTL unless extended.
 type httpReservation struct {
 	token  string // the secret id only its taker knows
 	holder string // the name the client gave
 	remote string // the client's address when it took it
+	c      *vramguard.OllamaClient
 	res    *vramguard.Lease
-	timer  *time.Timer // drops it from the table at its TTL (the Lease ends itself); under the table's lock
+	timer  *time.Timer // ends it at its TTL (the Lease ends itself too); under the table's lock
+}
+
+// end releases the reservation and closes its client.
+func (hr *httpReservation) end() error {
+	return errors.Join(hr.res.Release(), hr.c.Close())
+}
+
+// newHolder is a client to hold one HTTP reservation: the gate's options,
+// and its tenants to ask in a make_room.
+func (g *gate) newHolder() (*vramguard.OllamaClient, error) {
+	c, err := vramguard.NewClient(g.holderOpts)
+	if err != nil {
+		return nil, err
+	}
+	for _, tn := range g.tenants {
+		if _, err := c.RegisterTenant(tn); err != nil {
+			return nil, errors.Join(err, c.Close())
+		}
+	}
+	return c, nil
 }
 
 // reserveTable is the gate's HTTP reservations, by token.
@@ -102,11 +124,12 @@ const inUseHoldTTL = 10 * time.Minute
 
 // holdInUse holds, for a make_room on device, the models that requests
 // through the gate are using there, and returns the holds for the caller
-// to release. The room is made by the holder's client, which does not see
-// the requests the admissions' client runs (a client knows its own): with
-// no hold it would take a model serving a chat for an idle one. A hold
-// taken for someone else (ReserveOptions.Model) keeps its own client's
-// room-making too, and names why to every other program meanwhile. The
+// to release. The room is made by the reservation's own client, which
+// does not see the requests the admissions' client runs (a client knows
+// its own): with no hold it would take a model serving a chat for an idle
+// one. The holds are the gate's holder's, held for someone else
+// (ReserveOptions.Model), so every client keeps them, and they name why
+// to every other program meanwhile. The
 // models are those the admissions' client keeps as in use (KeepInUse in a
 // dry run of the same room); a request that begins after this look is
 // not held, as the library's room-making does not hold one.
@@ -194,16 +217,20 @@ func (t *reserveTable) take(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := vramguard.ReserveOptions{For: q.For, PID: q.PID, TTL: ttl, Note: "vramgate reservation of " + q.Holder}
 	start := time.Now()
+	c, err := t.g.newHolder()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "reservation: %s", oneLine(err.Error()))
+		return
+	}
 	var (
 		res *vramguard.Lease
 		rc  *receipt
-		err error
 	)
 	if q.MakeRoom {
 		var holds []*vramguard.Lease
 		if holds, err = t.holdInUse(r, *q.Device, q.Bytes); err == nil {
 			var rep *vramguard.EnsureReport
-			rep, err = t.g.holder.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: *q.Device, Bytes: q.Bytes, Reservation: &opts})
+			rep, err = c.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: *q.Device, Bytes: q.Bytes, Reservation: &opts})
 			if rep != nil {
 				res = rep.Reservation
 				rc = receiptOf(rep)
@@ -215,11 +242,13 @@ func (t *reserveTable) take(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	} else {
-		res, err = t.g.holder.Reserve(r.Context(), *q.Device, q.Bytes, opts)
+		res, err = c.Reserve(r.Context(), *q.Device, q.Bytes, opts)
 	}
 	if err != nil {
-		if res != nil {
-			_ = res.Release()
+		// Its client's Close ends whatever it took (a reservation the
+		// call reported with its error).
+		if cerr := c.Close(); cerr != nil {
+			t.g.log.Warn("reservation: ending a refused take's client failed", "err", cerr)
 		}
 		t.refuse(w, r, q, err)
 		return
@@ -227,10 +256,10 @@ func (t *reserveTable) take(w http.ResponseWriter, r *http.Request) {
 	if rc != nil {
 		rc.ElapsedMS = time.Since(start).Milliseconds()
 	}
-	hr := &httpReservation{token: newToken(), holder: q.Holder, remote: r.RemoteAddr, res: res}
+	hr := &httpReservation{token: newToken(), holder: q.Holder, remote: r.RemoteAddr, c: c, res: res}
 	t.mu.Lock()
 	t.by[hr.token] = hr
-	hr.timer = time.AfterFunc(ttl, func() { t.forget(hr) })
+	hr.timer = time.AfterFunc(ttl, func() { t.expire(hr) })
 	ans := answerOfReservation(hr, true)
 	t.mu.Unlock()
 	t.g.log.Info("memory reserved", "device", ans.Device, "bytes", ans.Bytes, "for", ans.For, "holder", q.Holder, "remote", r.RemoteAddr, "until", ans.Until)
@@ -267,7 +296,7 @@ func (t *reserveTable) extend(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := hr.res.Extend(ttl); err != nil {
 		if errors.Is(err, vramguard.ErrClosed) { // ended meanwhile (its TTL, consumed)
-			t.forget(hr)
+			t.expire(hr)
 			writeError(w, http.StatusNotFound, "no such reservation (it ended)")
 			return
 		}
@@ -275,9 +304,8 @@ func (t *reserveTable) extend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t.mu.Lock()
-	if t.by[hr.token] != hr { // its TTL ended between the lookup and the extension
+	if t.by[hr.token] != hr { // its TTL ended between the lookup and the extension (expire ends it)
 		t.mu.Unlock()
-		_ = hr.res.Release()
 		writeError(w, http.StatusNotFound, "no such reservation (it ended)")
 		return
 	}
@@ -293,8 +321,11 @@ func (t *reserveTable) release(w http.ResponseWriter, r *http.Request) {
 	if hr == nil {
 		return
 	}
-	t.forget(hr)
-	if err := hr.res.Release(); err != nil {
+	if !t.forget(hr) {
+		writeError(w, http.StatusNotFound, "no such reservation (it ended)")
+		return
+	}
+	if err := hr.end(); err != nil {
 		writeError(w, http.StatusInternalServerError, "release: %v", err)
 		return
 	}
@@ -351,14 +382,28 @@ func (t *reserveTable) lookup(w http.ResponseWriter, r *http.Request) *httpReser
 	return hr
 }
 
-// forget drops hr from the table.
-func (t *reserveTable) forget(hr *httpReservation) {
+// forget drops hr from the table, and says whether it was there (the
+// caller then ends it).
+func (t *reserveTable) forget(hr *httpReservation) bool {
 	t.mu.Lock()
-	if t.by[hr.token] == hr {
-		delete(t.by, hr.token)
-		hr.timer.Stop()
+	defer t.mu.Unlock()
+	if t.by[hr.token] != hr {
+		return false
 	}
-	t.mu.Unlock()
+	delete(t.by, hr.token)
+	hr.timer.Stop()
+	return true
+}
+
+// expire ends hr, whose TTL ended (or whose lease did), if it is still
+// in the table.
+func (t *reserveTable) expire(hr *httpReservation) {
+	if !t.forget(hr) {
+		return
+	}
+	if err := hr.end(); err != nil {
+		t.g.log.Warn("reservation: ending one whose TTL ended failed", "for", hr.res.Info().For, "holder", hr.holder, "err", err)
+	}
 }
 
 // releaseAll ends every HTTP reservation (the gate stops).
@@ -372,7 +417,8 @@ func (t *reserveTable) releaseAll() error {
 	t.mu.Unlock()
 	var errs []error
 	for _, hr := range all {
-		if err := hr.res.Release(); err != nil {
+		hr.timer.Stop()
+		if err := hr.end(); err != nil {
 			errs = append(errs, fmt.Errorf("release the reservation of %s for %s: %w", hr.holder, hr.res.Info().For, err))
 		}
 	}

@@ -366,3 +366,50 @@ func TestGateListsWhatItsRecipientTook(t *testing.T) {
 		t.Fatalf("list: %d %s; want the gate's reservation with 4 GiB taken", code, body)
 	}
 }
+
+// Two HTTP clients' takes that do not fit together: the second is the
+// gate's 503 ("reserved", Retry-After, the first named as a blocker),
+// nothing reserved for it. A reservation whose TTL ended is gone from the
+// list and its id extends nothing (404); one that stands when the gate
+// stops ends with it: no reservation file is left.
+func TestHTTPReservationsConflictEndAndStop(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{TotalVRAM: 24 * gib})
+	g := startGate(t, sim.URL().String(), sim.GPU())
+	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", fmt.Sprintf(`{"device":0,"bytes":%d,"for":"render a","holder":"node-a","ttl":"1m"}`, 16*gib))
+	if code != 201 {
+		t.Fatalf("first take: %d %s", code, body)
+	}
+	code, hdr, body := do(t, "POST", g.URL+"/vramgate/reservations", fmt.Sprintf(`{"device":0,"bytes":%d,"for":"render b","holder":"node-b","ttl":"1m"}`, 16*gib))
+	ref := refusalOf(t, body)
+	if code != 503 || ref.Reason != "reserved" || hdr.Get("Retry-After") == "" || !namesReservation(ref, "render a") {
+		t.Fatalf("second take past the first: %d %s; want 503 reserved naming render a", code, body)
+	}
+	code, _, body = do(t, "POST", g.URL+"/vramgate/reservations", fmt.Sprintf(`{"device":0,"bytes":%d,"for":"short","holder":"node-b","ttl":"1s"}`, 2*gib))
+	var short reservedAnswer
+	if err := json.Unmarshal(body, &short); err != nil || code != 201 {
+		t.Fatalf("short take: %d %s", code, body)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, _, body = do(t, "GET", g.URL+"/vramgate/reservations", "")
+		if !strings.Contains(string(body), `"for":"short"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the 1 s reservation still listed after 10 s: %s", body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, _, body := do(t, "POST", g.URL+"/vramgate/reservations/"+short.Reservation.ID, `{"ttl":"1m"}`); code != 404 {
+		t.Fatalf("extend after the TTL: %d %s; want 404", code, body)
+	}
+	if files, _ := filepath.Glob(filepath.Join(g.LeaseDir, "*.reserve")); len(files) != 1 {
+		t.Fatalf("%d reservation files before the stop; want render a's", len(files))
+	}
+	if code := g.stop(t); code != 0 {
+		t.Fatalf("stop: exit %d\n%s", code, g.Stderr)
+	}
+	if files, _ := filepath.Glob(filepath.Join(g.LeaseDir, "*.reserve")); len(files) != 0 {
+		t.Fatalf("reservation files left after the gate stopped: %v", files)
+	}
+}
