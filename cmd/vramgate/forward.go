@@ -157,6 +157,7 @@ func (g *gate) forward(w http.ResponseWriter, r *http.Request, body []byte, q *r
 	ran := false
 	err := g.client.Admit(r.Context(), q.Model, options, g.requester(st.client), func(ctx context.Context, ev vramguard.AdmissionEvent, landed func()) error {
 		ran = true
+		defer g.markBusy(name)()
 		if g.client.BudgetOff() || g.cfg.budget(g.reader) == nil {
 			// The admission checked nothing (no budget, or memory alone
 			// and no reader): the gate looks whether the request loads

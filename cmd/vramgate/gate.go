@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,12 @@ type gate struct {
 	guard    *guard
 	closers  []func() error // run in reverse at close
 
+	// busy counts the requests through the gate running on each model
+	// (normalized), from their admission to their answer's end: what a
+	// reservation's make_room keeps (holdInUse).
+	busyMu sync.Mutex
+	busy   map[string]int
+
 	mu     sync.Mutex
 	loaded map[string]string     // models that loaded through the gate -> the client that loaded them
 	gone   map[string]goneRecord // the gate's last verified unload of each model
@@ -79,7 +86,7 @@ func newGate(ctx context.Context, cfg *config, addr string, log *slog.Logger, ne
 	if err != nil {
 		return nil, err
 	}
-	g = &gate{guard: gd, cfg: cfg, log: log, upstream: up, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}}
+	g = &gate{guard: gd, cfg: cfg, log: log, upstream: up, loaded: map[string]string{}, gone: map[string]goneRecord{}, seen: map[string]bool{}, busy: map[string]int{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, g.close())
@@ -409,4 +416,31 @@ func (g *gate) passThrough(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	g.proxy.ServeHTTP(w, r)
+}
+
+// markBusy counts a request through the gate on model (normalized) until
+// the returned func is called.
+func (g *gate) markBusy(model string) (done func()) {
+	g.busyMu.Lock()
+	g.busy[model]++
+	g.busyMu.Unlock()
+	return func() {
+		g.busyMu.Lock()
+		if g.busy[model]--; g.busy[model] <= 0 {
+			delete(g.busy, model)
+		}
+		g.busyMu.Unlock()
+	}
+}
+
+// busyModels are the models requests through the gate are running on.
+func (g *gate) busyModels() []string {
+	g.busyMu.Lock()
+	defer g.busyMu.Unlock()
+	ms := make([]string, 0, len(g.busy))
+	for m := range g.busy {
+		ms = append(ms, m)
+	}
+	slices.Sort(ms)
+	return ms
 }

@@ -34,8 +34,9 @@
 //     program, the gate's own admissions and every other reservation
 //     taken through it count them as taken); with
 //     "make_room" it first makes the room (verified unloads of idle,
-//     unleased models, those requests through the gate are using kept;
-//     with -comfyui, ComfyUI asked last) and answers a measured receipt
+//     unleased models, those requests through the gate are using when
+//     it begins kept; with -comfyui, ComfyUI asked last, -make-room or
+//     not) and answers a measured receipt
 //     (models evicted, tenants asked, free bytes), or a 503 naming
 //     what keeps the room. Its id extends (POST .../ID) and releases
 //     (DELETE .../ID) it; GET lists them without ids, other programs'

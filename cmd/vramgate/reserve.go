@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -49,9 +50,10 @@ func (g *gate) newHolder() (*vramguard.OllamaClient, error) {
 
 // reserveTable is the gate's HTTP reservations, by token.
 type reserveTable struct {
-	g  *gate
-	mu sync.Mutex
-	by map[string]*httpReservation
+	g      *gate
+	mu     sync.Mutex
+	by     map[string]*httpReservation
+	closed bool // releaseAll ran: a take that ends later ends its own
 }
 
 func newReserveTable(g *gate) *reserveTable {
@@ -122,34 +124,23 @@ func receiptOf(rep *vramguard.EnsureReport) *receipt {
 // it returns: the end of a hold whose release failed.
 const inUseHoldTTL = 10 * time.Minute
 
-// holdInUse holds, for a make_room on device, the models that requests
-// through the gate are using there, and returns the holds for the caller
-// to release. The room is made by the reservation's own client, which
-// does not see the requests the admissions' client runs (a client knows
-// its own): with no hold it would take a model serving a chat for an idle
-// one. The holds are the gate's holder's, held for someone else
-// (ReserveOptions.Model), so every client keeps them, and they name why
-// to every other program meanwhile. The
-// models are those the admissions' client keeps as in use (KeepInUse in a
-// dry run of the same room); a request that begins after this look is
-// not held, as the library's room-making does not hold one.
-func (t *reserveTable) holdInUse(r *http.Request, device int, bytes uint64) ([]*vramguard.Lease, error) {
-	rep, _ := t.g.client.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: device, Bytes: bytes, DryRun: true, KeepInUse: true})
-	if rep == nil {
-		return nil, nil // the room-making that follows meets the same failure and answers it
-	}
+// holdInUse holds the models that requests through the gate are using
+// (gate.busy: those admitted and not yet answered, loading ones
+// included), and returns the holds for the caller to release. The room
+// is made by the reservation's own client, which does not see the
+// requests the admissions' client runs (a client knows its own): with no
+// hold it would take a model serving a chat for an idle one. The holds
+// are the gate's holder's, held for someone else (ReserveOptions.Model),
+// so every client keeps them, and they name why to every other program
+// meanwhile. A request that begins after this look is not held, as the
+// library's room-making does not hold a call begun while it runs.
+func (t *reserveTable) holdInUse(r *http.Request) ([]*vramguard.Lease, error) {
 	var holds []*vramguard.Lease
-	for _, k := range rep.Kept {
-		if !k.InUse {
-			continue
-		}
-		l, err := t.g.holder.Reserve(r.Context(), 0, 0, vramguard.ReserveOptions{Model: k.Model, For: "requests through vramgate",
+	for _, m := range t.g.busyModels() {
+		l, err := t.g.holder.Reserve(r.Context(), 0, 0, vramguard.ReserveOptions{Model: m, For: "requests through vramgate",
 			Note: "vramgate: in use while a make_room runs", TTL: inUseHoldTTL})
 		if err != nil {
-			for _, h := range holds {
-				err = errors.Join(err, h.Release())
-			}
-			return nil, err
+			return holds, err
 		}
 		holds = append(holds, l)
 	}
@@ -222,34 +213,26 @@ func (t *reserveTable) take(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "reservation: %s", oneLine(err.Error()))
 		return
 	}
+	kept := false
+	defer func() {
+		// Its client's Close ends whatever it took (a reservation a
+		// refused call reported with its error), a panic's included.
+		if !kept {
+			if cerr := c.Close(); cerr != nil {
+				t.g.log.Warn("reservation: ending a refused take's client failed", "err", cerr)
+			}
+		}
+	}()
 	var (
 		res *vramguard.Lease
 		rc  *receipt
 	)
 	if q.MakeRoom {
-		var holds []*vramguard.Lease
-		if holds, err = t.holdInUse(r, *q.Device, q.Bytes); err == nil {
-			var rep *vramguard.EnsureReport
-			rep, err = c.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: *q.Device, Bytes: q.Bytes, Reservation: &opts})
-			if rep != nil {
-				res = rep.Reservation
-				rc = receiptOf(rep)
-			}
-		}
-		for _, l := range holds {
-			if rerr := l.Release(); rerr != nil {
-				t.g.log.Warn("make_room: a hold on a model in use through the gate was not released; it ends at its TTL", "model", l.Info().Model, "err", rerr)
-			}
-		}
+		res, rc, err = t.makeRoom(r, c, *q.Device, q.Bytes, &opts)
 	} else {
 		res, err = c.Reserve(r.Context(), *q.Device, q.Bytes, opts)
 	}
 	if err != nil {
-		// Its client's Close ends whatever it took (a reservation the
-		// call reported with its error).
-		if cerr := c.Close(); cerr != nil {
-			t.g.log.Warn("reservation: ending a refused take's client failed", "err", cerr)
-		}
 		t.refuse(w, r, q, err)
 		return
 	}
@@ -258,12 +241,61 @@ func (t *reserveTable) take(w http.ResponseWriter, r *http.Request) {
 	}
 	hr := &httpReservation{token: newToken(), holder: q.Holder, remote: r.RemoteAddr, c: c, res: res}
 	t.mu.Lock()
+	if t.closed { // the gate stopped (releaseAll) while the room was made
+		t.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, "no reservation: the gate is stopping")
+		return
+	}
 	t.by[hr.token] = hr
+	kept = true
 	hr.timer = time.AfterFunc(ttl, func() { t.expire(hr) })
 	ans := answerOfReservation(hr, true)
 	t.mu.Unlock()
 	t.g.log.Info("memory reserved", "device", ans.Device, "bytes", ans.Bytes, "for", ans.For, "holder", q.Holder, "remote", r.RemoteAddr, "until", ans.Until)
 	writeJSON(w, http.StatusCreated, map[string]any{"reservation": ans, "receipt": rc})
+}
+
+// makeRoom makes bytes free on device with c, the reservation's client,
+// and reserves them with opts, keeping the models requests through the
+// gate are using (holdInUse) while it runs. A refusal that those holds
+// caused names the models as in use, with no known end (the requests'),
+// not as leases ending at the holds' TTL.
+func (t *reserveTable) makeRoom(r *http.Request, c *vramguard.OllamaClient, device int, bytes uint64, opts *vramguard.ReserveOptions) (*vramguard.Lease, *receipt, error) {
+	holds, err := t.holdInUse(r)
+	defer func() {
+		for _, l := range holds {
+			if rerr := l.Release(); rerr != nil {
+				t.g.log.Warn("make_room: a hold on a model in use through the gate was not released; it ends at its TTL", "model", l.Info().Model, "err", rerr)
+			}
+		}
+	}()
+	if err != nil {
+		return nil, nil, err
+	}
+	rep, err := c.EnsureFree(r.Context(), vramguard.EnsureRequest{Device: device, Bytes: bytes, Reservation: opts})
+	var re *vramguard.RoomError
+	if err != nil && errors.As(err, &re) {
+		ours := map[string]bool{}
+		for _, l := range holds {
+			ours[l.Info().ID] = true
+		}
+		stripped := false
+		for i := range re.Kept {
+			k := &re.Kept[i]
+			n := len(k.Leases)
+			k.Leases = slices.DeleteFunc(k.Leases, func(l vramguard.LeaseInfo) bool { return ours[l.ID] })
+			if len(k.Leases) < n {
+				k.InUse, stripped = true, true
+			}
+		}
+		if stripped {
+			re.RetryAfter = 0 // when the requests end is not known
+		}
+	}
+	if rep == nil {
+		return nil, nil, err
+	}
+	return rep.Reservation, receiptOf(rep), err
 }
 
 // refuse answers a reservation the library refused: bad input 400, no
@@ -409,6 +441,7 @@ func (t *reserveTable) expire(hr *httpReservation) {
 // releaseAll ends every HTTP reservation (the gate stops).
 func (t *reserveTable) releaseAll() error {
 	t.mu.Lock()
+	t.closed = true
 	all := make([]*httpReservation, 0, len(t.by))
 	for _, hr := range t.by {
 		all = append(all, hr)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -320,9 +321,13 @@ func TestMakeRoomKeepsModelsInUseThroughTheGate(t *testing.T) {
 	}
 
 	// 7 GiB: only tiny's 2 GiB beside the 6 free could make it.
+	// The refusal names tiny in use, with no known end (the request's),
+	// not as a lease ending at the hold's TTL.
 	code, hdr, body := do(t, "POST", g.URL+"/vramgate/reservations", `{"device":0,"bytes":7516192768,"for":"render","holder":"comfy-node","make_room":true}`)
-	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), "in use while a make_room runs") {
-		t.Fatalf("make_room that needs the model in use: %d %s; want 503 naming the request's hold", code, body)
+	ref := refusalOf(t, body)
+	inUse := slices.ContainsFunc(ref.Blockers, func(b blocker) bool { return b.Kind == "in use" && strings.HasPrefix(b.Model, "tiny") })
+	if code != 503 || hdr.Get("Retry-After") == "" || !inUse || ref.RetryAfterKnown || ref.Reason != "no room" || ref.RetryAfter > 60 {
+		t.Fatalf("make_room that needs the model in use: %d %s; want 503 naming tiny in use, retry not known", code, body)
 	}
 	if !sim.Listed("tiny") {
 		t.Fatal("a refused make_room unloaded the model in use")
@@ -411,5 +416,39 @@ func TestHTTPReservationsConflictEndAndStop(t *testing.T) {
 	}
 	if files, _ := filepath.Glob(filepath.Join(g.LeaseDir, "*.reserve")); len(files) != 0 {
 		t.Fatalf("reservation files left after the gate stopped: %v", files)
+	}
+}
+
+// A model that a request through the gate is still loading is kept by a
+// make_room too: the room-making waits for the load the gate admitted to
+// land, then plans with the loaded model, which it must not take for an
+// idle one (the smaller, and so the library's pick, were it idle).
+func TestMakeRoomKeepsAModelLoadingThroughTheGate(t *testing.T) {
+	sim := newSim(t, vramguardtest.Config{TotalVRAM: 8 * gib, Models: []vramguardtest.ModelConfig{
+		{Name: "slow", Size: 2 * gib, Chunks: 3, LoadLatency: 1500 * time.Millisecond},
+		{Name: "idle", Size: 3 * gib, Chunks: 3, LoadLatency: 20 * time.Millisecond},
+	}})
+	g := startGate(t, sim.URL().String(), sim.GPU())
+	load(t, sim.APIClient(), "idle")
+	answered := make(chan int, 1)
+	go func() {
+		code, _, _ := do(t, "POST", g.URL+"/api/generate", `{"model":"slow","prompt":"hi","stream":false}`)
+		answered <- code
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := sim.WaitFor(ctx, func() bool {
+		return slices.ContainsFunc(sim.Running(), func(r vramguardtest.RunnerState) bool { return strings.HasPrefix(r.Model, "slow") && r.Loading })
+	}); err != nil {
+		t.Fatalf("slow's load through the gate did not begin: %v", err)
+	}
+	// 5 GiB: slow alone (2 GiB, the smallest that is enough) or idle (3).
+	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", `{"device":0,"bytes":5368709120,"for":"render","holder":"comfy-node","make_room":true}`)
+	var a reservedAnswer
+	if err := json.Unmarshal(body, &a); err != nil || code != 201 || a.Receipt == nil || !slices.Equal(a.Receipt.Evicted, []string{"idle:latest"}) {
+		t.Fatalf("make_room beside a load through the gate: %d %s; want idle evicted, slow kept", code, body)
+	}
+	if code := <-answered; code != 200 || !sim.Listed("slow") {
+		t.Fatalf("the request that loaded slow: %d, slow listed %v", code, sim.Listed("slow"))
 	}
 }
