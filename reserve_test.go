@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -524,6 +525,23 @@ func TestOverdrawnReservationIsOwedFirst(t *testing.T) {
 	}
 	if sum != d.Total || reserved != 4*gib {
 		t.Fatalf("holders %+v: %d bytes of %d, reserved share %d; want the total, and 4 GiB reserved", d.Holders(), sum, d.Total, reserved)
+	}
+	// Two reservations, 10 and 3 GiB left, 4 GiB of the driver's free
+	// memory kept: the first listed keeps its share whole as far as it
+	// goes, the later ones get the rest, and the shares still add up.
+	two := *d
+	two.Reserved = append(slices.Clone(d.Reserved), vramguard.LeaseInfo{ID: "second", Bytes: 3 * gib, Device: 0})
+	two.Overdrawn += 3 * gib
+	var shares []uint64
+	sum = 0
+	for _, h := range two.Holders() {
+		sum += h.Bytes
+		if h.Kind == vramguard.HolderReserved {
+			shares = append(shares, h.Bytes)
+		}
+	}
+	if sum != d.Total || !slices.Equal(shares, []uint64{4 * gib, 0}) {
+		t.Fatalf("two reservations overdrawn: shares %v, %d bytes of %d; want [4 GiB, 0] and the total", shares, sum, d.Total)
 	}
 	rep, err := b.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 2 * gib, Timeout: 2 * time.Second})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -209,7 +210,7 @@ func (d DeviceMemory) Holders() []MemoryHolder {
 	// (Overdrawn, in Used already), taken from the last listed first.
 	var left uint64
 	for _, r := range d.Reserved {
-		left += r.Bytes - min(r.Bytes, r.Taken)
+		left += min(r.Bytes-min(r.Bytes, r.Taken), math.MaxUint64-left) // saturates
 	}
 	free := left - min(left, d.Overdrawn)
 	for _, r := range d.Reserved {
