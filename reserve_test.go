@@ -972,3 +972,87 @@ func TestHandoverReservationDefaults(t *testing.T) {
 		}
 	}
 }
+
+// noProcesses is a reader of the simulator that lists no processes, as a
+// reader that cannot see them (a container without the host's PIDs).
+type noProcesses struct{ vramguard.VRAMReader }
+
+func (r noProcesses) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
+	snap, err := r.VRAMReader.Snapshot(ctx)
+	if snap != nil {
+		for i := range snap.Devices {
+			snap.Devices[i].Processes, snap.Devices[i].ProcessesKnown = nil, false
+		}
+	}
+	return snap, err
+}
+
+// Where the reader lists no processes, a reservation for a recipient
+// process is not consumed: its recipient's allocations are not seen, so
+// the reservation stays whole (consumption is measured, never assumed),
+// and other clients count all of it until it is released.
+func TestReservationWithoutProcessesStaysWhole(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	if err := s.Reserve("render", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	pid := s.HeldPID("render")
+	dir := leaseDir(t)
+	gpu := noProcesses{s.GPU()}
+	orch := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	other := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
+	res, err := orch.Reserve(t.Context(), 0, 10*gib, vramguard.ReserveOptions{For: "render", PID: pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reserve("render", 10*gib); err != nil { // the whole room, as the driver shows it
+		t.Fatal(err)
+	}
+	for _, c := range []*vramguard.OllamaClient{other, orch} { // the holder's look ends nothing either
+		if _, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1, DryRun: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := other.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 1, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := rep.Snapshot.Device(0)
+	_, _, driverFree := s.Memory()
+	if len(d.Reserved) != 1 || d.Reserved[0].Taken != 0 || driverFree-d.Free != 10*gib || reservationFiles(t, dir) != 1 {
+		t.Fatalf("reserved %+v, free %d of the driver's %d, %d files; want the reservation whole, nothing taken", d.Reserved, d.Free, driverFree, reservationFiles(t, dir))
+	}
+	if err := res.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// EnsureRequest.Reservation reserves from a reading made under the
+// host-wide lock after the room is made: another program that takes the
+// room in between (here, as the final wait reports the room) leaves the
+// call refused with that reading's *RoomError, nothing reserved, no
+// reservation file and no hold left.
+func TestEnsureFreeReservationRefusedWhenTheRoomIsTaken(t *testing.T) {
+	s := threeModelSim(t, vramguardtest.Config{StrictVRAM: true})
+	loadForever(t, s, "small") // 22 GiB free of 24
+	dir := leaseDir(t)
+	var once sync.Once
+	hooks := vramguard.Hooks{OnVRAMWait: func(_ context.Context, ev vramguard.VRAMWaitEvent) {
+		if ev.Err == nil && ev.Need == 23*gib {
+			once.Do(func() {
+				if err := s.Reserve("intruder", 2*gib); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}}
+	c := leaseClient(t, s, dir, vramguard.Options{VRAM: s.GPU(), Hooks: hooks})
+	rep, err := c.EnsureFree(t.Context(), vramguard.EnsureRequest{Bytes: 23 * gib, Reservation: &vramguard.ReserveOptions{For: "render"}})
+	re := roomErr(t, err)
+	if rep == nil || rep.Reservation != nil || len(rep.Evicted) != 1 || re.Free >= 23*gib {
+		t.Fatalf("EnsureFree with the room taken before its reservation: %+v, %v; want small evicted, refused, nothing reserved", rep, err)
+	}
+	if n := reservationFiles(t, dir); n != 0 {
+		t.Fatalf("%d reservation files left (the reservation or the hold on the room)", n)
+	}
+}
