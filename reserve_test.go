@@ -605,7 +605,9 @@ func TestRoomMadeInStepsBesideAnOverdrawnReservation(t *testing.T) {
 // evicting, or waited out its bound). Here the plan's first step, a
 // tenant's release, frees 10 GiB, and in that window another client's
 // Reserve and a budget's load are tried: both are refused, naming the room
-// being made, and the maker gets its room. The hold ends with the call, or
+// being made, and so is another client's EnsureFree (which, before the
+// step, sees the device overdrawn by the hold), and the maker gets its
+// room. The hold ends with the call, or
 // becomes the reservation the call asked for; nothing is left behind.
 func TestRoomKeptWhileItIsMade(t *testing.T) {
 	const making = "the room it is making"
@@ -648,12 +650,19 @@ func TestRoomKeptWhileItIsMade(t *testing.T) {
 			other := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
 			chat := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Budget: &vramguard.Budget{}})
 			var tried bool
-			var rerr, gerr error // what the others got in the window
+			var rerr, gerr, eerr error // what the others got in the window
+			var owed uint64            // the device as another client saw it before the step
 			unregister, err := orch.RegisterTenant(vramguard.Tenant{Name: "comfy", Bytes: 10 * gib, First: true, Release: func(ctx context.Context) error {
+				if dry, err := other.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 1, DryRun: true}); dry != nil && dry.Snapshot != nil {
+					owed = dry.Snapshot.Device(0).Overdrawn
+				} else {
+					t.Errorf("a dry run before the step: %v", err)
+				}
 				s.Release("comfy")
 				tried = true
 				_, rerr = other.Reserve(ctx, 0, 6*gib, vramguard.ReserveOptions{For: "someone else"})
 				_, gerr = chat.GenerateStreaming(ctx, &vramguard.GenerateRequest{Model: "mid", Prompt: "x"}, vramguard.KeepAliveFor(time.Hour), nil)
+				_, eerr = other.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 6 * gib})
 				return nil
 			}})
 			if err != nil {
@@ -669,6 +678,10 @@ func TestRoomKeptWhileItIsMade(t *testing.T) {
 			}
 			checkNamesReservation(t, rerr, making)
 			checkNamesReservation(t, gerr, making)
+			checkNamesReservation(t, eerr, making) // another client's room-making too
+			if owed == 0 {
+				t.Error("before the step another client saw the device not overdrawn; want the hold's bytes beyond the 2 GiB free")
+			}
 			// The hold is renewed while its call runs, a few seconds at a
 			// time: a refusal it causes says to retry within those.
 			if ra := roomErr(t, rerr).RetryAfter; ra > 5*time.Second {
