@@ -111,6 +111,7 @@ func connFailed(err error) bool {
 
 type logger interface {
 	Info(string, ...any)
+	Warn(string, ...any)
 }
 
 var slogDiscard = slog.New(slog.DiscardHandler)

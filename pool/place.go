@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/vramguard/vramguard"
 )
@@ -149,25 +150,32 @@ func cheaper(a, b plan) bool {
 // waits for the turn before its request goes out: the unload does not wait
 // for it (EnsureRequest.KeepInUse waits only for calls sent), and it is
 // placed once the turn is free (TestPoolCallOnAPlannedVictimDoesNotStall).
-func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*member, error) {
+//
+// A load it places (by room, or after making room) is reserved host-wide
+// on the member's device until the member answers (the returned Lease,
+// nil for a warm model or where leases are off): another program's
+// hand-over on the host counts the load before the member's runner
+// shows it, as it counts a budget's admitted load.
+func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*member, *vramguard.Lease, error) {
 	const op = "place"
 	select {
 	case t.place <- struct{}{}:
 	case <-ctx.Done():
-		return nil, &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindCanceled, Err: context.Cause(ctx)}
+		return nil, nil, &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindCanceled, Err: context.Cause(ctx)}
 	}
 	defer func() { <-t.place }()
 	key := vramguard.NormalizeModelName(model)
 	vs := t.survey(ctx, key)
 	if ctx.Err() != nil {
-		return nil, &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindCanceled, Err: context.Cause(ctx)}
+		return nil, nil, &vramguard.Error{Op: op, Model: model, Kind: vramguard.KindCanceled, Err: context.Cause(ctx)}
 	}
 	if i, reason, ok := choose(vs, 0); ok && reason == PlaceWarm {
-		return t.placed(ctx, Placement{Model: model, Member: t.members[i].name, Device: i, Reason: reason, Free: vs[i].free})
+		m, err := t.placed(ctx, Placement{Model: model, Member: t.members[i].name, Device: i, Reason: reason, Free: vs[i].free})
+		return m, nil, err
 	}
 	need, err := t.need(ctx, vs, model, numCtx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	t.honourReservations(ctx, vs)
 	if _, _, ok := choose(vs, need); !ok {
@@ -188,17 +196,75 @@ func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*
 				kind = vramguard.KindOutOfMemory
 			}
 		}
-		return nil, &vramguard.Error{Op: op, Model: model, Kind: kind, Err: &NoRoomError{Model: model, Need: need, Members: sides}}
+		return nil, nil, &vramguard.Error{Op: op, Model: model, Kind: kind, Err: &NoRoomError{Model: model, Need: need, Members: sides}}
 	}
 	pl := Placement{Model: model, Member: t.members[i].name, Device: i, Reason: reason, Need: need, Free: vs[i].free}
+	var res *vramguard.Lease
 	if reason == PlaceMadeRoom {
-		evicted, err := t.makeRoom(ctx, t.members[i], need, !vs[i].plan.usesOwn)
+		var evicted []string
+		evicted, res, err = t.makeRoom(ctx, t.members[i], model, need, !vs[i].plan.usesOwn)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		pl.Evicted = evicted
+	} else if res, err = t.reserveLoad(ctx, t.members[i], model, need); err != nil {
+		return nil, nil, err
 	}
-	return t.placed(ctx, pl)
+	m, err := t.placed(ctx, pl)
+	if err != nil {
+		t.endLoadReservation(res, model)
+		return nil, nil, err
+	}
+	return m, res, nil
+}
+
+// loadReservation is the reservation a load placed by the pool holds:
+// its bytes, for its model, until the member answers; bounded by the
+// call's deadline where it has one.
+func (t *transport) loadReservation(ctx context.Context, model string) *vramguard.ReserveOptions {
+	if t.leasesOff {
+		return nil
+	}
+	ttl := 2 * time.Minute
+	if dl, ok := ctx.Deadline(); ok {
+		ttl = min(max(time.Until(dl), time.Second), time.Hour)
+	}
+	return &vramguard.ReserveOptions{For: "load of " + vramguard.NormalizeModelName(model) + " placed by a pool", Load: vramguard.NormalizeModelName(model), TTL: ttl}
+}
+
+// reserveLoad reserves need bytes on m's device for the load of model the
+// pool placed there by room. Another holder that took the room since the
+// survey refuses the placement with the *RoomError of the reservation's
+// reading, under the lease directory's lock; a reservation that cannot be
+// taken for any other reason (the lease directory refused) leaves the
+// load placed without one, logged.
+func (t *transport) reserveLoad(ctx context.Context, m *member, model string, need uint64) (*vramguard.Lease, error) {
+	opts := t.loadReservation(ctx, model)
+	if opts == nil {
+		return nil, nil
+	}
+	res, err := t.c.Reserve(ctx, m.index, need, *opts)
+	var re *vramguard.RoomError
+	switch {
+	case errors.As(err, &re):
+		return nil, &vramguard.Error{Op: "place", Model: model, Kind: vramguard.KindOutOfMemory, Err: &MemberError{Member: m.name, Err: err}}
+	case err != nil && vramguard.KindOf(err) == vramguard.KindCanceled:
+		return nil, err
+	case err != nil:
+		t.log.Warn("pool: load placed without a host-wide reservation", "model", model, "member", m.name, "err", err)
+		return nil, nil
+	}
+	return res, nil
+}
+
+// endLoadReservation releases a placed load's reservation (nil: none).
+func (t *transport) endLoadReservation(res *vramguard.Lease, model string) {
+	if res == nil {
+		return
+	}
+	if err := res.Release(); err != nil {
+		t.log.Warn("pool: a load's reservation was not released; it ends at its TTL", "model", model, "err", err)
+	}
 }
 
 // honourReservations takes other holders' reservations on each measured
@@ -373,24 +439,39 @@ func (t *transport) roomRequest(m *member, need uint64, dry bool) vramguard.Ensu
 	return vramguard.EnsureRequest{Device: m.index, Bytes: need, DryRun: dry, KeepInUse: true}
 }
 
-// makeRoom makes room on m's device with the client's EnsureFree and
-// returns the models it unloaded, verified.
-func (t *transport) makeRoom(ctx context.Context, m *member, need uint64, keepOwn bool) ([]string, error) {
+// makeRoom makes room on m's device for model's load with the client's
+// EnsureFree and returns the models it unloaded, verified, and the load's
+// reservation: the room made becomes it in one step (EnsureRequest.
+// Reservation), so no other holder's admission comes between.
+func (t *transport) makeRoom(ctx context.Context, m *member, model string, need uint64, keepOwn bool) ([]string, *vramguard.Lease, error) {
 	rq := t.roomRequest(m, need, false)
 	rq.KeepOwn = keepOwn
+	rq.Reservation = t.loadReservation(ctx, model)
 	rep, err := t.c.EnsureFree(ctx, rq)
-	var evicted []string
+	var (
+		evicted []string
+		res     *vramguard.Lease
+	)
 	if rep != nil {
+		res = rep.Reservation
 		for _, r := range rep.Evicted {
 			if r.Verified {
 				evicted = append(evicted, r.Model)
 			}
 		}
 	}
-	if err != nil {
-		return evicted, &vramguard.Error{Op: "place", Kind: vramguard.KindOf(err), Err: &MemberError{Member: m.name, Err: err}}
+	if err != nil && rq.Reservation != nil && res == nil && vramguard.KindOf(err) == vramguard.KindUnavailable && rep != nil && rep.FreeAfter >= rq.Bytes+rq.Reserve {
+		// The room is made; the reservation alone failed (the lease
+		// directory refused): the load goes without one, as a load
+		// placed by room does.
+		t.log.Warn("pool: load placed without a host-wide reservation", "model", model, "member", m.name, "err", err)
+		err = nil
 	}
-	return evicted, nil
+	if err != nil {
+		t.endLoadReservation(res, model)
+		return evicted, nil, &vramguard.Error{Op: "place", Kind: vramguard.KindOf(err), Err: &MemberError{Member: m.name, Err: err}}
+	}
+	return evicted, res, nil
 }
 
 // placed records and reports the decision, and counts the call in flight

@@ -99,8 +99,16 @@ type Pool struct {
 // another pool's included, or one in use; the client's own leased models,
 // its phases', only when no member's room can be made without them:
 // KeepOwn first); else the call fails with KindOutOfMemory wrapping a *NoRoomError
-// that names, per member, the *vramguard.RoomError of its device. A model
-// resident on a member stays there, so a phase keeps each model on the
+// that names, per member, the *vramguard.RoomError of its device. Other
+// holders' reservations on a member's device (vramguard.OllamaClient.
+// Reserve, another program's hand-over) are not free to a placement; a
+// load placed by room or after making room is itself reserved host-wide
+// on the member's device (ReserveOptions.Load: every vramguard program on
+// the host counts it, and a hand-over waits for it to land) until the
+// member answers, and a holder that took the room since the survey
+// refuses the placement with the reservation's *vramguard.RoomError; with
+// LeaseOptions.Off (or a refused lease directory, logged) no load is
+// reserved. A model resident on a member stays there, so a phase keeps each model on the
 // member it was placed on. Each decision is reported to Options.OnPlace
 // and to WithPlacements' record; one that loads is also an INFO log line.
 // One placement runs at
@@ -166,6 +174,7 @@ func New(p Options, opts vramguard.Options) (*Pool, error) {
 	}
 	opts.HTTPClient = &http.Client{Transport: t}
 	opts.VRAM = &reader{t: t}
+	t.leasesOff = opts.Leases.Off
 	c, err := vramguard.NewClient(opts)
 	if err != nil {
 		return nil, err
@@ -284,6 +293,7 @@ type transport struct {
 	answerTimeout time.Duration
 	onPlace       func(context.Context, Placement)
 	place         chan struct{} // held by the placement in progress: one at a time
+	leasesOff     bool          // Options.Leases.Off: loads placed take no host-wide reservation
 }
 
 // member is one member's server, device and state.
@@ -361,12 +371,16 @@ func (t *transport) call(req *http.Request) (*http.Response, error) {
 	if r.KeepAlive != nil && r.KeepAlive.Duration == 0 && r.Prompt == "" && len(r.Images) == 0 && len(r.Messages) == 0 && len(r.Input) == 0 {
 		return t.unload(req, body, r.Model)
 	}
-	m, err := t.placeModel(untraced{req.Context()}, r.Model, numCtxOf(r.Options))
+	m, res, err := t.placeModel(untraced{req.Context()}, r.Model, numCtxOf(r.Options))
 	if err != nil {
 		return nil, err
 	}
 	key := vramguard.NormalizeModelName(r.Model) // placeModel counted the call in flight on m
 	resp, err := m.forward(req, body)
+	// The member answered: its load has ended (Ollama answers once the
+	// model is loaded, or failed to load), so the load's reservation has
+	// done its work; the device shows the runner from here on.
+	t.endLoadReservation(res, r.Model)
 	if err != nil {
 		m.end(key)
 		t.failed(m, err)

@@ -1,6 +1,7 @@
 package pool_test
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -96,4 +97,70 @@ func TestPoolPhaseHandoverReserves(t *testing.T) {
 		}
 		_ = o.Close()
 	}
+}
+
+// A load the pool places is reserved host-wide on the member's device from
+// the placement until the member answers, as a budget's admitted load is:
+// another program's reservation (a hand-over for a render) taken before
+// the member's runner shows the load cannot count those bytes free and
+// hand them over (the seed's out-of-memory, with a pool where the gate
+// was). Placed by room and after making room; nothing is left reserved
+// once the member answered.
+func TestPoolPlacedLoadReserved(t *testing.T) {
+	for _, reason := range []pool.PlaceReason{pool.PlaceRoom, pool.PlaceMadeRoom} {
+		t.Run(string(reason), func(t *testing.T) {
+			sims := poolSims(t, 16*gib, 16*gib)
+			if reason == pool.PlaceMadeRoom {
+				loadOn(t, sims[0], "b") // 11 GiB free: c (9) fits
+				loadOn(t, sims[0], "a") // 8 GiB free
+				loadOn(t, sims[1], "b") // the same: gpu0, the first, is chosen
+				loadOn(t, sims[1], "a")
+			}
+			dir := filepath.Join(t.TempDir(), "leases")
+			leases := vramguard.LeaseOptions{Dir: dir}
+			other, err := vramguard.NewClient(vramguard.Options{Host: sims[0].URL().String(), VRAM: sims[0].GPU(), Leases: leases})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = other.Close() })
+			var (
+				placed pool.Placement
+				rerr   error
+				seen   []vramguard.LeaseInfo
+			)
+			c := newPool(t, sims, pool.Options{OnPlace: func(ctx context.Context, pl pool.Placement) {
+				placed = pl
+				// The request has not gone out: the device shows none of the load.
+				_, rerr = other.Reserve(ctx, 0, 8*gib, vramguard.ReserveOptions{For: "render"})
+				if rep, _ := other.EnsureFree(ctx, vramguard.EnsureRequest{Bytes: 1, DryRun: true}); rep != nil && rep.Snapshot != nil {
+					seen = rep.Snapshot.Device(0).Reserved
+				}
+			}}, vramguard.Options{Leases: leases})
+			if _, err := gen(t.Context(), c, "c"); err != nil {
+				t.Fatal(err)
+			}
+			if placed.Member != "gpu0" || placed.Reason != reason {
+				t.Fatalf("placement %+v; want gpu0, %s", placed, reason)
+			}
+			if len(seen) != 1 || seen[0].Load != "c:latest" || seen[0].Bytes < 9*gib {
+				t.Fatalf("another program saw reserved %+v during the placement; want the load of c", seen)
+			}
+			re := roomErrOf(t, rerr)
+			if len(re.Reserved) != 1 || re.Reserved[0].Load != "c:latest" {
+				t.Fatalf("another program's Reserve during the placement: %v; want refused naming the load of c", rerr)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "*.reserve")); len(left) != 0 {
+				t.Fatalf("reservations left after the member answered: %v", left)
+			}
+		})
+	}
+}
+
+func roomErrOf(t *testing.T, err error) *vramguard.RoomError {
+	t.Helper()
+	var re *vramguard.RoomError
+	if !errors.As(err, &re) {
+		t.Fatalf("err = %v, want a *RoomError", err)
+	}
+	return re
 }
