@@ -268,6 +268,14 @@ func TestReserveRefuses(t *testing.T) {
 	c := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
 	noReader := leaseClient(t, s, dir, vramguard.Options{})
 	off := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu, Leases: vramguard.LeaseOptions{Off: true}})
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	refused := leaseClient(t, s, open, vramguard.Options{VRAM: gpu})
 	closed := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
 	_ = closed.Close()
 	for _, tc := range []struct {
@@ -289,7 +297,9 @@ func TestReserveRefuses(t *testing.T) {
 		{"recipient not printable", c, 0, gib, vramguard.ReserveOptions{For: "a\x00b"}, vramguard.KindInvalidInput, nil},
 		{"recipient too long", c, 0, gib, vramguard.ReserveOptions{For: strings.Repeat("x", 300)}, vramguard.KindInvalidInput, nil},
 		{"no reader", noReader, 0, gib, vramguard.ReserveOptions{}, vramguard.KindInvalidInput, vramguard.ErrNoVRAMReader},
+		{"holder note not printable", c, 0, gib, vramguard.ReserveOptions{Note: "a\nb"}, vramguard.KindInvalidInput, nil},
 		{"leases off", off, 0, gib, vramguard.ReserveOptions{}, vramguard.KindUnavailable, nil},
+		{"lease directory refused", refused, 0, gib, vramguard.ReserveOptions{}, vramguard.KindUnavailable, nil},
 		{"closed client", closed, 0, gib, vramguard.ReserveOptions{}, vramguard.KindUnavailable, vramguard.ErrClosed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
