@@ -996,20 +996,6 @@ func TestHandoverReservationDefaults(t *testing.T) {
 	}
 }
 
-// noProcesses is a reader of the simulator that lists no processes, as a
-// reader that cannot see them (a container without the host's PIDs).
-type noProcesses struct{ vramguard.VRAMReader }
-
-func (r noProcesses) Snapshot(ctx context.Context) (*vramguard.VRAMSnapshot, error) {
-	snap, err := r.VRAMReader.Snapshot(ctx)
-	if snap != nil {
-		for i := range snap.Devices {
-			snap.Devices[i].Processes, snap.Devices[i].ProcessesKnown = nil, false
-		}
-	}
-	return snap, err
-}
-
 // Where the reader lists no processes, a reservation for a recipient
 // process is not consumed: its recipient's allocations are not seen, so
 // the reservation stays whole (consumption is measured, never assumed),
@@ -1021,7 +1007,7 @@ func TestReservationWithoutProcessesStaysWhole(t *testing.T) {
 	}
 	pid := s.HeldPID("render")
 	dir := leaseDir(t)
-	gpu := noProcesses{s.GPU()}
+	gpu := blindReader{s.GPU()} // lists no processes
 	orch := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
 	other := leaseClient(t, s, dir, vramguard.Options{VRAM: gpu})
 	res, err := orch.Reserve(t.Context(), 0, 10*gib, vramguard.ReserveOptions{For: "render", PID: pid})

@@ -349,13 +349,7 @@ func TestGateListsWhatItsRecipientTook(t *testing.T) {
 	if err := sim.Reserve("render", 1<<20); err != nil { // the render's process, before it loads
 		t.Fatal(err)
 	}
-	var pid uint32
-	for _, h := range sim.Holders() {
-		if h.Name == "render" {
-			pid = h.PID
-		}
-	}
-	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", fmt.Sprintf(`{"device":0,"bytes":%d,"for":"render","holder":"comfy-node","pid":%d}`, 10*gib, pid))
+	code, _, body := do(t, "POST", g.URL+"/vramgate/reservations", fmt.Sprintf(`{"device":0,"bytes":%d,"for":"render","holder":"comfy-node","pid":%d}`, 10*gib, sim.HeldPID("render")))
 	if code != 201 {
 		t.Fatalf("take: %d %s", code, body)
 	}
