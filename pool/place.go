@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/vramguard/vramguard"
 )
@@ -219,17 +218,14 @@ func (t *transport) placeModel(ctx context.Context, model string, numCtx int) (*
 }
 
 // loadReservation is the reservation a load placed by the pool holds:
-// its bytes, for its model, until the member answers; bounded by the
-// call's deadline where it has one.
-func (t *transport) loadReservation(ctx context.Context, model string) *vramguard.ReserveOptions {
+// its bytes, for its model, until the member answers (the library's
+// default TTL bounds one whose release failed).
+func (t *transport) loadReservation(model string) *vramguard.ReserveOptions {
 	if t.leasesOff {
 		return nil
 	}
-	ttl := 2 * time.Minute
-	if dl, ok := ctx.Deadline(); ok {
-		ttl = min(max(time.Until(dl), time.Second), time.Hour)
-	}
-	return &vramguard.ReserveOptions{For: "load of " + vramguard.NormalizeModelName(model) + " placed by a pool", Load: vramguard.NormalizeModelName(model), TTL: ttl}
+	key := vramguard.NormalizeModelName(model)
+	return &vramguard.ReserveOptions{For: "load of " + key + " placed by a pool", Load: key}
 }
 
 // reserveLoad reserves need bytes on m's device for the load of model the
@@ -239,7 +235,7 @@ func (t *transport) loadReservation(ctx context.Context, model string) *vramguar
 // taken for any other reason (the lease directory refused) leaves the
 // load placed without one, logged.
 func (t *transport) reserveLoad(ctx context.Context, m *member, model string, need uint64) (*vramguard.Lease, error) {
-	opts := t.loadReservation(ctx, model)
+	opts := t.loadReservation(model)
 	if opts == nil {
 		return nil, nil
 	}
@@ -446,7 +442,7 @@ func (t *transport) roomRequest(m *member, need uint64, dry bool) vramguard.Ensu
 func (t *transport) makeRoom(ctx context.Context, m *member, model string, need uint64, keepOwn bool) ([]string, *vramguard.Lease, error) {
 	rq := t.roomRequest(m, need, false)
 	rq.KeepOwn = keepOwn
-	rq.Reservation = t.loadReservation(ctx, model)
+	rq.Reservation = t.loadReservation(model)
 	rep, err := t.c.EnsureFree(ctx, rq)
 	var (
 		evicted []string
